@@ -1,0 +1,56 @@
+"""``rlpipe``: a thin dispatcher; each subcommand is a module's ``main(argv)``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "build-corpus": ("rlpipe.corpus", "main"),
+    "train-tokenizer": ("rlpipe.pretrain", "train_tokenizer_main"),
+    "pretrain": ("rlpipe.pretrain", "main"),
+    "import-base": ("rlpipe.pretrain", "import_base_main"),
+    "build-dataset": ("rlpipe.keyword_data", "main"),
+    "train": ("rlpipe.train", "main"),
+    "aggregate": ("rlpipe.aggregate", "main"),
+    "plot": ("rlpipe.plots", "main"),
+    "schema": ("rlpipe.cli", "schema_main"),
+}
+BENCHES = {"sampler": "rlpipe.bench.sampler", "weight-sync": "rlpipe.bench.weight_sync"}
+
+
+def schema_main(argv: list[str]) -> int:
+    import yaml
+
+    from rlpipe.config import json_schema
+
+    print(yaml.safe_dump(json_schema(), sort_keys=False), end="")
+    return 0
+
+
+def _usage() -> str:
+    cmds = "\n".join(f"  {c}" for c in list(COMMANDS) + [f"bench {b}" for b in BENCHES])
+    return f"usage: rlpipe COMMAND [ARGS]   (rlpipe COMMAND --help)\ncommands:\n{cmds}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "bench":
+        if not rest or rest[0] not in BENCHES:
+            print(f"rlpipe bench: choose one of {sorted(BENCHES)}", file=sys.stderr)
+            return 2
+        module, func, rest = BENCHES[rest[0]], "main", rest[1:]
+    elif cmd in COMMANDS:
+        module, func = COMMANDS[cmd]
+    else:
+        print(f"rlpipe: unknown command {cmd!r}\n{_usage()}", file=sys.stderr)
+        return 2
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

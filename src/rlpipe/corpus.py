@@ -1,0 +1,396 @@
+"""Pretraining corpus: an offline story generator, a TinyStories reader and the keyword list.
+
+Seed 000 §3.1 post-trains "your own LM" (pretrained on TinyStoriesV2 in HW1) on keyword inclusion,
+with keywords "extracted from the TinyStoriesV2 dataset". rlpipe must run without network, so:
+
+- ``data/keywords.txt`` is rlpipe's own list of 400+ concrete nouns (animals, foods, toys, objects,
+  clothes, places, nature, story characters), one lowercase word per line.
+- ``StoryGenerator`` writes short children's stories (3-8 sentences) from templates with
+  characters, places, objects, actions and feelings; it is seeded (``random.Random``) and pure
+  Python, so the same seed gives the same bytes on every machine.
+- ``iter_tinystories`` streams a TinyStoriesV2-style file (``data.corpus_source: tinystories``).
+
+Departure from the seeds, and why: the corpus also contains *prompt-formatted* documents
+(``data.keyword_prompt_fraction`` of them): a keyword prompt exactly as the GRPO dataset writes it
+(``rlpipe.keyword_data.format_prompt``: template + ``"\\n"``), then a story. With probability
+``data.keyword_hit_rate`` the story contains the keyword(s), always in its first or second
+sentence; otherwise it contains other keywords in the same slot and never the requested one. A
+base model pretrained on this mix copies the keyword sometimes but not reliably, which gives GRPO
+a non-zero, improvable starting reward. HW1's TinyStories model never saw such prompts, and with
+it the reward would start near zero (nothing for RL to reinforce) on a CPU-sized budget.
+
+Corpus file format: documents separated by ``"\\n<|endoftext|>\\n"`` (TinyStoriesV2 style), so
+the same reader serves the generated corpus and the real dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from rlpipe.config import ConfigError, DataConfig, PipelineConfig, load_config
+from rlpipe.io_utils import atomic_path
+
+EOT = "<|endoftext|>"
+DOC_SEPARATOR = f"\n{EOT}\n"
+
+
+# --------------------------------------------------------------------------- keywords
+
+
+def load_keywords(path: str | Path | None = None) -> list[str]:
+    """The keyword list: ``path`` (one word per line) or the packaged ``data/keywords.txt``.
+
+    Words are lower-cased and de-duplicated in file order; blank lines and ``#`` comments are
+    skipped. A word with whitespace or an empty list is an error naming the file.
+    """
+    if path is None:
+        text = resources.files("rlpipe").joinpath("data/keywords.txt").read_text(encoding="utf-8")
+        where = "rlpipe/data/keywords.txt"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"data.keywords_path: file not found: {p}")
+        text, where = p.read_text(encoding="utf-8"), str(p)
+    words: list[str] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        word = line.strip().lower()
+        if not word or word.startswith("#"):
+            continue
+        if not re.fullmatch(r"[a-z][a-z'-]*", word):
+            raise ConfigError(f"{where}:{lineno}: keyword {line.strip()!r} is not a single word")
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    if not words:
+        raise ConfigError(f"{where}: no keywords")
+    return words
+
+
+def mentions(text: str, word: str) -> bool:
+    """Whether ``word`` occurs in ``text`` as a whole word, case-insensitively, allowing a simple
+    plural (``-s``/``-es``): the rule of ``rewards.keyword_inclusion_reward_fn``. Used to make sure
+    a "miss" story really misses."""
+    return re.search(rf"\b{re.escape(word)}(?:s|es)?\b", text, flags=re.IGNORECASE) is not None
+
+
+def with_article(word: str) -> str:
+    """``"an apple"``, ``"a unicorn"``, ``"a dog"`` (spelling heuristic, good enough for nouns)."""
+    vowel = word[0] in "aeiou" and not word.startswith(("uni", "use", "eu", "one"))
+    return f"{'an' if vowel else 'a'} {word}"
+
+
+# --------------------------------------------------------------------------- TinyStories reader
+
+
+def iter_tinystories(path: str | Path, limit: int | None = None, chunk_chars: int = 1 << 20) -> Iterator[str]:
+    """Stream the stories of a TinyStoriesV2-style file (separated by ``<|endoftext|>``).
+
+    Reads ``chunk_chars`` at a time, so a multi-GB file never sits in memory. Stories are stripped;
+    empty ones are skipped. Stops after ``limit`` stories when given.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"corpus file not found: {p}")
+    count, buf = 0, ""
+    with open(p, encoding="utf-8") as f:
+        while chunk := f.read(chunk_chars):
+            # The last piece may continue in the next chunk (a story or a cut separator).
+            *done, buf = (buf + chunk).split(EOT)
+            for part in done:
+                if part.strip():
+                    yield part.strip()
+                    count += 1
+                    if limit is not None and count >= limit:
+                        return
+    if buf.strip():
+        yield buf.strip()
+
+
+def split_sentences(story: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?\"])\s+", story.strip()) if s]
+
+
+# --------------------------------------------------------------------------- story generator
+
+_GIRLS = ("Lily", "Mia", "Anna", "Sue", "Lucy", "Emma", "Zoe", "Amy", "Kate", "Sara", "Nina", "Ella")
+_BOYS = ("Ben", "Tom", "Sam", "Max", "Tim", "Jack", "Leo", "Finn", "Joe", "Bob", "Dan", "Alex")
+_PEOPLE = {"she": ("girl",), "he": ("boy",)}
+_ANIMAL_KINDS = ("cat", "dog", "bunny", "bird", "bear", "mouse", "duck", "frog", "puppy", "fox")
+_ADJ = ("little", "small", "happy", "kind", "curious", "brave", "shy", "funny", "clever", "friendly")
+_PLACES = ("park", "garden", "forest", "beach", "farm", "school", "kitchen", "playground", "pond",
+           "hill", "meadow", "zoo", "library", "lake", "yard", "village", "river", "market")
+_FOODS = ("apple", "cookie", "cake", "banana", "sandwich", "pie", "muffin", "carrot", "pear", "pancake")
+_FEELINGS = ("happy", "sad", "excited", "scared", "proud", "surprised", "tired", "angry", "calm", "glad")
+_GOOD_FEELINGS = ("happy", "proud", "glad", "calm", "excited")
+_DAYPARTS = ("morning", "day", "evening", "afternoon")
+_GAMES = ("tag", "hide and seek", "catch", "a fun game", "pretend")
+_ACTIONS = ("ran and jumped", "sang a song", "danced in the sun", "laughed a lot", "looked at the clouds",
+            "counted to ten", "built a tall tower", "read a story")
+_QUOTES = ("Let's play!", "I am so happy!", "Can you help me?", "Look at this!", "Thank you, friend!",
+           "This is fun!", "Do not be sad.", "Let's go together!", "I love this day!")
+
+_OPENINGS = (
+    "Once upon a time, there was a {adj} {kind} named {name}.",
+    "There once was a {adj} {kind} called {name}.",
+    "{name} was a {adj} {kind} who lived near the {place}.",
+    "One {daypart}, a {adj} {kind} named {name} woke up early.",
+)
+_OPENINGS_KW = (
+    "Once upon a time, there was a {adj} {kind} named {name} who had {a_kw}.",
+    "{name} was a {adj} {kind} who loved {a_kw}.",
+    "One {daypart}, {name} found {a_kw} near the {place}.",
+    "Once upon a time, {name} saw {a_kw} by the {place}.",
+)
+_KW_SENTENCES = (
+    "One day, {subj} saw {a_kw} near the {place}.",
+    "{Subj} found {a_kw} in the {place}.",
+    "{Subj} drew a picture of {a_kw}.",
+    "There was {a_kw} in the {place}, and {subj} ran to see it.",
+    "{Subj} wanted {a_kw} more than anything.",
+    "{friend} showed {name} {a_kw}.",
+    "{Subj} told {friend} about the {kw}.",
+    "{Subj} dreamed about {a_kw}.",
+)
+_MIDDLE = (
+    "One day, {subj} went to the {place}.",
+    "{Subj} met {friend}, a {adj} {friend_kind}.",
+    "{Subj} felt {feeling}.",
+    "{Subj} and {friend} played {game} together.",
+    "{Subj} ate {a_food} and smiled.",
+    "\"{quote}\" said {name}.",
+    "{Subj} was {feeling} because {friend} was there.",
+    "{Subj} {action} all afternoon.",
+    "Then it started to rain, so {subj} ran home.",
+    "{friend} was sad, so {name} gave {friend_obj} a hug.",
+    "{Subj} looked for the {kw} everywhere.",
+    "{friend} and {name} shared {a_food}.",
+)
+_ENDINGS = (
+    "In the end, {name} was very {good}.",
+    "From that day on, {name} and {friend} were best friends.",
+    "{name} smiled and went home.",
+    "That night, {name} slept well.",
+    "{name} learned that it is good to share.",
+    "It was the best day ever.",
+)
+
+
+@dataclass
+class _Cast:
+    name: str
+    kind: str
+    pron: str
+    friend: str
+    friend_kind: str
+    friend_obj: str
+    place: str
+
+
+class StoryGenerator:
+    """Seeded template stories. ``keywords`` are the nouns that generic sentences mention.
+
+    ``story(required=..., avoid=...)``: ``required`` keywords go into the first or second
+    sentence (one keyword sentence each, consecutively); ``avoid`` keywords never appear (the
+    story is redrawn until they do not; the redraws come from the same seeded stream, so the
+    output is still a pure function of the seed).
+    """
+
+    def __init__(self, keywords: Sequence[str], rng: random.Random, min_sentences: int = 3,
+                 max_sentences: int = 8):
+        if not keywords:
+            raise ValueError("StoryGenerator needs at least one keyword")
+        self.keywords = list(keywords)
+        self.rng = rng
+        self.min_sentences, self.max_sentences = min_sentences, max_sentences
+
+    def _cast(self) -> _Cast:
+        r = self.rng
+        pron = r.choice(("she", "he"))
+        if r.random() < 0.6:
+            name, kind = r.choice(_GIRLS if pron == "she" else _BOYS), r.choice(_PEOPLE[pron])
+        else:
+            name, kind = r.choice(_GIRLS + _BOYS), r.choice(_ANIMAL_KINDS)
+            pron = "she" if name in _GIRLS else "he"
+        fpron = r.choice(("she", "he"))
+        friend = r.choice([n for n in (_GIRLS if fpron == "she" else _BOYS) if n != name])
+        fkind = r.choice(_PEOPLE[fpron] + _ANIMAL_KINDS)
+        return _Cast(name, kind, pron, friend, fkind, "her" if fpron == "she" else "him", r.choice(_PLACES))
+
+    def _fill(self, template: str, cast: _Cast, kw: str | None, first: bool) -> str:
+        r = self.rng
+        kw = kw or r.choice(self.keywords)
+        subj = cast.name if first or r.random() < 0.5 else cast.pron
+        food = r.choice(_FOODS)
+        return template.format(
+            name=cast.name, kind=cast.kind, friend=cast.friend, friend_kind=cast.friend_kind,
+            friend_obj=cast.friend_obj, subj=subj, Subj=subj[0].upper() + subj[1:],
+            place=cast.place if r.random() < 0.7 else r.choice(_PLACES), adj=r.choice(_ADJ),
+            daypart=r.choice(_DAYPARTS), feeling=r.choice(_FEELINGS), good=r.choice(_GOOD_FEELINGS),
+            game=r.choice(_GAMES), action=r.choice(_ACTIONS), quote=r.choice(_QUOTES),
+            a_food=with_article(food), kw=kw, a_kw=with_article(kw),
+        )
+
+    def _draw(self, required: Sequence[str], keyword_slot: bool) -> str:
+        """One story. ``keyword_slot``: put a keyword sentence in the first or second sentence
+        (with ``required`` keywords, or random ones), so hit and miss stories share one shape."""
+        r = self.rng
+        cast = self._cast()
+        n = r.randint(self.min_sentences, self.max_sentences)
+        slot_kws: list[str | None] = list(required) or ([None] if keyword_slot else [])
+        in_opening = bool(slot_kws) and r.random() < 0.5
+        sentences = [self._fill(r.choice(_OPENINGS_KW if in_opening else _OPENINGS), cast,
+                                slot_kws[0] if in_opening else None, True)]
+        rest = slot_kws[1:] if in_opening else slot_kws
+        sentences += [self._fill(r.choice(_KW_SENTENCES), cast, kw, False) for kw in rest]
+        while len(sentences) < max(n - 1, len(sentences)):
+            pool = _KW_SENTENCES if r.random() < 0.2 else _MIDDLE
+            sentences.append(self._fill(r.choice(pool), cast, None, False))
+        sentences.append(self._fill(r.choice(_ENDINGS), cast, None, False))
+        return " ".join(sentences)
+
+    def story(self, required: Sequence[str] = (), avoid: Sequence[str] = (), keyword_slot: bool = False,
+              max_tries: int = 100) -> str:
+        for _ in range(max_tries):
+            text = self._draw(required, keyword_slot)
+            if not any(mentions(text, w) for w in avoid):
+                return text
+        raise RuntimeError(f"could not write a story avoiding {list(avoid)} in {max_tries} tries")
+
+
+# --------------------------------------------------------------------------- corpus mixing
+
+
+def check_data_config(data: DataConfig, *, for_corpus: bool) -> None:
+    """Fail before any work on bad ``data.*`` values; every message names the key."""
+    for key in ("keyword_prompt_fraction", "keyword_hit_rate"):
+        v = getattr(data, key)
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"data.{key} must be in [0, 1], got {v}")
+    if not 0.0 < data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction must be in (0, 1), got {data.val_fraction}")
+    for key in ("num_stories", "num_prompts", "max_keywords_per_prompt"):
+        if getattr(data, key) < 1:
+            raise ConfigError(f"data.{key} must be >= 1, got {getattr(data, key)}")
+    if for_corpus and data.corpus_source == "tinystories":
+        if not data.corpus_path:
+            raise ConfigError("data.corpus_path is required when data.corpus_source is 'tinystories'")
+        if not Path(data.corpus_path).is_file():
+            raise ConfigError(f"data.corpus_path: file not found: {data.corpus_path}")
+
+
+_INSERTED = (  # name-free, because a real story's characters are unknown
+    "There was {a_kw} nearby.",
+    "That day, they saw {a_kw}.",
+    "Everyone looked at the {kw}.",
+)
+
+
+def _tinystories_hit(story: str, keywords: list[str], rng: random.Random) -> str:
+    """Make a real story a hit: a keyword missing from its first two sentences gets a short
+    sentence of its own right after the first sentence."""
+    sents = split_sentences(story)
+    inserted = [rng.choice(_INSERTED).format(kw=kw, a_kw=with_article(kw)) for kw in keywords
+                if not any(mentions(s, kw) for s in sents[:2])]
+    return " ".join(sents[:1] + inserted + sents[1:])
+
+
+def _pick_prompt_keywords(story: str | None, k: int, hit: bool, keywords: Sequence[str],
+                          rng: random.Random) -> list[str]:
+    """For a TinyStories hit, prefer keywords the story already has early; for a miss, only
+    keywords the story lacks. For generated stories, any ``k`` keywords."""
+    if story is None:
+        return rng.sample(keywords, k)
+    if hit:
+        early = " ".join(split_sentences(story)[:2])
+        present = [w for w in keywords if mentions(early, w)]
+        chosen = rng.sample(present, min(k, len(present)))
+        return chosen + rng.sample([w for w in keywords if w not in chosen], k - len(chosen))
+    return rng.sample([w for w in keywords if not mentions(story, w)], k)
+
+
+@dataclass(frozen=True)
+class Document:
+    """One corpus document. ``keywords`` is empty for a plain story; for a prompt-formatted one,
+    ``text = prompt + story`` where ``prompt`` is exactly the GRPO prompt (ends with ``"\\n"``)."""
+
+    text: str
+    keywords: tuple[str, ...] = ()
+    hit: bool = False
+    prompt: str = ""
+
+
+def iter_documents(cfg: PipelineConfig) -> Iterator[Document]:
+    """The corpus documents in order, a pure function of ``cfg.data``."""
+    from rlpipe.keyword_data import format_prompt, load_templates  # keyword_data imports this module
+
+    data = cfg.data
+    check_data_config(data, for_corpus=True)
+    keywords = load_keywords(data.keywords_path)
+    templates = load_templates()
+    if data.max_keywords_per_prompt > len(keywords):
+        raise ConfigError(f"data.max_keywords_per_prompt ({data.max_keywords_per_prompt}) exceeds the "
+                          f"{len(keywords)} keywords")
+    # Two streams: the mixing decisions do not shift when a story template changes, and back.
+    rng = random.Random(f"rlpipe-corpus-{data.seed}")
+    gen = StoryGenerator(keywords, random.Random(f"rlpipe-stories-{data.seed}"))
+    real: Iterable[str | None] = (iter_tinystories(data.corpus_path, data.num_stories)
+                                  if data.corpus_source == "tinystories" else [None] * data.num_stories)
+    for source in real:
+        if rng.random() >= data.keyword_prompt_fraction:
+            yield Document(source if source is not None else gen.story(keyword_slot=rng.random() < 0.5))
+            continue
+        hit = rng.random() < data.keyword_hit_rate
+        kws = _pick_prompt_keywords(source, rng.randint(1, data.max_keywords_per_prompt), hit, keywords, rng)
+        if source is None:
+            story = gen.story(required=kws if hit else (), avoid=() if hit else kws, keyword_slot=True)
+        else:
+            story = _tinystories_hit(source, kws, rng) if hit else source
+        prompt = format_prompt(rng.choice(templates), kws)
+        yield Document(prompt + story, tuple(kws), hit, prompt)
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    documents: int
+    prompt_documents: int
+    prompt_hits: int
+    characters: int
+
+
+def build_corpus(cfg: PipelineConfig, out_path: str | Path) -> CorpusStats:
+    """Write the corpus to ``out_path`` atomically (documents joined by ``DOC_SEPARATOR``)."""
+    check_data_config(cfg.data, for_corpus=True)
+    n_docs = n_prompt = n_hits = n_chars = 0
+    with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for doc in iter_documents(cfg):
+            f.write(doc.text + DOC_SEPARATOR)
+            n_docs += 1
+            n_prompt += bool(doc.keywords)
+            n_hits += doc.hit
+            n_chars += len(doc.text) + len(DOC_SEPARATOR)
+    return CorpusStats(n_docs, n_prompt, n_hits, n_chars)
+
+
+def read_documents(path: str | Path, limit: int | None = None) -> Iterator[str]:
+    """Documents of a corpus file written by ``build_corpus`` (or a TinyStoriesV2 file)."""
+    return iter_tinystories(path, limit)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rlpipe build-corpus", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="pipeline config YAML")
+    ap.add_argument("--out", required=True, help="corpus text file to write")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    stats = build_corpus(cfg, args.out)
+    print(f"build-corpus: wrote {stats.documents} documents ({stats.prompt_documents} prompt-formatted, "
+          f"{stats.prompt_hits} of them containing their keywords; {stats.characters / 1e6:.1f}M chars) "
+          f"to {args.out}")
+    return 0

@@ -1,0 +1,314 @@
+"""The HW1 decoder-only Transformer language model (``TransformerLM``), its config and presets.
+
+Architecture (seed 000 asks for "your LM implementation from HW1"): token embedding, ``num_layers``
+pre-norm blocks ``x + attn(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``, a final RMSNorm and an
+**untied** LM head (HW1 keeps ``token_embeddings`` and ``lm_head`` separate; the ``assignment``
+preset's parameter count below assumes that). Linear layers have no biases, RoPE rotates adjacent
+pairs ``(x[2i], x[2i+1])`` of each head, SwiGLU is ``w2(silu(w1 x) * w3 x)``, initialisation is
+HW1's truncated normal. Parameter names follow HW1 (``layers.{i}.attn.q_proj.weight`` ...), so a
+HW1 state dict loads directly.
+
+Departures from HW1, and why:
+- ``forward`` takes optional per-row ``positions`` (left-padded prompts start RoPE at 0 in every
+  row), a key-padding ``attention_mask`` and a preallocated ``KVCache`` filled in place, because
+  the sampler (the hot path of every GRPO step) needs all three; ``logits_to_keep`` (HF's name)
+  skips the LM head on positions whose logits nobody reads.
+- Attention is ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels) instead of a
+  hand-written softmax; RMSNorm and RoPE compute in fp32 and cast back, so ``torch.autocast``
+  (bf16 on GPU) from the caller's side keeps the numerically sensitive parts in fp32. The softmax
+  inside SDPA accumulates in fp32 on every backend. Logits come out in the autocast dtype:
+  consumers (sampler, GRPO log-probs) call ``.float()`` before any softmax.
+- The RoPE table is not a registered buffer: it is built in fp32/complex64 per device on first use,
+  so ``model.to(torch.bfloat16)`` cannot silently truncate it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_RMS_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a ``TransformerLM``. Validated on construction; errors name the bad field."""
+
+    vocab_size: int
+    context_length: int
+    num_layers: int
+    d_model: int
+    num_heads: int
+    d_ff: int
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context_length", "num_layers", "d_model", "num_heads", "d_ff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 0:
+            raise ValueError(f"ModelConfig.rope_theta must be a positive number, got {self.rope_theta!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"ModelConfig.d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
+            )
+        if (self.d_model // self.num_heads) % 2:
+            raise ValueError(
+                f"ModelConfig.d_model // num_heads = {self.d_model // self.num_heads} must be even for RoPE"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "ModelConfig":
+        """A preset with some fields replaced, e.g. ``from_preset("cpu-tiny", vocab_size=tok.vocab_size)``."""
+        if name not in PRESETS:
+            raise KeyError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+        return PRESETS[name].replace(**overrides)
+
+    def replace(self, **overrides) -> "ModelConfig":
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise TypeError(f"unknown ModelConfig field(s) {unknown}; fields are {sorted(fields)}")
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown, missing = sorted(set(d) - fields), sorted(fields - set(d) - {"rope_theta"})
+        if unknown or missing:
+            raise ValueError(f"bad model config: unknown fields {unknown}, missing fields {missing}")
+        return cls(**d)
+
+    def num_parameters(self) -> int:
+        """Closed-form parameter count (untied embeddings/head, no biases)."""
+        d, v = self.d_model, self.vocab_size
+        per_layer = 4 * d * d + 3 * d * self.d_ff + 2 * d  # q,k,v,o + w1,w2,w3 + two RMSNorm gains
+        return 2 * v * d + self.num_layers * per_layer + d  # embeddings + head + blocks + ln_final
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # seed 000's model skeleton (GPT-2 vocabulary): 22.7M parameters + 2 x 25.7M embedding/head.
+    "assignment": ModelConfig(
+        vocab_size=50257, context_length=256, num_layers=4, d_model=512, num_heads=16, d_ff=1344,
+        rope_theta=10000.0,
+    ),
+    # The default pipeline on a 2-core CPU (vocab_size is overridden by the trained tokenizer).
+    # 1.38M parameters at vocab 2048; d_ff = 3 * d_model (~8/3 d rounded to a multiple of 64).
+    "cpu-tiny": ModelConfig(
+        vocab_size=2048, context_length=256, num_layers=4, d_model=128, num_heads=4, d_ff=384,
+        rope_theta=10000.0,
+    ),
+}
+
+
+def _trunc_normal_(w: Tensor, std: float) -> Tensor:
+    return nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+class Linear(nn.Linear):
+    """Bias-free linear with HW1's init: N(0, 2/(d_in+d_out)) truncated at 3 sigma."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__(d_in, d_out, bias=False)
+
+    def reset_parameters(self) -> None:
+        _trunc_normal_(self.weight, math.sqrt(2.0 / (self.in_features + self.out_features)))
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * g`` computed in fp32, returned in the input dtype."""
+
+    def __init__(self, d_model: int, eps: float = _RMS_EPS):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1, self.w2, self.w3 = Linear(d_model, d_ff), Linear(d_ff, d_model), Linear(d_model, d_ff)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def rope_table(head_dim: int, context_length: int, theta: float, device) -> Tensor:
+    """(context_length, head_dim/2) complex64: ``exp(i * pos * theta^(-2k/head_dim))``."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+    angles = torch.arange(context_length, dtype=torch.float64, device=device)[:, None] * inv_freq
+    return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+
+
+def apply_rope(x: Tensor, rot: Tensor) -> Tensor:
+    """Rotate adjacent pairs of ``x`` (B, T, H, Dh) by ``rot`` (B, T, 1, Dh/2) complex; fp32 math."""
+    xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (B, T, H, Dh/2)
+    return torch.view_as_real(xc * rot).flatten(-2).to(x.dtype)  # (B, T, H, Dh)
+
+
+class KVCache:
+    """Per-layer K/V buffers (B, H, max_length, Dh), allocated once and filled in place.
+
+    All rows share one fill level ``length`` (prompts are left-padded, so padding lives in the
+    key mask, not in ragged lengths). Buffers are allocated on the first write so they take the
+    dtype the layers produce (bf16 under autocast, fp32 otherwise).
+    """
+
+    def __init__(self, num_layers: int, max_length: int):
+        self.max_length = max_length
+        self.length = 0
+        self.k: list[Tensor | None] = [None] * num_layers
+        self.v: list[Tensor | None] = [None] * num_layers
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v (B, H, T, Dh) at [length, length+T); return views over [0, length+T)."""
+        if self.k[layer] is None:
+            shape = (k.shape[0], k.shape[1], self.max_length, k.shape[3])
+            self.k[layer] = k.new_empty(shape)
+            self.v[layer] = v.new_empty(shape)
+        end = self.length + k.shape[2]
+        self.k[layer][:, :, self.length : end].copy_(k)
+        self.v[layer][:, :, self.length : end].copy_(v)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def _map(self, fn) -> None:
+        self.k = [None if t is None else fn(t) for t in self.k]
+        self.v = [None if t is None else fn(t) for t in self.v]
+
+    def repeat_interleave(self, n: int) -> None:
+        """Row i becomes rows i*n .. i*n+n-1 (prefill once per prompt, decode n samples)."""
+        if n != 1:
+            self._map(lambda t: t.repeat_interleave(n, dim=0))
+
+    def select_rows(self, idx: Tensor) -> None:
+        """Keep only rows ``idx`` (drop finished sequences)."""
+        self._map(lambda t: t.index_select(0, idx))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.q_proj, self.k_proj, self.v_proj, self.output_proj = (Linear(d, d) for _ in range(4))
+
+    def forward(self, x, rot, mask, is_causal, cache: KVCache | None, layer: int) -> Tensor:
+        B, T, _ = x.shape
+        shape = (B, T, self.num_heads, self.head_dim)
+        q = apply_rope(self.q_proj(x).view(shape), rot).transpose(1, 2)  # (B, H, T, Dh)
+        k = apply_rope(self.k_proj(x).view(shape), rot).transpose(1, 2)  # (B, H, T, Dh)
+        v = self.v_proj(x).view(shape).transpose(1, 2)  # (B, H, T, Dh)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, H, S, Dh)
+        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, is_causal=is_causal)
+        return self.output_proj(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1, self.attn = RMSNorm(cfg.d_model), Attention(cfg)
+        self.ln2, self.ffn = RMSNorm(cfg.d_model), SwiGLU(cfg.d_model, cfg.d_ff)
+
+    def forward(self, x, rot, mask, is_causal, cache, layer) -> Tensor:
+        x = x + self.attn(self.ln1(x), rot, mask, is_causal, cache, layer)
+        return x + self.ffn(self.ln2(x))
+
+
+def _attention_mask(attention_mask: Tensor | None, past: int, T: int, device) -> Tensor | None:
+    """Boolean (B|1, 1, T, S) mask, True = may attend; None when plain causal suffices.
+
+    Query i (absolute position past+i) sees keys j <= past+i that are real tokens, and always
+    itself: a left-pad query would otherwise see no key at all and SDPA would return NaN, which
+    would then leak through the cache (0 * NaN). Pad outputs are garbage but finite and unused.
+    """
+    S = past + T
+    if attention_mask is None and (T == 1 or past == 0):
+        return None  # T == 1: every cached key is visible; past == 0: SDPA's is_causal
+    q_pos = torch.arange(past, S, device=device)[:, None]  # (T, 1)
+    k_pos = torch.arange(S, device=device)[None, :]  # (1, S)
+    allowed = k_pos <= q_pos  # (T, S)
+    if attention_mask is None:
+        return allowed[None, None]
+    if attention_mask.shape[-1] != S:
+        raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} keys, expected {S} (past + new)")
+    keys = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S)
+    if T == 1:
+        return keys
+    return (allowed & keys) | (k_pos == q_pos)  # (B, 1, T, S)
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        _trunc_normal_(self.token_embeddings.weight, 1.0)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.ln_final = RMSNorm(config.d_model)
+        self.lm_head = Linear(config.d_model, config.vocab_size)
+        self._rope: dict[torch.device, Tensor] = {}
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_kv_cache(self, max_length: int | None = None) -> KVCache:
+        return KVCache(self.config.num_layers, max_length or self.config.context_length)
+
+    def _rope_rows(self, positions: Tensor) -> Tensor:
+        dev = positions.device
+        if dev not in self._rope:
+            cfg = self.config
+            self._rope[dev] = rope_table(cfg.head_dim, cfg.context_length, cfg.rope_theta, dev)
+        return self._rope[dev][positions].unsqueeze(2)  # (B|1, T, 1, Dh/2)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        positions: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        logits_to_keep: int = 0,
+    ) -> Tensor:
+        """``input_ids`` (B, T) -> logits (B, T, V) (or (B, logits_to_keep, V)).
+
+        positions: (B, T) RoPE positions per row; default ``past + arange(T)``.
+        attention_mask: (B, past + T), 1/True for real tokens, 0 for padding (keys only).
+        kv_cache: appended to in place at [past, past + T); ``past = kv_cache.length``.
+        logits_to_keep: if > 0, compute the LM head only for the last that-many positions.
+        """
+        B, T = input_ids.shape
+        past = 0 if kv_cache is None else kv_cache.length
+        limit = self.config.context_length if kv_cache is None else min(kv_cache.max_length, self.config.context_length)
+        if past + T > limit:
+            raise ValueError(f"sequence length {past + T} exceeds the limit {limit} (context_length / cache size)")
+        if positions is None:
+            positions = torch.arange(past, past + T, device=input_ids.device)[None]  # (1, T)
+        rot = self._rope_rows(positions)
+        mask = _attention_mask(attention_mask, past, T, input_ids.device)
+        is_causal = mask is None and T > 1
+        x = self.token_embeddings(input_ids)  # (B, T, D)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rot, mask, is_causal, kv_cache, i)
+        if kv_cache is not None:
+            kv_cache.length = past + T
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        return self.lm_head(self.ln_final(x))  # (B, T, V)

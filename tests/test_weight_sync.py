@@ -1,0 +1,249 @@
+"""Weight-sync transports: bit-identical weights after a sync, bounded waits, start-up checks."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from rlpipe.config import WeightSyncConfig
+from rlpipe.weight_sync import (
+    TRANSPORTS,
+    ActorProbe,
+    BackendUnavailableError,
+    LocalTransport,
+    WeightReceiver,
+    WeightSender,
+    WeightSyncTimeout,
+    actor_options,
+    check_backend,
+    copy_weights,
+    flat_weights,
+    make_transport,
+    weights_checksum,
+)
+
+
+class TiedNet(nn.Module):
+    """Small model with a tied embedding / output matrix and a non-persistent buffer."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.emb = nn.Embedding(50, 16)
+        self.mid = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 50, bias=False)
+        self.out.weight = self.emb.weight
+        self.register_buffer("steps", torch.tensor(seed, dtype=torch.int64))
+        self.register_buffer("cache", torch.zeros(4), persistent=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+
+
+def _equal(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --------------------------------------------------------------------------- no Ray
+
+
+def test_flat_weights_sends_tied_tensors_once_and_skips_non_persistent():
+    names = list(flat_weights(TiedNet(0)))
+    # out.weight is emb.weight: 50*16 floats cross once, not twice
+    assert names == ["steps", "emb.weight", "mid.weight", "mid.bias"]  # own buffers come first
+
+
+def test_copy_weights_is_bit_identical_and_counts_bytes():
+    src, dst = TiedNet(1), TiedNet(2)
+    assert not _equal(src, dst)
+    stats = copy_weights(src, dst, version=3)
+    assert _equal(src, dst)
+    assert dst.out.weight.data_ptr() == dst.emb.weight.data_ptr()  # tying kept: in-place copy
+    assert stats.bytes == (50 * 16 + 16 * 16 + 16) * 4 + 8  # hand-counted: fp32 params + int64 buffer
+    assert (stats.transport, stats.backend, stats.version) == ("local", None, 3)
+    assert stats.gbps > 0 and stats.end_time >= stats.start_time
+
+
+def test_local_transport_sets_receiver_version_and_checksums():
+    class Gen(WeightReceiver):
+        def __init__(self):
+            self.model = TiedNet(5)
+
+    class Learn(WeightSender):
+        def __init__(self):
+            self.model = TiedNet(6)
+
+    learner, gen = Learn(), Gen()
+    with make_transport(WeightSyncConfig(transport="local", timeout_s=5)) as t:
+        assert isinstance(t, LocalTransport)
+        t.setup(learner, [gen])
+        stats = t.sync(learner, [gen], version=7, checksum=True)
+    assert gen.weights_version == 7 and _equal(learner.model, gen.model)
+    assert stats.checksums == [learner.weights_checksum()]
+
+
+def test_local_transport_rejects_actor_handles():
+    with pytest.raises(BackendUnavailableError, match="object_store or rdt"):
+        LocalTransport(timeout_s=1).setup(object(), [object()])
+
+
+def test_checksum_detects_a_one_ulp_change():
+    m = TiedNet(0)
+    before = weights_checksum(m)
+    with torch.no_grad():
+        m.mid.bias[0] = torch.nextafter(m.mid.bias[0], torch.tensor(1e9))
+    assert weights_checksum(m) != before
+
+
+def test_load_weights_rejects_shape_mismatch_naming_the_key():
+    class Gen(WeightReceiver):
+        model = nn.Linear(3, 2)
+
+    with pytest.raises(RuntimeError, match="'weight'"):
+        Gen().load_weights({"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}, version=1)
+
+
+def _probe(**kw) -> ActorProbe:
+    base = dict(name="Gen(pid 1)", model_device="cpu", cuda_available=False, gpu_uuid=None, node_id="n",
+                has_nixl=False, has_cupy=False, is_async=False)
+    return ActorProbe(**{**base, **kw})
+
+
+@pytest.mark.parametrize("backend,advice", [
+    ("nccl", "use rdt/gloo or object_store"),
+    ("cuda_ipc", "use rdt/gloo or object_store"),
+    ("nixl", "pip install nixl or use rdt/nccl"),
+])
+def test_unavailable_backends_give_advice(backend, advice):
+    with pytest.raises(BackendUnavailableError, match=advice):
+        check_backend(backend, [_probe(), _probe()])
+
+
+def test_gpu_backend_placement_rules():
+    gpu = dict(model_device="cuda:0", cuda_available=True, has_cupy=True)
+    check_backend("nccl", [_probe(gpu_uuid="A", **gpu), _probe(gpu_uuid="B", **gpu)])
+    check_backend("cuda_ipc", [_probe(gpu_uuid="A", **gpu), _probe(gpu_uuid="A", **gpu)])
+    with pytest.raises(BackendUnavailableError, match="rdt/cuda_ipc for actors sharing one GPU"):
+        check_backend("nccl", [_probe(gpu_uuid="A", **gpu), _probe(gpu_uuid="A", **gpu)])
+    with pytest.raises(BackendUnavailableError, match="use rdt/nccl"):
+        check_backend("cuda_ipc", [_probe(gpu_uuid="A", **gpu), _probe(gpu_uuid="B", **gpu)])
+    with pytest.raises(BackendUnavailableError, match="async"):
+        check_backend("gloo", [_probe(is_async=True)])
+
+
+def test_registry_and_options():
+    assert set(TRANSPORTS) == {"local", "object_store", "rdt"}
+    assert actor_options("rdt") == {"enable_tensor_transport": True, "max_concurrency": 1}
+    assert actor_options("object_store") == {}
+    with pytest.raises(ValueError, match="backend"):
+        make_transport(WeightSyncConfig(transport="rdt", backend="tcp", timeout_s=1))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- Ray
+
+
+@pytest.fixture(scope="module")
+def actors():
+    ray = pytest.importorskip("ray")
+    # workers import this module (TiedNet, the actor classes) by name: put tests/ on their path
+    tests_dir = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+
+    opts = dict(num_cpus=0, **actor_options("rdt"))
+
+    @ray.remote(**opts)
+    class Learner(WeightSender):
+        def __init__(self):
+            self.model = TiedNet(11)
+
+        def step(self):  # an in-place "optimizer step" after the export
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.add_(1.0)
+
+    @ray.remote(**opts)
+    class Generator(WeightReceiver):
+        def __init__(self):
+            self.model = TiedNet(22)
+
+        def state(self):
+            return self.model.state_dict()
+
+    @ray.remote(**opts)
+    class Stuck(WeightReceiver):
+        def __init__(self):
+            self.model = TiedNet(33)
+
+        def load_weights(self, state, version, checksum=False):
+            time.sleep(8)
+
+    handles = {"learner": Learner.remote(), "gen": Generator.remote(), "stuck": Stuck.remote()}
+    yield handles
+    ray.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("cfg", [WeightSyncConfig(transport="object_store", timeout_s=60),
+                                 WeightSyncConfig(transport="rdt", backend="gloo", timeout_s=60)],
+                         ids=["object_store", "rdt-gloo"])
+def test_sync_is_bit_identical(actors, cfg):
+    import ray
+
+    learner, gen = actors["learner"], actors["gen"]
+    with make_transport(cfg) as t:
+        t.setup(learner, [gen])
+        stats = t.sync(learner, [gen], version=1, checksum=True)
+        ray.get(learner.step.remote())  # mutate after the sync: the receiver must keep version 1
+        expected = ray.get(learner.weights_checksum.remote())
+        stats2 = t.sync(learner, [gen], version=2, checksum=True)
+    assert stats2.checksums == [expected] != stats.checksums
+    got = ray.get(gen.state.remote())
+    want = ray.get(learner.export_weights.remote())
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert stats2.bytes == sum(v.numel() * v.element_size() for v in want.values())
+    assert (stats2.transport, stats2.backend) == (cfg.transport, cfg.backend if cfg.transport == "rdt" else None)
+
+
+@pytest.mark.ray
+def test_timeout_raises_naming_the_transport(actors):
+    t = make_transport(WeightSyncConfig(transport="object_store", timeout_s=2))
+    t.setup(actors["learner"], [actors["stuck"]])
+    with pytest.raises(WeightSyncTimeout, match=r"weight sync object_store .*timeout_s=2"):
+        t.sync(actors["learner"], [actors["stuck"]], version=1)
+    import ray
+
+    ray.kill(actors["stuck"])  # it would sleep on; free its worker
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("backend", ["nccl", "cuda_ipc"])
+def test_gpu_backends_fail_at_setup_on_cpu(actors, backend):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: this checks the CPU-only failure")
+    t = make_transport(WeightSyncConfig(transport="rdt", backend=backend, timeout_s=30))
+    with pytest.raises(BackendUnavailableError, match="use rdt/gloo or object_store"):
+        t.setup(actors["learner"], [actors["gen"]])
+
+
+@pytest.mark.ray
+def test_rdt_refuses_a_receiver_without_tensor_transport(actors):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Plain(WeightReceiver):
+        def __init__(self):
+            self.model = TiedNet(1)
+
+    plain = Plain.remote()
+    t = make_transport(WeightSyncConfig(transport="rdt", backend="gloo", timeout_s=30))
+    with pytest.raises(BackendUnavailableError, match="enable_tensor_transport=True"):
+        t.setup(actors["learner"], [plain])
+    ray.kill(plain)

@@ -137,6 +137,15 @@ def test_gpu_backend_placement_rules():
         check_backend("gloo", [_probe(is_async=True)])
 
 
+def test_preflight_on_this_host():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: this checks the CPU-only failure")
+    for backend in ("nccl", "cuda_ipc"):
+        with pytest.raises(BackendUnavailableError, match="use rdt/gloo or object_store"):
+            make_transport(WeightSyncConfig(transport="rdt", backend=backend, timeout_s=1))
+    make_transport(WeightSyncConfig(transport="rdt", backend="gloo", timeout_s=1))  # always available
+
+
 def test_registry_and_options():
     assert set(TRANSPORTS) == {"local", "object_store", "rdt"}
     assert actor_options("rdt") == {"enable_tensor_transport": True, "max_concurrency": 1}
@@ -228,9 +237,10 @@ def test_timeout_raises_naming_the_transport(actors):
 def test_gpu_backends_fail_at_setup_on_cpu(actors, backend):
     if torch.cuda.is_available():
         pytest.skip("CUDA present: this checks the CPU-only failure")
-    t = make_transport(WeightSyncConfig(transport="rdt", backend=backend, timeout_s=30))
+    # skip the driver-side preflight (test_preflight_on_this_host) to reach the actors' probes
+    t = make_transport(WeightSyncConfig(transport="rdt", backend=backend, timeout_s=30), preflight_check=False)
     with pytest.raises(BackendUnavailableError, match="use rdt/gloo or object_store"):
-        t.setup(actors["learner"], [actors["gen"]])
+        t.setup(actors["learner"], [actors["gen"]])  # the actors' own probes
 
 
 @pytest.mark.ray

@@ -140,7 +140,7 @@ _OPENINGS = (
     "Once upon a time, there was a {adj} {kind} named {name}.",
     "There once was a {adj} {kind} called {name}.",
     "{name} was a {adj} {kind} who lived near the {place}.",
-    "One {daypart}, a {adj} {kind} named {name} woke up early.",
+    "One {daypart}, a {adj} {kind} named {name} went outside.",
 )
 _OPENINGS_KW = (
     "Once upon a time, there was a {adj} {kind} named {name} who had {a_kw}.",

@@ -21,16 +21,17 @@ def advantage_mode(train_cfg) -> str:
 
 def score_batch(batch: RolloutBatch, task, train_cfg) -> RolloutBatch:
     """Fill ``batch.rewards``/``batch.advantages`` (B,) and ``batch.reward_metrics`` in place."""
-    from rlpipe.grpo import compute_advantages
+    from rlpipe.grpo import compute_advantages, reward_stats
 
     scores = [task.reward(r, gt) for r, gt in zip(batch.responses, batch.ground_truths)]
     raw = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)  # (B,)
-    adv, meta = compute_advantages(raw, batch.group_size, advantage_mode(train_cfg), train_cfg.advantage_eps)
+    adv = compute_advantages(raw, batch.group_size, advantage_mode(train_cfg), train_cfg.advantage_eps)
+    meta = reward_stats(raw, batch.group_size)
     batch.rewards, batch.advantages = raw, adv.float()
     lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
     batch.reward_metrics = {
         "reward/train_mean": float(raw.mean()),
-        "reward/train_std": float(raw.std()) if len(raw) > 1 else 0.0,
+        "reward/train_std": meta["reward/std"],
         "reward/zero_std_frac": float(meta["reward/zero_std_frac"]),
         "reward/format_mean": float(sum(s["format_reward"] for s in scores) / len(scores)),
         "response/length_mean": float(lengths.mean()),

@@ -2,8 +2,10 @@
 
 Config (``train.weight_sync``): ``transport: local | object_store | rdt``, ``backend: gloo | nccl |
 nixl | cuda_ipc`` (rdt only) and ``timeout_s``. ``make_transport(cfg)`` picks the class from the
-``TRANSPORTS`` dict; the driver calls ``setup(sender, receivers)`` once before training (every
-availability check happens here, so a wrong backend fails before any work), ``sync(sender,
+``TRANSPORTS`` dict and, for rdt, runs a driver-side ``preflight`` (CUDA present? nixl / cupy
+importable?) so that an unavailable backend fails before Ray starts. The driver then calls
+``setup(sender, receivers)`` once before training (the authoritative checks, on probes taken
+inside the actors: devices, which physical GPU, packages, async methods), ``sync(sender,
 receivers, version) -> SyncStats`` after each policy update, and ``teardown()`` at the end.
 
 Transports
@@ -288,11 +290,16 @@ def _need_cuda(backend: str, probes: Sequence[ActorProbe]) -> None:
                 f"device {p.model_device} (CUDA available: {p.cuda_available}); use rdt/gloo or object_store")
 
 
+def _check_nccl_packages(probes: Sequence[ActorProbe]) -> None:
+    missing = [p.name for p in probes if not p.has_cupy]
+    if missing:
+        raise BackendUnavailableError(f"rdt/nccl needs cupy (Ray's NCCL group uses it), missing in {missing}: "
+                                      "pip install cupy-cuda12x, or use rdt/gloo or object_store")
+
+
 def _check_nccl(probes: Sequence[ActorProbe]) -> None:
     _need_cuda("nccl", probes)
-    if not all(p.has_cupy for p in probes):
-        raise BackendUnavailableError("rdt/nccl needs cupy in every actor (Ray's NCCL group uses it): "
-                                      "pip install cupy-cuda12x, or use rdt/gloo or object_store")
+    _check_nccl_packages(probes)
     uuids = [p.gpu_uuid for p in probes]
     if len(set(uuids)) != len(uuids):
         raise BackendUnavailableError(f"rdt/nccl needs each actor on its own GPU, but GPUs {uuids} repeat; "
@@ -318,14 +325,22 @@ class RdtBackend:
     ray_name: str  # tensor_transport name Ray expects
     export_device: str | None  # "cpu" for gloo; None keeps the model's device
     collective: bool  # needs a collective group (created from the driver)
-    check: Callable[[Sequence[ActorProbe]], None]
+    check: Callable[[Sequence[ActorProbe]], None]  # on the actors' probes, in setup()
+    # on the driver's own probe before Ray starts: devices and packages only, since which GPU each
+    # actor gets is known only inside the actors
+    preflight: Callable[[Sequence[ActorProbe]], None]
+
+
+def _no_check(probes: Sequence[ActorProbe]) -> None:
+    pass
 
 
 RDT_BACKENDS: dict[str, RdtBackend] = {
-    "gloo": RdtBackend("GLOO", "cpu", True, lambda probes: None),
-    "nccl": RdtBackend("NCCL", None, True, _check_nccl),
-    "nixl": RdtBackend("NIXL", None, False, _check_nixl),
-    "cuda_ipc": RdtBackend("CUDA_IPC", None, False, _check_cuda_ipc),
+    "gloo": RdtBackend("GLOO", "cpu", True, _no_check, _no_check),
+    "nccl": RdtBackend("NCCL", None, True, _check_nccl,
+                       lambda p: (_need_cuda("nccl", p), _check_nccl_packages(p))),
+    "nixl": RdtBackend("NIXL", None, False, _check_nixl, _check_nixl),
+    "cuda_ipc": RdtBackend("CUDA_IPC", None, False, _check_cuda_ipc, lambda p: _need_cuda("cuda_ipc", p)),
 }
 
 
@@ -512,9 +527,32 @@ TRANSPORTS: dict[str, type[Transport]] = {
 }
 
 
-def make_transport(cfg: Any) -> Transport:
-    """The transport for ``cfg`` (a ``WeightSyncConfig``: transport, backend, timeout_s)."""
+def preflight(backend: str) -> None:
+    """Driver-side availability check of an rdt backend, before Ray or any actor starts.
+
+    It assumes the actors run on this host (the local-Ray case); ``setup`` repeats the checks
+    authoritatively inside the actors. Skip it (``make_transport(cfg, preflight_check=False)``)
+    when the driver attaches to a cluster whose GPUs it cannot see."""
+    if backend not in RDT_BACKENDS:
+        raise ValueError(f"train.weight_sync.backend: {backend!r} is not one of {list(RDT_BACKENDS)}")
+    cuda = torch.cuda.is_available()  # an NVML query: creates no CUDA context in the driver
+    probe = ActorProbe("the driver process", "cuda:0" if cuda else "cpu", cuda, None, None,
+                       importlib.util.find_spec("nixl") is not None,
+                       importlib.util.find_spec("cupy") is not None, False)
+    RDT_BACKENDS[backend].preflight([probe])
+    if backend == "nccl" and torch.cuda.device_count() < 2:
+        raise BackendUnavailableError("rdt/nccl needs two GPUs (one per actor) but this host has 1; "
+                                      "use rdt/cuda_ipc for actors sharing one GPU")
+
+
+def make_transport(cfg: Any, preflight_check: bool = True) -> Transport:
+    """The transport for ``cfg`` (a ``WeightSyncConfig``: transport, backend, timeout_s).
+
+    For rdt, ``preflight`` runs first, so an unavailable backend fails before Ray starts."""
     if cfg.transport not in TRANSPORTS:
         raise ValueError(f"train.weight_sync.transport: {cfg.transport!r} is not one of {list(TRANSPORTS)}")
     backend = cfg.backend if cfg.transport == "rdt" else None
-    return TRANSPORTS[cfg.transport](timeout_s=cfg.timeout_s, backend=backend)
+    transport = TRANSPORTS[cfg.transport](timeout_s=cfg.timeout_s, backend=backend)
+    if cfg.transport == "rdt" and preflight_check:
+        preflight(backend)
+    return transport

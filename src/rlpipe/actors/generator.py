@@ -5,7 +5,8 @@ systems do) and only changes weights through ``load_weights``. It records the po
 holds, stamps every rollout batch with it, and logs each version change and each sampling start
 (who, version, wall time) so the one-version-behind bound can be checked after a run.
 
-Sampling seeds are a function of (run seed, rollout batch index), not of call order, so colocated
+Sampling seeds are a function of (run seed, the first optimizer step that trains on the batch),
+not of call order, so colocated
 ``k=1`` reproduces Variant A exactly and a resumed run samples what an uninterrupted one would.
 """
 
@@ -21,13 +22,13 @@ from rlpipe.records import RolloutBatch, VersionEvent
 from rlpipe.tasks import Example
 
 
-def batch_seed(run_seed: int, batch_index: int) -> int:
-    return (run_seed * 1_000_003 + batch_index * 7_919 + 17) % (2**31 - 1)
+def sample_seed(run_seed: int, step: int) -> int:
+    return (run_seed * 1_000_003 + step * 7_919 + 17) % (2**31 - 1)
 
 
 class Generator:
     def __init__(self, checkpoint: str, train_cfg, *, stop: tuple[str, ...] = (), threads: int = 1,
-                 profiler: Profiler | None = None, load_model: bool = True):
+                 profiler: Profiler | None = None):
         from rlpipe.checkpoint import load_checkpoint
         from rlpipe.tokenizer import load_tokenizer
 
@@ -59,13 +60,14 @@ class Generator:
             return generate(self.model, self.tokenizer, [e.prompt for e in examples],
                             self._sampling_params(n, seed), device=self.device)
 
-    def generate(self, examples: list[Example], batch_index: int) -> RolloutBatch:
-        """G responses for each prompt, sampled with the weights of ``self.version``."""
+    def generate(self, examples: list[Example], step: int) -> RolloutBatch:
+        """G responses for each prompt, sampled with the weights of ``self.version``; ``step`` is
+        the first optimizer step that will train on the batch (events and seeds are keyed by it)."""
         g = self.cfg.group_size
         version = self.version
         self.version_log.append(VersionEvent("generator", version, time.time(), "sample_start"))
-        with self.prof.phase("generate", batch_index, version):
-            out = self._sample(examples, g, batch_seed(self.cfg.seed, batch_index))
+        with self.prof.phase("generate", step, version):
+            out = self._sample(examples, g, sample_seed(self.cfg.seed, step))
         return RolloutBatch(
             prompts=[e.prompt for e in examples for _ in range(g)],
             ground_truths=[e.ground_truth for e in examples for _ in range(g)],

@@ -23,8 +23,7 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
                        threads=ctx.threads)
     next_batch, step = ctx.restore(worker)
     if step == 0:
-        ctx.start_row()
-        ctx.submit_validation(worker, 0)
+        ctx.begin(worker)
     for round_start in range(next_batch, t.n_grpo_steps, k):
         first_step = step + 1
         batches = [ctx.wait_get(worker.rollout.remote(b, b * spb + 1), f"rollout batch {b}", b * spb + 1, step)

@@ -73,7 +73,9 @@ class RunContext:
     def actor(self, cls, *, gpus: float, cpus: float, transport: str = "local", **kwargs):
         from rlpipe.weight_sync import actor_options
 
-        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, **actor_options(transport)}
+        # named "<variant>/<class>" so operators (and tests) can find the actors of a run
+        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": f"{self.variant}/{cls.__name__}",
+                **actor_options(transport)}
         return ray.remote(cls).options(**opts).remote(**kwargs)
 
     # -- logging ----------------------------------------------------------------------------------
@@ -155,8 +157,13 @@ class RunContext:
         self.samples = int(extra["samples"])
         return int(extra["next_batch"]), step
 
-    def start_row(self) -> None:
+    def begin(self, generator) -> None:
+        """Row 0 with the initial validation; the run's clock starts after it, so wall times and
+        throughput measure training, not Ray start-up and model loading."""
         self.writer.add_row({"step": 0, "policy_version": 0, "wall_time": 0.0, "samples": 0})
+        self.submit_validation(generator, 0)
+        self.collect_validation()
+        self.writer.t0 = time.time()
 
     def run_info(self, devices: int, device_type: str) -> dict:
         ws = self.train.weight_sync

@@ -26,6 +26,7 @@ from __future__ import annotations
 from rlpipe.actors.workers import GeneratorWorker, LearnerWorker, Scorer
 from rlpipe.drivers.common import RunContext, train_batches
 from rlpipe.profiling import Profiler
+from rlpipe.records import RolloutBatch
 from rlpipe.scoring import score_batch
 from rlpipe.tasks import make_task
 
@@ -49,8 +50,7 @@ def run_disaggregated(ctx: RunContext, gpus: int) -> dict:
     if step > 0:  # the generator restarts from the restored learner weights
         ctx.log_sync(step, transport.sync(learner, [generator], step))
     else:
-        ctx.start_row()
-        ctx.submit_validation(generator, 0)
+        ctx.begin(generator)
     loop = _Loop(ctx, learner, generator, scorer, transport, spb)
     try:
         loop.run(next_batch, step)
@@ -88,7 +88,7 @@ class _Loop:
         for b in range(next_batch, t.n_grpo_steps):
             first_step = step + 1
             pending = self.submit(b + 1) if b + 1 < t.n_grpo_steps else None
-            for sub in self.train_inputs(batch, b):
+            for sub in self.train_inputs(batch, b, step):
                 step += 1
                 res = ctx.get(self.learner.update.remote(sub, step), f"update step {step}")
                 ctx.log_update(step, res, sub)
@@ -100,17 +100,22 @@ class _Loop:
             ctx.log_sync(step, stats)
             self.end_round(first_step, step, b + 1)
 
-    def train_inputs(self, batch, b: int):
+    def train_inputs(self, batch, b: int, version: int):
+        """Train batches for rollout batch ``b``: the batch itself, or draws from the replay buffer
+        (which ``batch`` enters first). The learner's version is the optimizer step count."""
         if self.buffer is None:
             return train_batches(batch, self.ctx.train, b)
-        self.buffer.add_batch(batch)
+        self.buffer.add_batch(batch, current_version=version)
         n_groups = self.ctx.train.train_batch_size // self.ctx.train.group_size
-        return [self.buffer.sample(n_groups, current_version=self.ctx.samples and None)
-                for _ in range(self.spb)]
+        return [RolloutBatch.concat(self.buffer.sample(n_groups, current_version=version + i))
+                for i in range(self.spb)]
 
     def log_replay(self, step: int) -> None:
         if self.buffer is not None:
-            self.ctx.writer.update_row(step, self.buffer.metrics())
+            m = self.buffer.metrics()
+            self.ctx.writer.update_row(step, {
+                "replay/size": m["replay/size"], "replay/age_mean": m.get("replay/sample_age_mean"),
+                "replay/age_max": m.get("replay/sample_age_max"), "replay/reuse_mean": m.get("replay/uses_mean")})
 
     def end_round(self, first_step: int, step: int, next_batch: int) -> None:
         ctx = self.ctx
@@ -132,6 +137,5 @@ def _make_buffer(train_cfg):
         return None
     from rlpipe.replay import ReplayBuffer
 
-    r = train_cfg.replay
-    return ReplayBuffer(capacity=r.capacity_groups, max_age=r.max_age, strategy=r.strategy, seed=train_cfg.seed)
+    return ReplayBuffer.from_config(train_cfg.replay, seed=train_cfg.seed)
 

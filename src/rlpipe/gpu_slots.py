@@ -1,0 +1,144 @@
+"""GPU slot pinning for concurrent Snakemake jobs.
+
+Snakemake's ``gpu`` resource only *counts*: with ``--resources gpu=4`` it runs up to four 1-GPU
+jobs at once but sets no ``CUDA_VISIBLE_DEVICES``, so every job would start on GPU 0. This module
+hands each job distinct GPUs with advisory file locks:
+
+* the pool is ``CUDA_VISIBLE_DEVICES`` when it is set (indices or UUIDs, kept as given, so a
+  cluster scheduler's allocation is respected), else ``range(total)``;
+* slot ``d`` is the file ``<lock_dir>/gpu-<d>.lock`` (default ``results/.gpu_slots``); a job takes
+  ``n`` slots with non-blocking ``fcntl.flock(LOCK_EX)`` and writes its pid into the file for
+  diagnostics;
+* if it cannot get all ``n`` it releases what it got and retries every ``poll_s`` (never holding
+  some while waiting for more, so two jobs that each need two GPUs cannot deadlock), and raises
+  ``TimeoutError`` listing the holders after ``timeout_s``;
+* inside the context ``CUDA_VISIBLE_DEVICES`` is the acquired list (Ray, started afterwards in
+  the same process, then sees only those GPUs and hands them to its actors); on exit the previous
+  value is restored and the locks released.
+
+A killed job frees its slots without cleanup: the kernel drops a ``flock`` when the last
+descriptor of the open file closes, which process death does. The descriptors are opened
+non-inheritable (Python's default), so subprocesses such as Ray's raylet do not keep a slot alive
+after the job exits. ``n = 0`` is a no-op (CPU jobs touch nothing). ``flock`` is per host: the lock
+directory must be on the machine's local filesystem (on NFS, flock may not be coherent across
+hosts, but jobs on different hosts use different GPUs anyway).
+
+Departure from the seeds: the seeds run one experiment at a time by hand; concurrent variants on a
+multi-GPU host are a pipeline concern they do not address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV = "CUDA_VISIBLE_DEVICES"
+DEFAULT_LOCK_DIR = Path("results") / ".gpu_slots"
+
+
+@dataclass
+class GpuSlots:
+    devices: list[str]  # what CUDA_VISIBLE_DEVICES is set to inside the context
+    lock_paths: list[Path] = field(default_factory=list)
+    waited_s: float = 0.0
+
+
+def gpu_pool(total: int | None = None) -> list[str]:
+    """The devices to allocate from: ``CUDA_VISIBLE_DEVICES`` if set, else ``0..total-1``."""
+    visible = os.environ.get(ENV)
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    if total is None:
+        import torch  # device_count() asks NVML and does not initialise CUDA in this process
+
+        total = torch.cuda.device_count()
+    return [str(i) for i in range(total)]
+
+
+def _lock_path(lock_dir: Path, device: str) -> Path:
+    return lock_dir / f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', device)}.lock"
+
+
+def _try_lock(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _release(fds: list[int]) -> None:
+    for fd in fds:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _holders(paths: list[Path]) -> str:
+    out = []
+    for p in paths:
+        try:
+            out.append(f"{p.name}: pid {p.read_text().strip() or '?'}")
+        except OSError:
+            out.append(f"{p.name}: ?")
+    return ", ".join(out)
+
+
+def _take(pool: list[str], n: int, lock_dir: Path) -> tuple[list[str], list[int]]:
+    """One pass: lock up to ``n`` free slots in pool order."""
+    got, fds = [], []
+    for device in pool:
+        fd = _try_lock(_lock_path(lock_dir, device))
+        if fd is not None:
+            got.append(device)
+            fds.append(fd)
+            if len(got) == n:
+                break
+    return got, fds
+
+
+@contextlib.contextmanager
+def acquire_gpus(n: int, total: int | None = None, lock_dir: str | os.PathLike = DEFAULT_LOCK_DIR,
+                 timeout_s: float = 3600.0, poll_s: float = 0.5) -> Iterator[GpuSlots]:
+    """Hold ``n`` GPUs exclusively among processes sharing ``lock_dir``; pins ``CUDA_VISIBLE_DEVICES``."""
+    if n < 0:
+        raise ValueError(f"number of GPUs must be >= 0, got {n}")
+    if n == 0:
+        yield GpuSlots([])
+        return
+    pool = gpu_pool(total)
+    if n > len(pool):
+        raise ValueError(f"job needs {n} GPUs but the pool has {len(pool)} ({ENV}={os.environ.get(ENV)!r}, "
+                         f"total={total})")
+    lock_dir = Path(lock_dir)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    while True:
+        got, fds = _take(pool, n, lock_dir)
+        if len(got) == n:
+            break
+        _release(fds)  # never hold part of the request while waiting: no deadlock between jobs
+        if time.monotonic() - start >= timeout_s:
+            paths = [_lock_path(lock_dir, d) for d in pool]
+            raise TimeoutError(f"could not get {n} of {len(pool)} GPUs from {lock_dir} within {timeout_s:g} s; "
+                               f"held: {_holders(paths)}")
+        time.sleep(poll_s)
+    previous = os.environ.get(ENV)
+    os.environ[ENV] = ",".join(got)
+    try:
+        yield GpuSlots(got, [_lock_path(lock_dir, d) for d in got], time.monotonic() - start)
+    finally:
+        if previous is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = previous
+        _release(fds)

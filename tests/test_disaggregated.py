@@ -1,0 +1,117 @@
+"""Disaggregated one-version-behind GRPO: version bound, staleness, replay, transports, failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from trainer_fixtures import make_base, make_dataset, write_config
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("disagg")
+    base, _ = make_base(tmp)
+    return {"tmp": tmp, "base": str(base), "data": str(make_dataset(tmp / "data")),
+            "cfg": str(write_config(tmp / "config.yaml"))}
+
+
+def train(env, variant, cfg=None):
+    from rlpipe.train import run
+
+    out = env["tmp"] / "runs" / variant
+    run(cfg or env["cfg"], variant, str(out), env["base"], env["data"], threads=2)
+    return Path(out)
+
+
+def generator_lag(versions: pd.DataFrame) -> list[int]:
+    """For every sampling start: learner version at that moment minus the version sampled with."""
+    learner = versions[versions.who == "learner"].sort_values("wall_time")
+    lags = []
+    for _, s in versions[(versions.who == "generator") & (versions.event == "sample_start")].iterrows():
+        done = learner[learner.wall_time <= s.wall_time]
+        lags.append(int(done.version.max() if len(done) else 0) - int(s.version))
+    return lags
+
+
+def learner_lead_while_sampling(versions: pd.DataFrame, events: pd.DataFrame) -> int:
+    """Max over generation events of (highest learner version reached before the event ended
+    minus the version the generator sampled with)."""
+    learner = versions[versions.who == "learner"]
+    worst = 0
+    for _, e in events[events.phase == "generate"].iterrows():
+        reached = learner[learner.wall_time <= e.end].version.max()
+        worst = max(worst, int(reached) - int(e.version))
+    return worst
+
+
+def test_version_bound_holds_over_six_steps(env):
+    out = train(env, "disagg")
+    m = pd.read_parquet(out / "metrics.parquet")
+    assert m.step.tolist() == list(range(7))
+    versions = pd.read_parquet(out / "versions.parquet")
+    events = pd.read_parquet(out / "events.parquet")
+    assert max(generator_lag(versions)) <= 1
+    assert learner_lead_while_sampling(versions, events) <= 1
+    # both sides log every version change
+    assert sorted(versions[(versions.who == "learner") & (versions.event == "optimizer_step")].version) == \
+        list(range(1, 7))
+    assert sorted(versions[(versions.who == "generator") & (versions.event == "load_weights")].version) == \
+        list(range(1, 7))
+    # batch 0 is on-policy, every later batch is exactly one version behind
+    assert m.loc[m.step > 0, "staleness/mean"].tolist() == [0, 1, 1, 1, 1, 1]
+    assert (m.loc[m.step > 0, "sync/bytes"] > 0).all()
+    # generation overlapped training: a generate event runs while an update event runs
+    gen, upd = events[events.phase == "generate"], events[events.phase == "update"]
+    overlaps = [(g.start < u.end and u.start < g.end) for _, g in gen.iterrows() for _, u in upd.iterrows()]
+    assert any(overlaps)
+
+
+def test_rdt_gloo_variant_runs(env):
+    out = train(env, "disagg_rdt")
+    m = pd.read_parquet(out / "metrics.parquet")
+    assert m.step.tolist() == [0, 1, 2, 3] and (m.loc[m.step > 0, "sync/bytes"] > 0).all()
+
+
+def test_replay_variant_staleness_and_metrics(env):
+    out = train(env, "replay")
+    m = pd.read_parquet(out / "metrics.parquet")[lambda d: d.step > 0]
+    assert (m["staleness/max"] <= 2).all()  # replay.max_age = 2
+    assert m["replay/size"].notna().all() and (m["replay/reuse_mean"] >= 1).all()
+    assert (m["replay/age_max"] == m["staleness/max"]).all()
+
+
+def test_scorer_actor_variant(env):
+    out = train(env, "scorer")
+    ev = pd.read_parquet(out / "events.parquet")
+    assert "scorer" in set(ev[ev.phase == "score"].actor)
+
+
+def test_killing_the_generator_gives_a_clear_error(env, tmp_path):
+    """The driver must fail fast with a message, not stall, when an actor dies mid-run."""
+    import ray
+
+    from rlpipe.drivers.common import ActorFailure
+    from rlpipe.train import run
+
+    cfg = write_config(tmp_path / "c.yaml", train={"n_grpo_steps": 50, "ray_timeout_s": 60.0})
+    killed = []
+
+    def kill_generator_once_training():
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            time.sleep(0.2)
+            if ray.is_initialized() and (tmp_path / "o" / "metrics.parquet").exists():
+                ray.kill(ray.get_actor("disagg/GeneratorWorker"), no_restart=True)
+                killed.append(time.time())
+
+    threading.Thread(target=kill_generator_once_training, daemon=True).start()
+    with pytest.raises(ActorFailure, match="actor died"):
+        run(str(cfg), "disagg", str(tmp_path / "o"), env["base"], env["data"], threads=2)
+    assert killed and time.time() - killed[0] < 30  # failed promptly, not after a timeout

@@ -1,0 +1,98 @@
+"""GPU slot pinning: disjoint slots across processes, release, timeout, a dead holder's slot frees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rlpipe.gpu_slots import ENV, acquire_gpus
+
+HOLDER = textwrap.dedent("""
+    import sys
+    from rlpipe.gpu_slots import acquire_gpus
+    with acquire_gpus(int(sys.argv[1]), total=2, lock_dir=sys.argv[2], timeout_s=10, poll_s=0.05) as s:
+        print(",".join(s.devices), flush=True)
+        sys.stdin.readline()  # hold until the test says so (or kills us)
+""")
+
+
+@pytest.fixture
+def no_visible(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+
+
+def _holder(n: int, lock_dir) -> tuple[subprocess.Popen, list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(n), str(lock_dir)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=env)
+    line = p.stdout.readline().strip()
+    assert line, "holder process failed to acquire"
+    return p, line.split(",")
+
+
+def _finish(p: subprocess.Popen) -> None:
+    p.stdin.close()
+    p.wait(timeout=10)
+
+
+def test_concurrent_acquirers_get_disjoint_slots(tmp_path, no_visible):
+    p, theirs = _holder(1, tmp_path)
+    try:
+        assert theirs == ["0"]
+        with acquire_gpus(1, total=2, lock_dir=tmp_path, timeout_s=5, poll_s=0.05) as mine:
+            assert mine.devices == ["1"]
+            assert os.environ[ENV] == "1"
+            assert mine.lock_paths == [tmp_path / "gpu-1.lock"]
+    finally:
+        _finish(p)
+    assert ENV not in os.environ  # restored on exit
+
+
+def test_release_on_exit_makes_slots_reusable(tmp_path, no_visible):
+    with acquire_gpus(2, total=2, lock_dir=tmp_path, timeout_s=1) as a:
+        assert a.devices == ["0", "1"]
+    with acquire_gpus(2, total=2, lock_dir=tmp_path, timeout_s=1) as b:
+        assert b.devices == ["0", "1"]
+
+
+def test_timeout_names_the_holder(tmp_path, no_visible):
+    p, _ = _holder(2, tmp_path)
+    try:
+        with pytest.raises(TimeoutError, match=f"pid {p.pid}"):
+            with acquire_gpus(1, total=2, lock_dir=tmp_path, timeout_s=0.3, poll_s=0.05):
+                pass
+    finally:
+        _finish(p)
+
+
+def test_dead_holder_frees_its_slots(tmp_path, no_visible):
+    p, theirs = _holder(2, tmp_path)
+    assert theirs == ["0", "1"]
+    os.kill(p.pid, signal.SIGKILL)  # no cleanup runs: the kernel drops the flock
+    p.wait(timeout=10)
+    with acquire_gpus(2, total=2, lock_dir=tmp_path, timeout_s=5, poll_s=0.05) as s:
+        assert s.devices == ["0", "1"]
+
+
+def test_existing_visible_devices_are_the_pool(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, "5, GPU-ab/cd")
+    with acquire_gpus(2, lock_dir=tmp_path, timeout_s=1) as s:
+        assert s.devices == ["5", "GPU-ab/cd"]
+        assert os.environ[ENV] == "5,GPU-ab/cd"
+        assert sorted(x.name for x in tmp_path.iterdir()) == ["gpu-5.lock", "gpu-GPU-ab_cd.lock"]
+    assert os.environ[ENV] == "5, GPU-ab/cd"
+    with pytest.raises(ValueError, match="needs 3 GPUs but the pool has 2"):
+        with acquire_gpus(3, lock_dir=tmp_path):
+            pass
+
+
+def test_zero_gpus_is_a_no_op(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, "3")
+    with acquire_gpus(0, lock_dir=tmp_path / "slots") as s:
+        assert s.devices == [] and os.environ[ENV] == "3"
+    assert not (tmp_path / "slots").exists()

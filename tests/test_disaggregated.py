@@ -15,7 +15,7 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, ray_session):
     tmp = tmp_path_factory.mktemp("disagg")
     base, _ = make_base(tmp)
     return {"tmp": tmp, "base": str(base), "data": str(make_dataset(tmp / "data")),

@@ -221,6 +221,12 @@ def test_bad_shapes_are_rejected():
         compute_grpo_no_clip_loss(torch.ones(3, 1), POLICY, OLD)
     with pytest.raises(ValueError, match="old_log_probs shape"):
         compute_grpo_clip_loss(ADV, POLICY, torch.zeros(2, 3), 0.2)
+    with pytest.raises(ValueError, match="ref_log_probs shape"):
+        grpo_microbatch_train_step(POLICY.clone().requires_grad_(True), torch.ones(2, 2), 1, "grpo_no_clip",
+                                   advantages=ADV, old_log_probs=OLD, ref_log_probs=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="response_mask shape"):
+        grpo_microbatch_train_step(POLICY.clone().requires_grad_(True), torch.ones(2, 3), 1, "grpo_no_clip",
+                                   advantages=ADV, old_log_probs=OLD)
 
 
 # --------------------------------------------------------------------------- masked reductions
@@ -254,7 +260,7 @@ def test_masked_normalize_hand_values():
 
 def test_kl_estimators_hand_values():
     log_p, log_q = torch.tensor([[LN(0.5)]]), torch.tensor([[LN(0.25)]])
-    close(grpo.KL_ESTIMATORS["k1"](log_p, log_q), [[LN(2)]])  # log p - log q
+    close(grpo.KL_ESTIMATORS["log_ratio"](log_p, log_q), [[LN(2)]])  # log p - log q
     # k3 = q/p - log(q/p) - 1 = 0.5 + ln 2 - 1
     close(grpo.KL_ESTIMATORS["k3"](log_p, log_q), [[0.5 + LN(2) - 1]])
     close(0.5 + LN(2) - 1, 0.1931472, atol=1e-7)
@@ -264,9 +270,9 @@ def test_masked_kl_reductions_eq8():
     log_p = torch.tensor([[0.0, -1.0, 7.0], [-2.0, 0.0, 0.0]])
     log_q = torch.tensor([[-1.0, -1.0, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    # k1 per token: row 0 [1, 0], row 1 [-2]
-    close(masked_kl(log_p, log_q, mask, "k1", "sequence_sum"), (1 + 0 - 2) / 2)  # Eq. 8: (1/N) sum_i sum_t
-    close(masked_kl(log_p, log_q, mask, "k1", "token_mean"), (1 + 0 - 2) / 3)
+    # log-ratio per token: row 0 [1, 0], row 1 [-2]
+    close(masked_kl(log_p, log_q, mask, "log_ratio", "sequence_sum"), (1 + 0 - 2) / 2)  # Eq. 8: (1/N) sum_i sum_t
+    close(masked_kl(log_p, log_q, mask, "log_ratio", "token_mean"), (1 + 0 - 2) / 3)
     # k3 per token: log(q/p) = [-1, 0 | 2] -> e^-1 + 1 - 1, 0, e^2 - 2 - 1
     k3 = [math.exp(-1), 0.0, math.exp(2) - 3]
     close(masked_kl(log_p, log_q, mask, "k3", "sequence_sum"), (k3[0] + k3[1] + k3[2]) / 2)
@@ -326,10 +332,11 @@ def test_kl_coef_zero_leaves_loss_and_grad_unchanged():
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
     a, b = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
     loss_a, _ = grpo_microbatch_train_step(a, mask, 2, "grpo_clip", **args)
-    loss_b, meta_b = grpo_microbatch_train_step(b, mask, 2, "grpo_clip", **args,
-                                                ref_log_probs=base - 1.0, kl_coef=0.0)
+    ref = base - 1.0
+    ref[1, 2] = base[1, 2] + 200.0  # exp(200) overflows: k3 is inf there, and 0 * inf would be NaN
+    loss_b, meta_b = grpo_microbatch_train_step(b, mask, 2, "grpo_clip", **args, ref_log_probs=ref, kl_coef=0.0)
     assert torch.equal(loss_a, loss_b) and torch.equal(a.grad, b.grad)
-    assert "kl/ref_k3" in meta_b  # still reported
+    assert meta_b["kl/ref_k3"] == math.inf  # still reported
 
 
 @pytest.mark.parametrize("kwargs, match", [

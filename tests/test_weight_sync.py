@@ -24,6 +24,7 @@ from rlpipe.weight_sync import (
     copy_weights,
     flat_weights,
     make_transport,
+    ray_actor_class,
     weights_checksum,
 )
 
@@ -93,6 +94,37 @@ def test_local_transport_rejects_actor_handles():
         LocalTransport(timeout_s=1).setup(object(), [object()])
 
 
+def test_packed_payload_round_trips_mixed_dtypes_and_is_a_copy():
+    class Learn(WeightSender):
+        model = TiedNet(3)
+
+    class Gen(WeightReceiver):
+        model = TiedNet(4)
+
+    payload = Learn().export_weights("cpu", pack=True)
+    # one buffer per dtype: 50*16 + 16*16 + 16 fp32 values, the int64 buffer, the layout hash
+    assert {k: v.numel() for k, v in payload.items()} == {
+        "torch.int64": 1, "torch.float32": 1072, "__layout__": 1}
+    expected = weights_checksum(Learn.model)
+    with torch.no_grad():
+        Learn.model.mid.bias.add_(1.0)  # an optimizer step after the export must not leak in
+    ack = Gen().load_weights(payload, version=4, checksum=True)
+    assert ack.checksum == expected and ack.bytes == 1072 * 4 + 8
+    assert Gen.model.out.weight.data_ptr() == Gen.model.emb.weight.data_ptr()
+
+
+def test_packed_payload_with_another_layout_is_refused():
+    class Gen(WeightReceiver):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+
+    class Learn(WeightSender):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4, bias=False), nn.Linear(1, 2))  # same numel
+
+    assert sum(t.numel() for t in Learn.model.state_dict().values()) == 40
+    with pytest.raises(RuntimeError, match="another layout"):
+        Gen().load_weights(Learn().export_weights(pack=True), version=1)
+
+
 def test_checksum_detects_a_one_ulp_change():
     m = TiedNet(0)
     before = weights_checksum(m)
@@ -157,6 +189,32 @@ def test_registry_and_options():
 # --------------------------------------------------------------------------- Ray
 
 
+class Learner(WeightSender):
+    def __init__(self):
+        self.model = TiedNet(11)
+
+    def step(self):  # an in-place "optimizer step" after the export
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.add_(1.0)
+
+
+class Generator(WeightReceiver):
+    def __init__(self):
+        self.model = TiedNet(22)
+
+    def state(self):
+        return self.model.state_dict()
+
+
+class Stuck(WeightReceiver):
+    def __init__(self):
+        self.model = TiedNet(33)
+
+    def load_weights(self, state, version, checksum=False):
+        time.sleep(8)
+
+
 @pytest.fixture(scope="module")
 def actors():
     ray = pytest.importorskip("ray")
@@ -166,35 +224,10 @@ def actors():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
 
-    opts = dict(num_cpus=0, **actor_options("rdt"))
+    def actor(cls):
+        return ray_actor_class(cls, "rdt").options(num_cpus=0).remote()
 
-    @ray.remote(**opts)
-    class Learner(WeightSender):
-        def __init__(self):
-            self.model = TiedNet(11)
-
-        def step(self):  # an in-place "optimizer step" after the export
-            with torch.no_grad():
-                for p in self.model.parameters():
-                    p.add_(1.0)
-
-    @ray.remote(**opts)
-    class Generator(WeightReceiver):
-        def __init__(self):
-            self.model = TiedNet(22)
-
-        def state(self):
-            return self.model.state_dict()
-
-    @ray.remote(**opts)
-    class Stuck(WeightReceiver):
-        def __init__(self):
-            self.model = TiedNet(33)
-
-        def load_weights(self, state, version, checksum=False):
-            time.sleep(8)
-
-    handles = {"learner": Learner.remote(), "gen": Generator.remote(), "stuck": Stuck.remote()}
+    handles = {"learner": actor(Learner), "gen": actor(Generator), "stuck": actor(Stuck)}
     yield handles
     ray.shutdown()
 
@@ -247,12 +280,8 @@ def test_gpu_backends_fail_at_setup_on_cpu(actors, backend):
 def test_rdt_refuses_a_receiver_without_tensor_transport(actors):
     import ray
 
-    @ray.remote(num_cpus=0)
-    class Plain(WeightReceiver):
-        def __init__(self):
-            self.model = TiedNet(1)
-
-    plain = Plain.remote()
+    # the pitfall: ActorClass.options() silently drops enable_tensor_transport (Ray 2.60)
+    plain = ray.remote(Generator).options(num_cpus=0, **actor_options("rdt")).remote()
     t = make_transport(WeightSyncConfig(transport="rdt", backend="gloo", timeout_s=30))
     with pytest.raises(BackendUnavailableError, match="enable_tensor_transport=True"):
         t.setup(actors["learner"], [plain])

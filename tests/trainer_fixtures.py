@@ -25,8 +25,10 @@ def make_tokenizer(path: Path):
     return train_bpe(texts, 400, path)
 
 
-def make_base(tmp: Path, **model_overrides) -> tuple[Path, Path]:
-    """(checkpoint path, tokenizer path) of a random micro TransformerLM."""
+def make_base(tmp: Path, pretrain_steps: int = 150, **model_overrides) -> tuple[Path, Path]:
+    """(checkpoint path, tokenizer path) of a micro TransformerLM briefly trained on keyword
+    stories, so that its responses sometimes contain the keyword (rewards have variance and GRPO
+    has a gradient)."""
     from rlpipe.checkpoint import save_checkpoint
     from rlpipe.model import ModelConfig, TransformerLM
 
@@ -35,6 +37,22 @@ def make_base(tmp: Path, **model_overrides) -> tuple[Path, Path]:
     overrides = dict(vocab_size=tok.vocab_size, num_layers=2, d_model=32, num_heads=2, d_ff=64,
                      context_length=128) | model_overrides
     model = TransformerLM(ModelConfig.from_preset("cpu-tiny", **overrides))
+    rng = random.Random(1)
+    docs = []
+    for _ in range(200):
+        w = rng.sample(WORDS, 2)
+        hit = w[0] if rng.random() < 0.5 else w[1]
+        docs += tok.encode(f"Write a story that includes the word: {w[0]}\nThe {hit} was happy.") + [tok.eos_token_id]
+    data = torch.tensor(docs)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(pretrain_steps):
+        starts = torch.randint(0, len(data) - 33, (16,))
+        x = torch.stack([data[s:s + 33] for s in starts])  # (B, 33)
+        logits = model(x[:, :-1])  # (B, 32, V)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     save_checkpoint(tmp / "base.pt", model, tokenizer=str(tmp / "tokenizer.json"))
     return tmp / "base.pt", tmp / "tokenizer.json"
 

@@ -357,7 +357,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def parse_config(data: dict[str, Any]) -> PipelineConfig:
-    """Validate a whole pipeline config, including every variant's resolved train section."""
+    """Validate a whole pipeline config, including every variant's resolved train section.
+    A variant set to ``null`` (e.g. by an overlay config) is removed."""
+    if isinstance(data.get("variants"), dict):
+        data = dict(data, variants={k: v for k, v in data["variants"].items() if v is not None})
     cfg = from_dict(PipelineConfig, data)
     cfg.train.derived()
     for name in cfg.variants:

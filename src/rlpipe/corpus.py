@@ -114,7 +114,9 @@ def iter_tinystories(path: str | Path, limit: int | None = None, chunk_chars: in
 
 
 def split_sentences(story: str) -> list[str]:
-    return [s for s in re.split(r"(?<=[.!?\"])\s+", story.strip()) if s]
+    """Split after ``.!?`` (or ``.!?"``) followed by a capital or an opening quote, so that
+    ``"Let's play!" said Tim.`` stays one sentence."""
+    return [s for s in re.split(r'(?:(?<=[.!?])|(?<=[.!?]"))\s+(?=[A-Z"])', story.strip()) if s]
 
 
 # --------------------------------------------------------------------------- story generator

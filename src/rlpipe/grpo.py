@@ -42,6 +42,7 @@ How this departs from the seeds, and why:
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -406,7 +407,7 @@ def masked_normalize(
 
 
 def _kl_log_ratio(log_p: Tensor, log_q: Tensor) -> Tensor:
-    return log_p - log_q  # seed 000 Eq. 8 summand ("k1"): unbiased, high variance, can be < 0
+    return log_p - log_q  # seed 000 Eq. 8 summand (Schulman's "k1"): unbiased, high variance, can be < 0
 
 
 def _kl_k3(log_p: Tensor, log_q: Tensor) -> Tensor:
@@ -414,7 +415,7 @@ def _kl_k3(log_p: Tensor, log_q: Tensor) -> Tensor:
     return torch.exp(log_r) - log_r - 1.0
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": _kl_log_ratio, "k3": _kl_k3}
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"log_ratio": _kl_log_ratio, "k3": _kl_k3}
 
 
 def _sequence_sum(per_token: Tensor, mask: Tensor) -> Tensor:
@@ -436,7 +437,7 @@ def masked_kl(
         log_p: (B, T) log-probs under p (e.g. the current policy, which sampled the tokens).
         log_q: (B, T) log-probs under q (e.g. the frozen reference).
         mask: (B, T) response mask.
-        estimator: ``"k1"`` (log-ratio, seed 000 Eq. 7-8) or ``"k3"`` (seed 003).
+        estimator: ``"log_ratio"`` (seed 000 Eq. 7-8) or ``"k3"`` (seed 003).
         reduction: ``"sequence_sum"`` (Eq. 8) or ``"token_mean"`` (per response token).
 
     Returns:
@@ -522,6 +523,9 @@ def grpo_microbatch_train_step(
     if kl_coef > 0 and ref_log_probs is None:
         raise ValueError(f"kl_coef={kl_coef} > 0 requires ref_log_probs, which is None")
     _check_log_probs(policy_log_probs, response_mask, "response_mask")
+    for name, other in (("old_log_probs", old_log_probs), ("ref_log_probs", ref_log_probs)):
+        if other is not None:
+            _check_log_probs(policy_log_probs, other, name)
     keep = response_mask != 0  # (B, T)
     log_probs = _zero_masked(policy_log_probs, keep)
     old = _zero_masked(None if old_log_probs is None else old_log_probs.detach(), keep)
@@ -537,7 +541,6 @@ def grpo_microbatch_train_step(
         metadata["loss/ratio_mean"] = masked_mean(metadata["loss/ratio"], keep)
     loss = policy_loss
     if ref_log_probs is not None:
-        _check_log_probs(policy_log_probs, ref_log_probs, "ref_log_probs")
         k3 = KL_ESTIMATORS["k3"](log_probs, _zero_masked(ref_log_probs.detach(), keep))  # (B, T)
         metadata["kl/ref_k3"] = masked_mean(k3.detach(), keep)
         if kl_coef > 0:  # exactly the policy loss when kl_coef == 0
@@ -593,7 +596,8 @@ def get_response_log_probs(
             importance ratios and on-policy gradients to be right.
 
     Returns:
-        ``{"log_probs": (B, T)}`` (float32, or the logits' dtype if wider) plus ``"token_entropy": (B, T)`` (detached) if asked.
+        ``{"log_probs": (B, T)}`` (float32, or the logits' dtype if wider), plus
+        ``"token_entropy": (B, T)`` (detached) if asked.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -620,9 +624,9 @@ def get_response_log_probs(
 
 def _as_id_list(ids: Any, what: str, i: int) -> list[int]:
     ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+    if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
         raise ValueError(f"{what}[{i}] must be a sequence of ints, got {ids!r}")
-    return ids
+    return [int(t) for t in ids]
 
 
 def pack_token_ids(

@@ -134,7 +134,7 @@ def split_report(train: list[KeywordExample], val: list[KeywordExample], cfg: Pi
         "counts": {"train": len(train), "val": len(val)},
         "val_fraction": cfg.data.val_fraction,
         "max_keywords_per_prompt": cfg.data.max_keywords_per_prompt,
-        "keywords_per_prompt": dict(sorted(Counter(len(e.keywords) for e in train + val).items())),
+        "keywords_per_prompt": {str(k): v for k, v in sorted(Counter(len(e.keywords) for e in train + val).items())},
         "template_count": n_templates,
         "templates_used": {"train": sorted({e.template for e in train}), "val": sorted({e.template for e in val})},
         "keywords_total": len(load_keywords(cfg.data.keywords_path)),

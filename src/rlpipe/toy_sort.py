@@ -22,9 +22,10 @@ How it departs from seed 003, and why:
   over positions), so ``kl_coef`` here is seed 003's ``kl_penalty`` times the response length.
 * The embedding is initialised N(0, 1/D) rather than nn.Embedding's N(0, 1). With N(0, 1) the
   initial logits have std ~ sqrt(3 * D) ~ 5.5, the policy starts nearly deterministic, most groups
-  tie (zero advantage) and the runs stall in a local optimum (measured: expected reward +0.0..0.5
-  after seed 003's full 1000 steps, against +1.3..2.0 with N(0, 1/D)); ``embedding_init_std=1.0``
-  restores the seed's init.
+  tie (zero advantage) and runs stall in worse local optima. Measured with seed 003's defaults
+  (100 x 10 steps, lr 1e-3, seed 5), exact expected reward (max 5): N(0, 1) 2.27 -> 2.67..3.67,
+  N(0, 1/D) 2.52 -> 4.11..4.33 over rewards/no_baseline, normalized and max deltas, and grpo_clip.
+  ``embedding_init_std=1.0`` restores the seed's init.
 * One record per epoch (rewards are fixed within an epoch) instead of one per inner step.
 """
 

@@ -60,16 +60,31 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
     io_utils.write_yaml(Path(out_dir) / "config.yaml", resolved)
     os.environ.setdefault("OMP_NUM_THREADS", str(actor_threads))
     ctx = RunContext(cfg, train_cfg, variant, base, dataset, Path(out_dir), actor_threads, resume)
-    with _gpu_slots(cfg, gpus):
-        _init_ray(cfg, num_cpus=(2 * actor_threads + 1) if disagg else actor_threads)
-        import ray
+    import ray
 
+    with _gpu_slots(cfg, gpus):
+        owns_ray = not ray.is_initialized()  # a caller (e.g. a test session) may have started one
+        if owns_ray:
+            _init_ray(cfg, num_cpus=(2 * actor_threads + 1) if disagg else actor_threads)
         try:
             info = _drive(ctx, gpus)
             ctx.writer.finish(info)
         finally:
-            ray.shutdown()
+            if owns_ray:
+                ray.shutdown()
+            else:
+                _kill_run_actors(variant)
     return info
+
+
+def _kill_run_actors(variant: str) -> None:
+    import ray
+
+    for name in ("ColocatedWorker", "LearnerWorker", "GeneratorWorker", "Scorer"):
+        try:
+            ray.kill(ray.get_actor(f"{variant}/{name}"), no_restart=True)
+        except ValueError:
+            pass
 
 
 def _drive(ctx, gpus: int) -> dict:

@@ -1,0 +1,41 @@
+# rlpipe: every GRPO experiment of the seeds, end to end.
+#
+#   snakemake --cores all                                  # CPU default (config/config.yaml)
+#   snakemake --cores all --configfile config/gpu.yaml --resources gpu=2
+#   snakemake --report report.html                         # the writeup
+#   snakemake results/runs/k4/metrics.parquet              # one variant only
+#
+# Rules live in workflow/rules/*.smk, report captions in workflow/report/, operations notes in
+# workflow/report/operations.rst.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/setup.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/bench.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/plots.smk"
+
+
+report: "workflow/report/workflow.rst"
+
+
+localrules:
+    all,
+    write_config,
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

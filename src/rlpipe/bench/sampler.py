@@ -1,0 +1,152 @@
+"""``rlpipe bench sampler``: KV-cache sampler vs naive recomputation vs HF ``generate``.
+
+Prints ONE JSON line (and with ``--out`` also writes it atomically):
+
+- ``kv_tokens_per_s`` / ``naive_tokens_per_s`` / ``kv_over_naive``: ``rlpipe.sampler.generate`` on a
+  randomly initialised ``TransformerLM`` (``--preset``, vocabulary from a BPE trained here on
+  synthetic text), with its KV cache and with ``use_kv_cache=False`` (the same sampling loop
+  re-running the whole sequence every step). Goal: ratio >= 5 for cpu-tiny on CPU.
+- ``hf_ours_tokens_per_s`` / ``hf_generate_tokens_per_s`` / ``ours_over_hf_generate``: our sampler
+  driving a randomly initialised HF ``Qwen2ForCausalLM`` of the same width/depth vs HF's own
+  ``generate`` on the same model and batch (sampling, top_k disabled). Goal: ratio >= 1.
+
+Every run samples ``--batch`` rows of ``--new-tokens`` tokens with no early stop
+(``min_tokens = max_tokens``) from left-padded prompts of 12..24 tokens (the keyword-inclusion
+prompts' length); times are medians over ``--repeats`` runs after one warm-up run on a small
+batch. Nothing is downloaded. The load average is reported because the CPU may be shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+import warnings
+
+import torch
+
+from rlpipe.model import ModelConfig, TransformerLM
+from rlpipe.sampler import SamplingParams, _left_pad, generate
+from rlpipe.tokenizer import Tokenizer, train_bpe
+
+TEMPERATURE = 0.8  # seed 000 §3.1.2 sampling_temperature
+
+
+def _bench_tokenizer(vocab_size: int, tmpdir: str) -> Tokenizer:
+    """A BPE of ``vocab_size`` trained on random pseudo-words (enough merges, under a second)."""
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7))) for _ in range(4000)]
+    texts = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(2000)]
+    return train_bpe(texts, vocab_size, os.path.join(tmpdir, "tokenizer.json"))
+
+
+def _prompts(batch: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(12, 25, (batch,), generator=g).tolist()
+    return [torch.randint(1, vocab_size, (n,), generator=g).tolist() for n in lens]
+
+
+def _median_seconds(fn, repeats: int, warmup) -> float:
+    warmup()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _hf_model(cfg: ModelConfig, eos: int, device):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hf_cfg = Qwen2Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.context_length, rope_theta=cfg.rope_theta, tie_word_embeddings=False,
+        eos_token_id=eos, pad_token_id=eos, bos_token_id=eos,
+    )
+    return Qwen2ForCausalLM(hf_cfg).to(device).eval()
+
+
+def _hf_generate_fn(model, prompts, new_tokens: int, pad_id: int, device):
+    ids, mask, _ = _left_pad(prompts, pad_id, device)
+
+    def run():
+        with torch.inference_mode():
+            model.generate(
+                input_ids=ids, attention_mask=mask.long(), do_sample=True, temperature=TEMPERATURE, top_p=1.0,
+                top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id,
+                eos_token_id=pad_id,
+            )
+        _sync(device)
+
+    return run
+
+
+def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: str) -> dict:
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = _bench_tokenizer(min(ModelConfig.from_preset(preset).vocab_size, 2048), tmp)
+    cfg = ModelConfig.from_preset(preset, vocab_size=tok.vocab_size)
+    model = TransformerLM(cfg).to(dev)
+    prompts, small = _prompts(batch, cfg.vocab_size), _prompts(min(batch, 8), cfg.vocab_size, seed=1)
+    params = SamplingParams(temperature=TEMPERATURE, max_tokens=new_tokens, min_tokens=new_tokens, seed=0)
+
+    def timed(m, use_cache=True):
+        fn = lambda p=prompts: generate(m, tok, p, params, device=dev, use_kv_cache=use_cache)  # noqa: E731
+        return _median_seconds(fn, repeats, lambda: fn(small))
+
+    kv_s, naive_s = timed(model), timed(model, use_cache=False)
+    hf = _hf_model(cfg, tok.eos_token_id, dev)
+    hf_ours_s = timed(hf)
+    hf_gen = _hf_generate_fn(hf, prompts, new_tokens, tok.pad_token_id, dev)
+    hf_gen_s = _median_seconds(hf_gen, repeats, _hf_generate_fn(hf, small, new_tokens, tok.pad_token_id, dev))
+    n_tok = batch * new_tokens
+    return {
+        "bench": "sampler", "preset": preset, "device": str(dev), "batch": batch, "new_tokens": new_tokens,
+        "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "repeats": repeats,
+        "num_parameters": model.num_parameters(), "vocab_size": cfg.vocab_size,
+        "torch_threads": torch.get_num_threads(), "load_avg_1m": round(os.getloadavg()[0], 2),
+        "kv_tokens_per_s": round(n_tok / kv_s, 1), "naive_tokens_per_s": round(n_tok / naive_s, 1),
+        "kv_over_naive": round(naive_s / kv_s, 2),
+        "hf_ours_tokens_per_s": round(n_tok / hf_ours_s, 1), "hf_generate_tokens_per_s": round(n_tok / hf_gen_s, 1),
+        "ours_over_hf_generate": round(hf_gen_s / hf_ours_s, 2),
+    }
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="rlpipe bench sampler", description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="cpu-tiny")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=None, help="also write the JSON line here (atomically)")
+    args = ap.parse_args(argv)
+    for name in ("batch", "new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # HF generation-config chatter
+        result = run_bench(args.preset, args.batch, args.new_tokens, args.repeats, args.device)
+    line = json.dumps(result)
+    print(line, flush=True)
+    if args.out:
+        from rlpipe.io_utils import write_text
+
+        write_text(args.out, line + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

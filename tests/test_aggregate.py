@@ -1,0 +1,277 @@
+"""Aggregation on synthetic run directories (the RUN OUTPUTS contract) with hand-computed values.
+
+Three synthetic runs (``make_runs``), each consuming 32 samples in 4 optimizer steps:
+
+- onpolicy (colocated_sync, 1 device): wall 40 s; per step generate 6 s, update 2 s, weight_sync
+  0.5 s, driver wait 6 s; validate 1 s at steps 2 and 4. Stack 24+8+2+2 = 36 s, other 4 s.
+  Validation reward 0.1 (step 0), 0.5 (step 2), 0.4 (step 4). KL to ref = 0.01 t^2.
+- k2 (colocated_k, k=2, 1 device): wall 32 s, 2 weight syncs.
+- disagg (disaggregated, 2 devices): wall 25 s; generator generate 5 s/step, learner update
+  3 s/step and ref_logprobs 1 s/step, so T_gen = 20, T_train = 16, bound 36/20 = 1.8.
+
+``make_runs`` is imported by tests/test_plots.py and tests/test_workflow_dryrun.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rlpipe import aggregate, report_text
+
+METRIC_COLUMNS = [
+    "step", "policy_version", "wall_time", "samples", "reward/train_mean", "reward/train_std",
+    "reward/zero_std_frac", "reward/val_mean", "loss/policy", "loss/clip_frac", "optim/grad_norm",
+    "policy/entropy", "kl/ref_log_ratio", "kl/ref_k3", "kl/prev_log_ratio", "kl/prev_k3",
+    "response/length_mean", "time/generate", "time/score", "time/ref_logprobs", "time/update",
+    "time/weight_sync", "time/wait", "perf/samples_per_s", "perf/tokens_per_s", "staleness/mean",
+    "staleness/max", "sync/bytes", "sync/seconds", "sync/gbps", "replay/size", "replay/age_mean",
+    "replay/age_max", "replay/reuse_mean",
+]
+
+SPECS = {
+    # variant: (mode, devices, wall, per-step {phase: seconds}, sync seconds per step, k)
+    "onpolicy": ("colocated_sync", 1, 40.0, {"generate": 6.0, "update": 2.0}, [0.5, 0.4, 0.6, 0.5], 1),
+    "k2": ("colocated_k", 1, 32.0, {"generate": 5.0, "update": 2.0}, [0.5, math.nan, 0.5, math.nan], 2),
+    "disagg": ("disaggregated", 2, 25.0, {"generate": 5.0, "update": 3.0, "ref_logprobs": 1.0},
+               [0.25, 0.25, 0.25, 0.25], 1),
+}
+VAL = {0: 0.1, 2: 0.5, 4: 0.4}
+
+
+def _metrics(variant: str, wall: float, phases: dict, sync: list[float]) -> pd.DataFrame:
+    rows = []
+    for step in range(5):
+        row = {c: math.nan for c in METRIC_COLUMNS}
+        row.update(step=step, policy_version=step, wall_time=wall * step / 4, samples=8 * step)
+        row["reward/val_mean"] = VAL.get(step, math.nan)
+        if step:
+            row.update({"kl/ref_log_ratio": 0.01 * step**2, "kl/ref_k3": 0.008 * step**2,
+                        "kl/prev_log_ratio": 0.001 * step, "kl/prev_k3": 0.0008 * step,
+                        "sync/seconds": sync[step - 1], "sync/bytes": 1e6, "sync/gbps": 1e6 / 1e9 / 0.5,
+                        "response/length_mean": 20.0, "reward/train_mean": 0.1 * step,
+                        **{f"time/{p}": s for p, s in phases.items()}})
+            if variant == "disagg":
+                row.update({"staleness/max": 1.0, "staleness/mean": 1.0})
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=METRIC_COLUMNS)
+    return df.astype({"step": "int64", "policy_version": "int64", "samples": "int64"})
+
+
+def _events(mode: str, phases: dict, sync: list[float]) -> pd.DataFrame:
+    rows, t = [], 0.0
+    for step in range(1, 5):
+        for phase, sec in phases.items():
+            actor = "worker" if mode != "disaggregated" else ("generator" if phase == "generate" else "learner")
+            rows.append((phase, actor, t, t + sec, step, step - 1))
+            if mode != "disaggregated":
+                t += sec
+        if not math.isnan(sync[step - 1]):
+            rows.append(("weight_sync", "learner", t, t + sync[step - 1], step, step))
+            t += sync[step - 1]
+        if mode == "colocated_sync":
+            rows.append(("wait", "driver", 0.0, phases["generate"], step, step - 1))
+        if step in (2, 4):
+            rows.append(("validate", "generator", t, t + 1.0, step, step))
+        if mode == "disaggregated":
+            t += 5.0
+    df = pd.DataFrame(rows, columns=aggregate.EVENT_COLUMNS)
+    return df.astype({"step": "int64", "version": "int64"})
+
+
+def make_runs(root: Path, variants=("onpolicy", "k2", "disagg")) -> Path:
+    """Write synthetic results/runs/<variant>/ directories following the RUN OUTPUTS contract."""
+    for v in variants:
+        mode, devices, wall, phases, sync, k = SPECS[v]
+        d = root / v
+        d.mkdir(parents=True, exist_ok=True)
+        _metrics(v, wall, phases, sync).to_parquet(d / "metrics.parquet", index=False)
+        _events(mode, phases, sync).to_parquet(d / "events.parquet", index=False)
+        versions = pd.DataFrame(
+            [("learner", s, 5.0 * s, "optimizer_step") for s in range(1, 5)]
+            + [("generator", max(s - 1, 0), 5.0 * s + 0.1, "sample_start") for s in range(0, 4)],
+            columns=aggregate.VERSION_COLUMNS).astype({"version": "int64"})
+        versions.to_parquet(d / "versions.parquet", index=False)
+        with open(d / "rollouts.jsonl", "w") as f:
+            for step, reward in ((1, 0.0), (1, 1.0), (4, 1.0), (4, 1.0)):
+                f.write(json.dumps({"step": step, "version": step, "prompt": "Write a story with: cat",
+                                    "response": "the cat sat" if reward else "a dog", "reward": reward,
+                                    "ground_truth": ["cat"]}) + "\n")
+        info = {"variant": v, "mode": mode, "devices": devices, "device_type": "cpu", "threads": 2,
+                "wall_time_s": wall, "total_samples": 32, "total_optimizer_steps": 4, "k": k,
+                "transport": "object_store" if mode == "disaggregated" else "local", "backend": None,
+                "finished": True}
+        (d / "run_info.json").write_text(json.dumps(info))
+    return root
+
+
+@pytest.fixture
+def runs(tmp_path):
+    return aggregate.load_runs(make_runs(tmp_path / "runs"))
+
+
+def by_variant(table: pd.DataFrame) -> dict:
+    return {r["variant"]: r for r in table.to_dict("records")}
+
+
+def test_rewards_wall_and_throughput(runs):
+    t = by_variant(aggregate.summarize(runs, "onpolicy"))
+    on = t["onpolicy"]
+    assert on["val_reward_initial"] == pytest.approx(0.1)
+    assert on["val_reward_final"] == pytest.approx(0.4)
+    assert on["val_reward_best"] == pytest.approx(0.5) and on["best_step"] == 2
+    assert on["samples_per_s"] == pytest.approx(32 / 40)
+    # equal samples: speedup == onpolicy wall / variant wall
+    assert t["disagg"]["speedup_vs_ref"] == pytest.approx(40 / 25)
+    assert t["k2"]["speedup_vs_ref"] == pytest.approx(40 / 32)
+    assert on["speedup_vs_ref"] == pytest.approx(1.0)
+    assert bool(t["disagg"]["equal_samples"])
+
+
+def test_device_hours_and_phase_shares(runs):
+    t = by_variant(aggregate.summarize(runs, "onpolicy"))
+    assert t["onpolicy"]["device_hours"] == pytest.approx(40 * 1 / 3600)
+    assert t["disagg"]["device_hours"] == pytest.approx(25 * 2 / 3600)
+    on = t["onpolicy"]
+    assert on["time_generate_s"] == pytest.approx(24) and on["time_update_s"] == pytest.approx(8)
+    assert on["time_weight_sync_s"] == pytest.approx(2.0) and on["time_validate_s"] == pytest.approx(2)
+    assert on["time_wait_s"] == pytest.approx(24)  # reported, but not stacked
+    assert on["time_other_s"] == pytest.approx(40 - 36)
+    assert on["share_generate"] == pytest.approx(24 / 40)
+    assert on["share_update"] == pytest.approx(8 / 40)
+    assert on["share_other"] == pytest.approx(4 / 40)
+    shares = sum(on[f"share_{p}"] for p in aggregate.STACK_PHASES) + on["share_other"]
+    assert shares == pytest.approx(1.0)
+    assert math.isnan(t["disagg"]["time_other_s"])  # phases overlap: no "other"
+
+
+def test_overlap_bound_and_sync(runs):
+    t = by_variant(aggregate.summarize(runs, "onpolicy"))
+    d = t["disagg"]
+    assert d["t_gen_s"] == pytest.approx(20) and d["t_train_s"] == pytest.approx(16)
+    assert d["overlap_bound"] == pytest.approx(36 / 20)
+    assert d["overlap_achieved"] == pytest.approx(36 / 25)
+    assert d["bound_fraction"] == pytest.approx((40 / 25) / (36 / 20))
+    assert math.isnan(t["onpolicy"]["overlap_bound"])
+    assert t["onpolicy"]["sync_median_s"] == pytest.approx(0.5)
+    assert t["k2"]["num_syncs"] == 2 and t["onpolicy"]["num_syncs"] == 4
+    assert t["disagg"]["sync_label"] == "object_store"
+    assert t["onpolicy"]["kl_ref_final"] == pytest.approx(0.16)
+    assert t["onpolicy"]["kl_prev_k3_final"] == pytest.approx(0.0032)
+
+
+def test_missing_reference_gives_nan_speedup(runs):
+    table = aggregate.summarize([r for r in runs if r.variant != "onpolicy"], "onpolicy")
+    assert table["speedup_vs_ref"].isna().all()
+
+
+def test_phases_fall_back_to_metrics_without_events(tmp_path):
+    make_runs(tmp_path, ["onpolicy"])
+    (tmp_path / "onpolicy" / "events.parquet").unlink()
+    run = aggregate.load_run(tmp_path / "onpolicy")
+    phases = aggregate.phase_seconds(run)
+    assert phases["generate"] == pytest.approx(24) and phases["update"] == pytest.approx(8)
+    assert math.isnan(phases["validate"])  # not in the metrics: unknown, not zero
+
+
+def test_missing_metrics_names_the_file(tmp_path):
+    (tmp_path / "x").mkdir()
+    with pytest.raises(aggregate.AggregateError, match="metrics.parquet"):
+        aggregate.load_run(tmp_path / "x")
+
+
+@pytest.mark.parametrize("payload", [
+    [{"transport": "object_store", "seconds": [0.3, 0.1, 0.2]}, {"transport": "rdt", "backend": "gloo",
+                                                                 "seconds": [0.05, 0.01, 0.02]}],
+    {"results": [{"transport": "object_store", "median_s": 0.2}, {"label": "rdt/gloo", "median_s": 0.02}]},
+    {"object_store": {"median_s": 0.2}, "rdt/gloo": {"median_s": 0.02}},
+])
+def test_bench_reader_shapes(tmp_path, payload):
+    p = tmp_path / "weight_sync.json"
+    p.write_text(json.dumps(payload))
+    df = aggregate.read_bench_weight_sync(p).set_index("label")
+    assert df.loc["object_store", "median_s"] == pytest.approx(0.2)
+    assert df.loc["rdt/gloo", "median_s"] == pytest.approx(0.02)
+
+
+def test_bench_error_record_is_kept_with_reason(tmp_path):
+    p = tmp_path / "weight_sync.json"
+    p.write_text(json.dumps([{"transport": "rdt", "backend": "nccl", "error": "needs 2 GPUs"}]))
+    df = aggregate.read_bench_weight_sync(p)
+    assert df["label"].tolist() == ["rdt/nccl"] and np.isnan(df["median_s"][0])
+    assert df["note"][0] == "needs 2 GPUs"
+
+
+def test_main_writes_every_output(tmp_path):
+    make_runs(tmp_path / "runs")
+    bench = tmp_path / "weight_sync.json"
+    bench.write_text(json.dumps([{"transport": "object_store", "median_s": 0.2},
+                                 {"transport": "rdt", "backend": "gloo", "median_s": 0.05}]))
+    out = tmp_path / "summary"
+    assert aggregate.main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--variants", "onpolicy",
+                           "disagg", "--bench", str(bench), str(tmp_path / "missing.json")]) == 0
+    for name in ("metrics.parquet", "events.parquet", "versions.parquet", "rollouts.parquet", "runs.parquet",
+                 "weight_sync.parquet", "summary.csv", "summary.html", "discussion.json", "discussion.html"):
+        assert (out / name).stat().st_size > 0, name
+    m = pd.read_parquet(out / "metrics.parquet")
+    assert list(m.columns)[0] == "variant" and set(m["variant"]) == {"onpolicy", "disagg"}
+    html = (out / "summary.html").read_text()
+    assert not re.search(r"\bnan\b", html, re.IGNORECASE) and "1.60x" in html
+    ws = pd.read_parquet(out / "weight_sync.parquet")
+    assert set(ws["source"]) == {"run", "bench"}
+    disc = json.loads((out / "discussion.json").read_text())
+    rdt = next(s for s in disc["sections"] if s["id"] == "rdt")
+    assert rdt["numbers"]["rdt_gain_bench"] == pytest.approx(4.0)
+
+
+# --------------------------------------------------------------------------- report_text
+
+
+@pytest.mark.parametrize("shape,fn", [
+    ("linear", lambda t: 0.3 * t + 1), ("quadratic", lambda t: 0.02 * t**2 + 0.1),
+    ("sqrt", lambda t: 2 * np.sqrt(t)), ("exponential", lambda t: 0.01 * np.exp(0.1 * t)),
+])
+def test_fit_growth_names_the_shape(shape, fn):
+    t = np.arange(1, 41, dtype=float)
+    assert report_text.fit_growth(t, fn(t))["best"] == shape
+
+
+def test_fit_growth_power_exponent():
+    t = np.arange(1, 30, dtype=float)
+    assert report_text.fit_growth(t, 0.5 * t**1.5)["power"] == pytest.approx(1.5, abs=1e-6)
+    assert report_text.fit_growth([1, 2], [1, 2])["best"] is None  # too few points
+
+
+def test_max_version_lag_by_hand():
+    v = pd.DataFrame({"who": ["learner", "generator", "learner", "learner", "generator"],
+                      "version": [1, 0, 2, 3, 1], "wall_time": [1.0, 1.5, 2.0, 3.0, 3.5],
+                      "event": ["x"] * 5})
+    # generator at 1.5 holds 0 while learner is at 1 -> lag 1; at 3.5 holds 1 while learner is at 3 -> 2
+    assert report_text.max_version_lag(v) == 2.0
+
+
+def test_discussion_numbers_and_missing_variants(runs):
+    table = aggregate.summarize(runs, "onpolicy")
+    metrics = aggregate.stack_frames(runs, "metrics")
+    versions = aggregate.stack_frames(runs, "versions")
+    sync = aggregate.weight_sync_frame(runs, [])
+    disc = report_text.discussion(table, metrics, versions, sync, "onpolicy", {}, aggregate.rollouts_frame(runs))
+    sec = {s["id"]: s for s in disc["sections"]}
+    assert sec["profiling"]["numbers"]["dominant"] == "generate"
+    assert "3.0x the update time" in " ".join(sec["profiling"]["sentences"])
+    assert sec["kl"]["numbers"]["best_fit"] == "quadratic"
+    assert sec["kstep"]["numbers"]["speedup_k2"] == pytest.approx(1.25)
+    # ideal k=2 gain from dropping half the syncs: 40 / (40 - 0.5 * 2)
+    assert sec["kstep"]["numbers"]["ideal_k2"] == pytest.approx(40 / 39)
+    assert sec["disagg"]["numbers"]["bound_disagg"] == pytest.approx(1.8)
+    assert sec["versions"]["numbers"]["lag_disagg"] == 1.0
+    assert sec["replay"]["sentences"][0].startswith("No data: variant 'replay'")
+    assert "1/2" in sec["rollouts"]["sentences"][0] and "2/2" in sec["rollouts"]["sentences"][0]
+    assert not re.search(r"\bnan\b", json.dumps(disc), re.IGNORECASE)
+    assert "<h3>" in report_text.render_html(disc)

@@ -1,0 +1,123 @@
+"""Checkpoint round trip, mismatch reporting, and refusal of pickled code."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from rlpipe.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
+from rlpipe.io_utils import torch_save
+from rlpipe.model import ModelConfig, TransformerLM
+
+CFG = ModelConfig(vocab_size=50, context_length=32, num_layers=2, d_model=16, num_heads=2, d_ff=32, rope_theta=500.0)
+
+
+def _trained_model_and_optimizer():
+    torch.manual_seed(0)
+    model = TransformerLM(CFG)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randint(0, 50, (2, 8))
+    for _ in range(2):
+        loss = model(x).logsumexp(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model, opt
+
+
+def test_round_trip_restores_weights_config_optimizer_and_extra(tmp_path):
+    model, opt = _trained_model_and_optimizer()
+    extra = {"step": 7, "version": 3, "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, model, tokenizer="runs/tok/tokenizer.json", optimizer=opt, extra=extra)
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]  # atomic: no temp file left behind
+
+    ck = load_checkpoint(path)
+    assert ck.model_config == CFG and ck.tokenizer == "runs/tok/tokenizer.json"
+    for (k, a), (k2, b) in zip(model.state_dict().items(), ck.model.state_dict().items()):
+        assert k == k2 and torch.equal(a, b)
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in ck.model.parameters())
+    x = torch.randint(0, 50, (1, 6))
+    assert torch.equal(model(x), ck.model(x))
+
+    opt2 = torch.optim.AdamW(ck.model.parameters(), lr=1e-2)
+    opt2.load_state_dict(ck.optimizer_state)
+    s1, s2 = opt.state_dict(), opt2.state_dict()
+    assert s1["param_groups"] == s2["param_groups"]
+    for pid, st in s1["state"].items():
+        for key, val in st.items():
+            assert torch.equal(val, s2["state"][pid][key]), (pid, key)
+    assert ck.extra["step"] == 7 and torch.equal(ck.extra["torch_rng"], extra["torch_rng"])
+    assert tuple(ck.extra["py_rng"][1]) == extra["py_rng"][1]
+
+
+def test_load_model_state_into_existing_model(tmp_path):
+    model, _ = _trained_model_and_optimizer()
+    save_checkpoint(tmp_path / "ck.pt", model, tokenizer=None, extra={"version": 5})
+    other = TransformerLM(CFG)
+    assert load_model_state(other, tmp_path / "ck.pt") == {"version": 5}
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters()))
+    with pytest.raises(CheckpointError, match="d_ff"):
+        load_model_state(TransformerLM(CFG.replace(d_ff=48)), tmp_path / "ck.pt")
+
+
+def test_mismatched_checkpoint_names_every_bad_key(tmp_path):
+    model, _ = _trained_model_and_optimizer()
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, model, tokenizer=None)
+    payload = torch.load(path, weights_only=True)
+    del payload["model"]["layers.1.ffn.w3.weight"]
+    payload["model"]["layers.0.attn.bias"] = torch.zeros(3)
+    payload["model"]["layers.0.ffn.w1.weight"] = torch.zeros(5, 16)
+    torch_save(path, payload)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    msg = str(err.value)
+    assert "layers.1.ffn.w3.weight" in msg and "layers.0.attn.bias" in msg
+    assert "layers.0.ffn.w1.weight" in msg and "(32, 16)" in msg and "(5, 16)" in msg
+
+
+def _touch(path):  # the "payload" a malicious pickle would run
+    open(path, "w").close()
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (_touch, (self.marker,))
+
+
+def test_pickled_object_is_refused_and_not_executed(tmp_path):
+    marker = str(tmp_path / "pwned")
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "rlpipe.checkpoint", "version": 1, "model_config": CFG.to_dict(), "model": {},
+                "extra": {"x": _Evil(marker)}}, path)
+    with pytest.raises(CheckpointError, match="weights-only"):
+        load_checkpoint(path)
+    assert not os.path.exists(marker)
+    torch.load(path, weights_only=False)  # proves the file really carries code
+    assert os.path.exists(marker)
+
+
+def test_extra_that_weights_only_cannot_load_is_rejected_before_writing(tmp_path):
+    model, _ = _trained_model_and_optimizer()
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, model, tokenizer=None, extra={"step": 1})
+    before = path.read_bytes()
+    with pytest.raises(TypeError, match=r"extra\['np_rng'\]"):
+        save_checkpoint(path, model, tokenizer=None, extra={"np_rng": np.zeros(3)})
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["ck.pt"]
+
+
+def test_foreign_files_are_rejected(tmp_path):
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "x.pt")
+    with pytest.raises(CheckpointError, match="not an rlpipe checkpoint"):
+        load_checkpoint(tmp_path / "x.pt")
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        load_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises(TypeError, match="TransformerLM"):
+        save_checkpoint(tmp_path / "y.pt", torch.nn.Linear(2, 2), tokenizer=None)

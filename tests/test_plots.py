@@ -1,0 +1,98 @@
+"""Every figure kind renders a non-blank PNG (HTML for rollouts) from synthetic summaries, and a
+panel whose data is missing carries a "no data" note instead of being empty."""
+
+from __future__ import annotations
+
+import matplotlib.image as mpimg
+import numpy as np
+import pandas as pd
+import pytest
+from test_aggregate import make_runs
+
+from rlpipe import aggregate, plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def summary_dir(tmp_path, variants, mutate=None):
+    runs = make_runs(tmp_path / "runs", variants)
+    if mutate:
+        mutate(runs)
+    out = tmp_path / "summary"
+    aggregate.main(["--runs", str(runs), "--out", str(out)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_summary(tmp_path_factory):
+    return summary_dir(tmp_path_factory.mktemp("full"), ("onpolicy", "k2", "disagg"))
+
+
+def assert_png_not_blank(path):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 5000, path
+    img = mpimg.imread(path)
+    assert np.asarray(img)[..., :3].std() > 0.01  # something was drawn
+
+
+@pytest.mark.parametrize("kind", sorted(k for k in plots.KINDS if k != "rollouts"))
+def test_every_kind_renders(full_summary, tmp_path, kind):
+    out = tmp_path / f"{kind}.png"
+    assert plots.main([kind, "--summary", str(full_summary), "--out", str(out)]) == 0
+    assert_png_not_blank(out)
+
+
+def test_complete_data_draws_without_no_data_notes(full_summary, tmp_path):
+    s = plots.load_summary(full_summary)
+    for kind in ("reward_vs_step", "reward_vs_time", "kl", "phase_breakdown", "phase_steps", "timeline",
+                 "throughput", "versions"):
+        assert plots.KINDS[kind](s, tmp_path / f"{kind}.png") == [], kind
+
+
+def test_missing_variants_are_annotated(tmp_path):
+    s = plots.load_summary(summary_dir(tmp_path, ("onpolicy",)))
+    notes = plots.plot_timeline(s, tmp_path / "t.png")
+    assert any("disaggregated" in n for n in notes)
+    assert any("disaggregated" in n for n in plots.plot_versions(s, tmp_path / "v.png"))
+    assert any("replay" in n for n in plots.plot_replay(s, tmp_path / "r.png"))
+    assert any("benchmark" in n for n in plots.plot_weight_sync(s, tmp_path / "w.png"))
+    for name in ("t.png", "v.png", "r.png", "w.png"):
+        assert_png_not_blank(tmp_path / name)
+
+
+def test_nan_columns_are_annotated(tmp_path):
+    def drop_kl(runs):
+        for p in runs.glob("*/metrics.parquet"):
+            m = pd.read_parquet(p)
+            for c in ("kl/ref_log_ratio", "kl/ref_k3", "kl/prev_log_ratio", "kl/prev_k3"):
+                m[c] = np.nan
+            m.to_parquet(p, index=False)
+
+    s = plots.load_summary(summary_dir(tmp_path, ("onpolicy", "disagg"), drop_kl))
+    notes = plots.plot_kl(s, tmp_path / "kl.png")
+    assert len(notes) == 2 and all("KL" in n for n in notes)
+    assert_png_not_blank(tmp_path / "kl.png")
+
+
+def test_empty_summary_never_blank(tmp_path):
+    s = plots.Summary(*(pd.DataFrame(columns=["variant"]) for _ in range(6)))
+    for kind, fn in plots.KINDS.items():
+        ext = "html" if kind == "rollouts" else "png"
+        notes = fn(s, tmp_path / f"{kind}.{ext}")
+        assert notes, kind
+        if ext == "png":
+            assert_png_not_blank(tmp_path / f"{kind}.png")
+
+
+def test_rollouts_html_before_after(full_summary, tmp_path):
+    out = tmp_path / "rollouts.html"
+    assert plots.main(["rollouts", "--summary", str(full_summary), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.index("<h3>onpolicy</h3>") < text.index("<h3>k2</h3>")  # reference first
+    assert "before (first logged step)" in text and "after (last step)" in text
+    assert "the cat sat" in text
+
+
+def test_main_requires_summary(tmp_path):
+    with pytest.raises(FileNotFoundError, match="runs.parquet"):
+        plots.main(["kl", "--summary", str(tmp_path), "--out", str(tmp_path / "x.png")])

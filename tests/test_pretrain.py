@@ -1,0 +1,136 @@
+"""rlpipe.pretrain: schedule, batching, a tiny learning run, checkpoint, zero-shot reward, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from rlpipe.config import ConfigError, DataConfig, ModelSection, PipelineConfig, PretrainConfig
+from rlpipe.corpus import build_corpus
+from rlpipe.pretrain import (
+    check_pretrain_config, log_path, lr_at, main, pretrain, sample_windows, train_tokenizer_main, zero_shot_reward,
+)
+
+MICRO = {"num_layers": 1, "d_model": 32, "num_heads": 2, "d_ff": 64, "context_length": 64}
+
+
+def _cfg(**pre) -> PipelineConfig:
+    base = {"max_steps": 30, "batch_size": 8, "seq_len": 32, "warmup_steps": 3, "eval_every": 10,
+            "learning_rate": 1e-2, "val_fraction": 0.05, "threads": 1, "device": "cpu"}
+    base.update(pre)
+    return PipelineConfig(data=DataConfig(num_stories=300, num_prompts=40),
+                          model=ModelSection(overrides=dict(MICRO)), pretrain=PretrainConfig(**base))
+
+
+def test_lr_schedule_hand_values():
+    p = PretrainConfig(max_steps=110, warmup_steps=10, learning_rate=1.0, min_lr_ratio=0.1)
+    assert lr_at(0, p) == pytest.approx(0.1)  # (0 + 1) / 10
+    assert lr_at(9, p) == pytest.approx(1.0)
+    assert lr_at(10, p) == pytest.approx(1.0)  # cosine starts at the peak
+    assert lr_at(60, p) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))  # halfway: 0.55
+    assert lr_at(110, p) == pytest.approx(0.1)
+    assert lr_at(0, PretrainConfig(warmup_steps=0, learning_rate=2.0, max_steps=5)) == pytest.approx(2.0)
+
+
+def test_sample_windows_shift_by_one():
+    stream = torch.arange(100)
+    x, y = sample_windows(stream, 4, 10, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 10)
+    assert torch.equal(y, x + 1)  # consecutive tokens, targets one ahead
+    assert int(x.max()) < 100 and int(y.max()) <= 99
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pre")
+    cfg = _cfg()
+    build_corpus(cfg, d / "corpus.txt")
+    (d / "c.yaml").write_text("tokenizer:\n  vocab_size: 400\n")
+    assert train_tokenizer_main(["--config", str(d / "c.yaml"), "--corpus", str(d / "corpus.txt"),
+                                 "--out", str(d / "tok.json")]) == 0
+    res = pretrain(cfg, d / "corpus.txt", d / "tok.json", d / "model.pt", progress=False)
+    return d, cfg, res
+
+
+def test_tiny_pretraining_loss_decreases_and_checkpoint_loads(tiny_run):
+    from rlpipe.checkpoint import load_checkpoint
+
+    d, _, res = tiny_run
+    curve = res.log["curve"]
+    assert len(curve) == 30 and res.steps == 30
+    first = sum(r["train_loss"] for r in curve[:3]) / 3
+    assert first > math.log(400) - 1.0  # starts near uniform over the vocabulary
+    assert res.val_loss < first - 1.5, (first, res.val_loss)
+    vals = [r["val_loss"] for r in curve if "val_loss" in r]
+    assert len(vals) == 3 and vals[-1] < vals[0]
+    ck = load_checkpoint(d / "model.pt")
+    assert ck.tokenizer == str(d / "tok.json")
+    assert ck.extra["steps"] == 30 and ck.extra["val_loss"] == pytest.approx(res.val_loss)
+    assert ck.model_config.num_layers == 1 and ck.model_config.vocab_size <= 400
+    log = json.loads(log_path(d / "model.pt").read_text())
+    assert log["steps"] == 30 and len(log["curve"]) == 30 and log["wall_time_s"] > 0
+
+
+def test_pretraining_is_seeded(tiny_run, tmp_path):
+    d, cfg, res = tiny_run
+    cfg.pretrain.max_steps = 5
+    a = pretrain(cfg, d / "corpus.txt", d / "tok.json", tmp_path / "a.pt", progress=False)
+    b = pretrain(cfg, d / "corpus.txt", d / "tok.json", tmp_path / "b.pt", progress=False)
+    assert [r["train_loss"] for r in a.log["curve"]] == [r["train_loss"] for r in b.log["curve"]]
+
+
+def test_zero_shot_reward_runs_on_the_tiny_model(tiny_run, tmp_path):
+    pytest.importorskip("rlpipe.rewards")
+    from rlpipe.keyword_data import build_dataset
+
+    d, cfg, _ = tiny_run
+    build_dataset(cfg, tmp_path / "ds")
+    res = zero_shot_reward(d / "model.pt", tmp_path / "ds", n=6, temperature=0.8, max_tokens=8, seed=0)
+    assert res.n == 6 and len(res.responses) == 6
+    assert all(r in (0.0, 1.0) for r in res.rewards) and res.mean == sum(res.rewards) / 6
+    again = zero_shot_reward(d / "model.pt", tmp_path / "ds", n=6, temperature=0.8, max_tokens=8, seed=0)
+    assert again.responses == res.responses
+
+
+def test_cli_main_writes_checkpoint_and_log(tiny_run, tmp_path, capsys):
+    d, _, _ = tiny_run
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model:\n  overrides: {num_layers: 1, d_model: 32, num_heads: 2, d_ff: 64, context_length: 64}\n"
+                   "pretrain: {max_steps: 4, batch_size: 4, seq_len: 16, warmup_steps: 1, eval_every: 2, "
+                   "threads: 1, device: cpu}\n")
+    out = tmp_path / "base" / "model.pt"
+    assert main(["--config", str(cfg), "--corpus", str(d / "corpus.txt"), "--tokenizer", str(d / "tok.json"),
+                 "--out", str(out), "--no-progress"]) == 0
+    assert out.is_file() and log_path(out).is_file()
+    assert "4 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pre, key", [
+    ({"val_fraction": 1.5}, "pretrain.val_fraction"),
+    ({"max_steps": 0}, "pretrain.max_steps"),
+    ({"min_lr_ratio": 2.0}, "pretrain.min_lr_ratio"),
+    ({"device": "tpu"}, "pretrain.device"),
+    ({"seq_len": 128}, "pretrain.seq_len"),  # > the micro model's context_length 64
+])
+def test_bad_pretrain_config_fails_before_work(tiny_run, tmp_path, pre, key):
+    d, _, _ = tiny_run
+    out = tmp_path / "model.pt"
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        pretrain(_cfg(**pre), d / "corpus.txt", d / "tok.json", out, progress=False)
+    assert not out.exists()
+
+
+def test_bad_model_override_names_the_key(tiny_run, tmp_path):
+    d, _, _ = tiny_run
+    cfg = _cfg()
+    cfg.model.overrides["num_layer"] = 2
+    with pytest.raises(ConfigError, match="model.overrides"):
+        pretrain(cfg, d / "corpus.txt", d / "tok.json", tmp_path / "m.pt", progress=False)
+
+
+def test_check_pretrain_config_accepts_defaults():
+    check_pretrain_config(PretrainConfig())

@@ -1,0 +1,83 @@
+"""The sampler driving a HuggingFace CausalLM (the Qwen 2.5 Math path), on a tiny randomly
+initialised Qwen2 built here (no download) and a tokenizer trained here."""
+
+import warnings
+
+import pytest
+import torch
+
+from rlpipe.sampler import SamplingParams, _left_pad, generate
+from rlpipe.tokenizer import train_bpe
+
+transformers = pytest.importorskip("transformers")
+
+CORPUS = ["the cat sat on the mat. <answer>42</answer> the dog ate the bone.", "Once upon a time a girl found a red apple."] * 40
+PROMPTS = ["the cat", "Once upon a time a girl found", "a", "the dog ate the bone and the cat sat"]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return train_bpe(CORPUS, 300, tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def qwen(tok, tmp_path_factory):
+    """Saved and reloaded with from_pretrained from a local folder, as Qwen 2.5 Math will be."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=tok.vocab_size + 12, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.eos_token_id)
+    folder = tmp_path_factory.mktemp("qwen")
+    Qwen2ForCausalLM(cfg).save_pretrained(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def _fresh_logprobs(model, prompt_ids, response_ids, temperature):
+    ids = torch.tensor(prompt_ids + response_ids)[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0][len(prompt_ids) - 1:]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_hf_logprobs_match_fresh_forward(qwen, tok, temperature):
+    g = generate(qwen, tok, PROMPTS, SamplingParams(n=2, temperature=temperature, max_tokens=12, seed=0))
+    assert len(g) == 8
+    for i in range(len(g)):
+        ref = _fresh_logprobs(qwen, g.prompt_ids[i], g.response_ids[i], temperature)
+        assert (g.logprobs[i] - ref).abs().max().item() <= 1e-4
+
+
+def test_hf_cached_equals_naive_and_rows_independent_of_batch(qwen, tok):
+    p = SamplingParams(n=2, temperature=0.9, max_tokens=10, seed=4)
+    batch = generate(qwen, tok, PROMPTS, p)
+    naive = generate(qwen, tok, PROMPTS, p, use_kv_cache=False)
+    assert batch.response_ids == naive.response_ids
+    alone = generate(qwen, tok, [PROMPTS[1]], p)
+    assert alone.response_ids == batch.response_ids[2:4]
+    for a, b in zip(alone.logprobs, batch.logprobs[2:4]):
+        assert (a - b).abs().max().item() <= 1e-4
+
+
+def test_hf_greedy_matches_hf_generate(qwen, tok):
+    """Greedy decoding of left-padded mixed-length prompts agrees with HF's own generate."""
+    g = generate(qwen, tok, PROMPTS, SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8))
+    ids, mask, _ = _left_pad(g.prompt_ids, tok.pad_token_id, "cpu")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = qwen.generate(input_ids=ids, attention_mask=mask.long(), do_sample=False, max_new_tokens=8,
+                            min_new_tokens=8, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    assert out[:, ids.shape[1]:].tolist() == g.response_ids
+
+
+def test_hf_stop_string_and_eos_bookkeeping(qwen, tok):
+    g = generate(qwen, tok, PROMPTS, SamplingParams(n=2, max_tokens=10, seed=1, stop=("e",)))
+    for ids, text, reason in zip(g.response_ids, g.response_text, g.finish_reason):
+        assert "e" not in text and len(ids) <= 10
+        if reason == "stop":
+            assert "e" in tok.decode(ids) and "e" not in tok.decode(ids[:-1])
+    assert "stop" in g.finish_reason

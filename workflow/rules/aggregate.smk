@@ -1,0 +1,34 @@
+# Every run's outputs -> results/summary/: combined parquet files (with a `variant` column), the
+# per-variant summary table (CSV + HTML) and the discussion whose numbers come from the data.
+
+
+rule aggregate_metrics:
+    input:
+        runs=expand(res("runs", "{variant}", "run_info.json"), variant=VARIANTS),
+        metrics=expand(res("runs", "{variant}", "metrics.parquet"), variant=VARIANTS),
+        bench=[res("bench", "weight_sync.json"), res("bench", "sampler.json")],
+        code=[module_file("rlpipe.aggregate"), module_file("rlpipe.report_text")],
+    output:
+        **{k: res("summary", f) for k, f in SUMMARY_FILES.items()},
+        table_html=report(
+            res("summary", "summary.html"),
+            caption="../report/summary.rst",
+            category="1 Results",
+            labels={"item": "summary table"},
+        ),
+        discussion_html=report(
+            res("summary", "discussion.html"),
+            caption="../report/discussion.rst",
+            category="1 Results",
+            labels={"item": "discussion (computed from the data)"},
+        ),
+    params:
+        variants=VARIANTS,
+        reference=reference_variant(),
+        runs=res("runs"),
+        out=res("summary"),
+    log:
+        "logs/aggregate_metrics/aggregate_metrics.log",
+    shell:
+        "rlpipe aggregate --runs {params.runs} --out {params.out} --variants {params.variants} "
+        "--reference {params.reference} --bench {input.bench} > {log} 2>&1"

@@ -1,0 +1,89 @@
+# Corpus -> tokenizer -> base model, and the keyword-inclusion dataset (CLI contract in
+# CONTRIBUTING.md). Each rule's params are the config sections it reads.
+
+
+rule build_corpus:
+    input:
+        config=ancient(CONFIG_FILE),
+        source=optional_file(CFG.data.corpus_path),
+    output:
+        res("data", "corpus.txt"),
+    params:
+        cfg=section_params("data"),
+    log:
+        "logs/build_corpus/build_corpus.log",
+    shell:
+        "rlpipe build-corpus --config {input.config} --out {output} > {log} 2>&1"
+
+
+if CFG.tokenizer.path is None:
+
+    rule train_tokenizer:
+        input:
+            config=ancient(CONFIG_FILE),
+            corpus=res("data", "corpus.txt"),
+        output:
+            res("tokenizer", "tokenizer.json"),
+        params:
+            cfg=section_params("tokenizer"),
+        log:
+            "logs/train_tokenizer/train_tokenizer.log",
+        shell:
+            "rlpipe train-tokenizer --config {input.config} --corpus {input.corpus} --out {output} > {log} 2>&1"
+
+
+if CFG.model.base_checkpoint is None:
+
+    rule pretrain_base:
+        input:
+            config=ancient(CONFIG_FILE),
+            corpus=res("data", "corpus.txt"),
+            tokenizer=tokenizer_inputs(),
+        output:
+            res("base", "model.pt"),
+        params:
+            cfg=section_params("model", "pretrain", "tokenizer"),
+            tokenizer=tokenizer_arg(),
+        threads: CFG.pretrain.threads
+        resources:
+            gpu=pretrain_gpus(),
+        log:
+            "logs/pretrain_base/pretrain_base.log",
+        benchmark:
+            "benchmarks/pretrain_base/pretrain_base.tsv"
+        shell:
+            "rlpipe pretrain --config {input.config} --corpus {input.corpus} "
+            "--tokenizer {params.tokenizer} --out {output} > {log} 2>&1"
+
+else:
+
+    rule import_base:
+        input:
+            config=ancient(CONFIG_FILE),
+            checkpoint=CFG.model.base_checkpoint,
+            tokenizer=tokenizer_inputs(),
+        output:
+            res("base", "model.pt"),
+        params:
+            cfg=section_params("model", "tokenizer"),
+        log:
+            "logs/import_base/import_base.log",
+        shell:
+            "rlpipe import-base --config {input.config} --out {output} > {log} 2>&1"
+
+
+rule build_keyword_dataset:
+    input:
+        config=ancient(CONFIG_FILE),
+        keywords=optional_file(CFG.data.keywords_path),
+    output:
+        train=res("data", "keywords", "train.jsonl"),
+        val=res("data", "keywords", "val.jsonl"),
+        split=res("data", "keywords", "split.json"),
+    params:
+        cfg=section_params("data"),
+        out=res("data", "keywords"),
+    log:
+        "logs/build_keyword_dataset/build_keyword_dataset.log",
+    shell:
+        "rlpipe build-dataset --config {input.config} --out {params.out} > {log} 2>&1"

@@ -1,0 +1,26 @@
+# One rule per figure (plot_<kind>), generated from the FIGURES table in common.smk. Each takes
+# src/rlpipe/plots.py as an input, so editing the plotting code reruns the figures and nothing
+# upstream. Captions: workflow/report/<kind>.rst.
+
+for _kind, _fig in FIGURES.items():
+
+    rule:
+        name:
+            f"plot_{_kind}"
+        input:
+            summary=[res("summary", f) for f in SUMMARY_FILES.values()],
+            code=module_file("rlpipe.plots"),
+        output:
+            report(
+                figure_path(_kind),
+                caption=f"../report/{_kind}.rst",
+                category=_fig.category,
+                labels={"figure": _fig.title},
+            ),
+        params:
+            kind=_kind,
+            summary=res("summary"),
+        log:
+            f"logs/plot_{_kind}/plot_{_kind}.log",
+        shell:
+            "rlpipe plot {params.kind} --summary {params.summary} --out {output} > {log} 2>&1"

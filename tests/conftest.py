@@ -10,3 +10,13 @@ def ray_session():
         ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory):
+    """(checkpoint, dataset dir) of a briefly trained micro TransformerLM, shared by trainer tests."""
+    from trainer_fixtures import make_base, make_dataset
+
+    tmp = tmp_path_factory.mktemp("tiny_base")
+    base, _ = make_base(tmp)
+    return str(base), str(make_dataset(tmp / "data"))

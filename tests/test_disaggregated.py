@@ -9,17 +9,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from trainer_fixtures import make_base, make_dataset, write_config
+from trainer_fixtures import write_config
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, ray_session):
+def env(tmp_path_factory, ray_session, tiny_base):
     tmp = tmp_path_factory.mktemp("disagg")
-    base, _ = make_base(tmp)
-    return {"tmp": tmp, "base": str(base), "data": str(make_dataset(tmp / "data")),
-            "cfg": str(write_config(tmp / "config.yaml"))}
+    return {"tmp": tmp, "base": tiny_base[0], "data": tiny_base[1], "cfg": str(write_config(tmp / "config.yaml"))}
 
 
 def train(env, variant, cfg=None):

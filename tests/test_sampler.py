@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rlpipe.grpo import get_response_log_probs
 from rlpipe.model import ModelConfig, TransformerLM
 from rlpipe.sampler import Generation, SamplingParams, generate
 from rlpipe.tokenizer import train_bpe
@@ -59,12 +60,11 @@ class ScriptedLM(TransformerLM):
 
 
 def reference_logprobs(model, prompt_ids, response_ids, temperature=1.0):
-    """Fresh forward pass over prompt + response, ``log_softmax(logits / T)`` gathered at the labels
-    (what rlpipe.grpo.get_response_log_probs computes), for the response positions."""
+    """rlpipe.grpo.get_response_log_probs on a fresh forward pass over prompt + response
+    (``log_softmax(logits / T)`` at the labels), for the response positions."""
     ids = torch.tensor(prompt_ids + response_ids)[None]
     with torch.no_grad():
-        logits = model(ids)[0, :-1].float() / temperature
-    lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+        lp = get_response_log_probs(model, ids[:, :-1], ids[:, 1:], temperature=temperature)["log_probs"][0]
     return lp[len(prompt_ids) - 1:]
 
 

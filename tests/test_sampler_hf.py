@@ -6,6 +6,7 @@ import warnings
 import pytest
 import torch
 
+from rlpipe.grpo import get_response_log_probs
 from rlpipe.sampler import SamplingParams, _left_pad, generate
 from rlpipe.tokenizer import train_bpe
 
@@ -37,10 +38,11 @@ def qwen(tok, tmp_path_factory):
 
 
 def _fresh_logprobs(model, prompt_ids, response_ids, temperature):
+    """rlpipe.grpo.get_response_log_probs on a fresh forward pass, response positions only."""
     ids = torch.tensor(prompt_ids + response_ids)[None]
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, :-1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0][len(prompt_ids) - 1:]
+        lp = get_response_log_probs(model, ids[:, :-1], ids[:, 1:], temperature=temperature)["log_probs"][0]
+    return lp[len(prompt_ids) - 1:]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -16,18 +16,15 @@ import pytest
 import torch
 
 from rlpipe.run_writer import METRIC_COLUMNS
-from trainer_fixtures import make_base, make_dataset, write_config
+from trainer_fixtures import write_config
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, ray_session):
+def env(tmp_path_factory, ray_session, tiny_base):
     tmp = tmp_path_factory.mktemp("trainer")
-    base, _ = make_base(tmp)
-    data = make_dataset(tmp / "data")
-    cfg = write_config(tmp / "config.yaml")
-    return {"tmp": tmp, "base": str(base), "data": str(data), "cfg": str(cfg)}
+    return {"tmp": tmp, "base": tiny_base[0], "data": tiny_base[1], "cfg": str(write_config(tmp / "config.yaml"))}
 
 
 def train(env, variant, out=None, cfg=None, **kw):

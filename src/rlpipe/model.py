@@ -100,7 +100,8 @@ class ModelConfig:
 
 
 PRESETS: dict[str, ModelConfig] = {
-    # seed 000's model skeleton (GPT-2 vocabulary): 22.7M parameters + 2 x 25.7M embedding/head.
+    # seed 000's model skeleton (GPT-2 vocabulary): 63.9M parameters, of which 12.5M in the blocks
+    # and 2 x 25.7M in the untied embedding and LM head.
     "assignment": ModelConfig(
         vocab_size=50257, context_length=256, num_layers=4, d_model=512, num_heads=16, d_ff=1344,
         rope_theta=10000.0,
@@ -235,8 +236,9 @@ def _attention_mask(attention_mask: Tensor | None, past: int, T: int, device) ->
     """Boolean (B|1, 1, T, S) mask, True = may attend; None when plain causal suffices.
 
     Query i (absolute position past+i) sees keys j <= past+i that are real tokens, and always
-    itself: a left-pad query would otherwise see no key at all and SDPA would return NaN, which
-    would then leak through the cache (0 * NaN). Pad outputs are garbage but finite and unused.
+    itself: a left-pad query would otherwise see no key at all, and some SDPA kernels (older
+    PyTorch, some CUDA paths) return NaN for such rows, which would then leak through the cache
+    (0 * NaN). Pad outputs are garbage but finite and never attended to.
     """
     S = past + T
     if attention_mask is None and (T == 1 or past == 0):

@@ -217,7 +217,7 @@ def plot_phase_breakdown(s: Summary, out) -> list[str]:
     ax.set_yticks(y, r["variant"])
     ax.invert_yaxis()
     ax.set(xlabel="seconds", title="Time per phase (stacked) vs wall time")
-    ax.legend(fontsize=8, ncol=4, loc="lower right")
+    ax.legend(fontsize=8, ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(r) < 5 else -0.15))
     ax.grid(axis="x", alpha=0.3)
     save(fig, out)
     return notes

@@ -71,12 +71,11 @@ class RunContext:
         return out
 
     def actor(self, cls, *, gpus: float, cpus: float, transport: str = "local", **kwargs):
-        from rlpipe.weight_sync import actor_options
+        from rlpipe.weight_sync import ray_actor_class
 
         # named "<variant>/<class>" so operators (and tests) can find the actors of a run
-        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": f"{self.variant}/{cls.__name__}",
-                **actor_options(transport)}
-        return ray.remote(cls).options(**opts).remote(**kwargs)
+        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": f"{self.variant}/{cls.__name__}"}
+        return ray_actor_class(cls, transport).options(**opts).remote(**kwargs)
 
     # -- logging ----------------------------------------------------------------------------------
     def log_update(self, step: int, res: UpdateResult, batch: RolloutBatch) -> None:

@@ -15,10 +15,14 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+include: "workflow/rules/common.smk"  # parses config with rlpipe.config: errors name the dotted key
+
+
+# The generated JSON schema (same dataclasses) for Snakemake's own tooling; parse_config above has
+# already rejected anything it would, with friendlier messages ("did you mean ...?").
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
-include: "workflow/rules/common.smk"
 include: "workflow/rules/setup.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"

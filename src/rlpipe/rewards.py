@@ -22,34 +22,49 @@ input scores zeros. Rules:
 
 Departures from the seeds and why:
 
+* The prompt templates (``rlpipe/prompts/*.prompt``) are reworded; ``r1_zero`` keeps the seed's
+  structure (User/Assistant, ``<think> </think>`` then ``<answer> </answer>``, ends with
+  ``"Assistant: <think>"``). The grader needs the closing ``</answer>``: sample with
+  ``stop=("</answer>",)`` and ``include_stop_str_in_output=True``, as seed 001 does.
 * Equivalence is decided by math-verify instead of the course's ``drgrpo_grader`` (not available
   here). Answer and ground truth are each wrapped in ``$...$`` before parsing (unless they already
-  hold a ``$``) because math-verify only reads LaTeX inside delimiters: bare ``\\frac12`` parses
-  to nothing. ``fast=True`` (default) compares that one reading strictly. ``fast=False`` is the
-  lenient mode (as the seed grader's non-fast path adds checks): it also tries math-verify's
-  reading of the undelimited text (prose, last number) and ``strict=False`` (sets vs tuples,
-  variables matched by position); it accepts more answers, including some wrong ones.
-* math-verify's default timeouts use ``signal.alarm``, which fails off the main thread (Ray actors,
-  thread pools) and would make rewards depend on machine speed. We switch them off and bound the
-  work instead, deterministically: answers over 400 characters or with brackets nested over 10
-  deep are not parsed (the LaTeX parser is slow on deep nesting), and parsed expressions that would
-  make sympy evaluate huge numbers (over 10,000 digits, e.g. ``10^{10^{10}}``, ``(2^{100})!``),
-  expand high powers of sums (exponent over 100) or do integrals/limits/products are discarded.
-  Such answers score 0. Calls into math-verify hold one lock (the ANTLR parser caches are shared).
+  hold an unescaped ``$``): math-verify only reads LaTeX inside delimiters, so bare ``\\frac12``
+  would parse to nothing. ``fast=True`` (default) compares that one reading strictly.
+  ``fast=False`` is a lenient mode (as the seed grader's non-fast path adds checks): it also tries
+  math-verify's reading of the bare text (prose, last number) and ``strict=False`` (sets vs
+  tuples, variables matched by position); it accepts more answers, including some wrong ones.
+* math-verify's own timeouts use ``signal.alarm``, which fails off the main thread (Ray actors,
+  thread pools); they are off (``parsing_timeout=None``, ``timeout_seconds=None``). Instead:
+  (1) deterministic screening: answers over 400 characters or with brackets nested over 10 deep
+  are not parsed (the LaTeX parser slows steeply with depth), and parsed expressions that would
+  make sympy build numbers over 10,000 digits (``10^{10^{10}}``, ``(2^{100})!``), expand powers
+  over 100 of sums, or do integrals/limits/products are dropped; (2) math-verify runs in a child
+  process killed after ``GRADER_TIMEOUT_S`` (10 s) per answer, because screening cannot foresee
+  everything (``verify(log(10001), 9123456789)`` makes sympy build ``10001**9123456789``). Both
+  score 0. Only answers that hit the time limit make a reward depend on machine speed. If no child
+  process can be started, grading falls back to this process, unbounded, with a warning.
 * An empty keyword list scores 0, not a vacuous 1: no task asks for zero keywords, and a free
   reward would hide a data bug.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.resources
+import json
 import logging
 import math
+import os
 import re
+import select
+import subprocess
+import sys
 import threading
+import time
 import unicodedata
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -167,6 +182,8 @@ def keyword_inclusion_reward_fn(response: str, keywords: str | Sequence[str]) ->
     keyword that is not a str, scores 0. format_reward = 1 iff the response has non-blank text."""
     if not isinstance(response, str):
         return _zeros()
+    if not isinstance(keywords, (str, list, tuple)):
+        return _zeros()
     kws = [keywords] if isinstance(keywords, str) else list(keywords)
     ok = bool(kws) and all(isinstance(k, str) and mentions_keyword(response, k) for k in kws)
     return _scores(bool(response.strip()), ok)
@@ -178,15 +195,15 @@ _R1_OPEN, _R1_CLOSE = "</think> <answer>", "</answer>"
 _TAG = re.compile(r"</?[A-Za-z_][\w-]*>")
 
 
-def last_boxed(text: str) -> str | None:
+def last_boxed(text: str, max_chars: int = 10_000) -> str | None:
     """Content of the last ``\\boxed{...}`` in ``text`` (braces balanced, ``\\{``/``\\}`` skipped);
-    None when there is none or it never closes."""
+    None when there is none, or it does not close within ``max_chars``."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
     i = start + len("\\boxed{")
-    depth = 1
-    while i < len(text):
+    depth, stop = 1, min(len(text), i + max_chars)
+    while i < stop:
         ch = text[i]
         if ch == "\\":
             i += 2  # an escaped character, e.g. the set braces \{ \}
@@ -359,13 +376,162 @@ def _verify_any(preds: tuple[Any, ...], ground_truth: Any, fast: bool) -> bool:
     return False
 
 
+def _grade_local(kind: str, text: str, golds: list[str], fast: bool) -> tuple[bool, bool]:
+    """(an answer was read, it matches a gold), in this process. ``kind``: "answer" (an extracted
+    answer: ``_readings``) or "prose" (free text: math-verify's own extraction)."""
+    with _MV_LOCK:
+        if kind == "prose":
+            preds = _parse(_TAG.sub(" ", text), max_chars=MAX_TAIL_CHARS)
+        else:
+            preds = _readings(text, lenient=not fast)
+        return bool(preds), _verify_any(preds, golds, fast)
+
+
+# --------------------------------------------------------------------------- killable grader process
+
+GRADER_TIMEOUT_S = 10.0  # per answer; far above the ~0.01-0.3 s a screened answer takes
+
+
+class _GraderProcess:
+    """math-verify in a child Python process, so a runaway sympy computation (which screening
+    cannot always foresee, e.g. ``verify(log(10001), 9123456789)`` builds ``10001**9123456789``)
+    is killed after ``GRADER_TIMEOUT_S``, from any thread. JSON lines over pipes; the child says
+    "ready" once imported and exits when its stdin closes. One request at a time."""
+
+    STARTUP_TIMEOUT_S = 120.0  # importing sympy + math-verify on a loaded machine
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._owner_pid = -1
+
+    def _start(self) -> None:
+        pkg_root = str(Path(__file__).resolve().parent.parent)  # the child imports this very rlpipe
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from rlpipe.rewards import _serve_grader; _serve_grader()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self._owner_pid = os.getpid()
+        assert self._proc.stdout is not None
+        if _read_line(self._proc.stdout.fileno(), self.STARTUP_TIMEOUT_S) != b"ready\n":
+            self._kill()
+            raise RuntimeError("the math grader child process did not start")
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._owner_pid == os.getpid():  # never a forked parent's child
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def request(self, payload: dict[str, Any], timeout_s: float) -> tuple[bool, bool] | None:
+        """The child's (found, ok), or None when it timed out or died (it restarts on the next
+        request). Raises RuntimeError when a child cannot be started at all."""
+        with self._lock:
+            if self._proc is None or self._owner_pid != os.getpid() or self._proc.poll() is not None:
+                self._start()
+            assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
+            try:
+                self._proc.stdin.write(json.dumps(payload).encode() + b"\n")
+                self._proc.stdin.flush()
+                line = _read_line(self._proc.stdout.fileno(), timeout_s)
+            except OSError:
+                line = None
+            if line is None:
+                self._kill()
+                return None
+            reply = json.loads(line)
+            return bool(reply["found"]), bool(reply["ok"])
+
+    def close(self) -> None:
+        with self._lock:
+            self._kill()
+
+
+def _read_line(fd: int, timeout_s: float) -> bytes | None:
+    """One newline-terminated line from ``fd``, or None on timeout / end of file."""
+    deadline, buf = time.monotonic() + timeout_s, b""
+    while not buf.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _serve_grader() -> None:
+    """Child side of ``_GraderProcess``: one JSON request per stdin line, one reply per line."""
+    logging.disable(logging.WARNING)  # math-verify's "timeout is disabled" notice: we are the timeout
+    parent = os.getppid()
+
+    def exit_when_orphaned() -> None:  # a parent killed mid-request would otherwise leave us running
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=exit_when_orphaned, daemon=True).start()
+    replies = os.fdopen(os.dup(1), "w")
+    sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the reply stream
+    import math_verify  # noqa: F401 - import before "ready" so requests are timed without it
+
+    _sympy()
+    replies.write("ready\n")
+    replies.flush()
+    for line in sys.stdin.buffer:
+        req = json.loads(line)
+        if req["kind"] == "sleep":  # lets tests exercise the timeout without a real runaway
+            time.sleep(float(req["text"]))
+        try:
+            found, ok = _grade_local(req["kind"], req["text"], req["golds"], req["fast"])
+        except Exception:  # noqa: BLE001 - a bad answer scores 0, the child lives on
+            found, ok = False, False
+        replies.write(json.dumps({"found": found, "ok": ok}) + "\n")
+        replies.flush()
+
+
+_GRADER = _GraderProcess()
+atexit.register(_GRADER.close)
+_ISOLATED = True
+
+
+def configure_math_grader(isolated: bool = True, timeout_s: float = 10.0) -> None:
+    """``isolated=False`` grades in this process with no time limit (no child process; a
+    pathological answer can then hang the caller). ``timeout_s``: per answer when isolated."""
+    global _ISOLATED, GRADER_TIMEOUT_S
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    _ISOLATED, GRADER_TIMEOUT_S = isolated, float(timeout_s)
+    if not isolated:
+        _GRADER.close()
+
+
+def _grade(kind: str, text: str, ground_truth: Any, fast: bool) -> tuple[bool, bool]:
+    global _ISOLATED
+    golds = _ground_truths(ground_truth)
+    if not text.strip() or (kind == "answer" and len(text.strip()) > MAX_ANSWER_CHARS):
+        return False, False  # (too long: it would not be parsed anyway; don't ship it to the child)
+    if _ISOLATED:
+        payload = {"kind": kind, "text": text, "golds": golds, "fast": bool(fast)}
+        try:
+            reply = _GRADER.request(payload, GRADER_TIMEOUT_S)
+        except (OSError, RuntimeError):
+            logger.warning("cannot start the math grader process; grading in-process from now on",
+                           exc_info=True)
+            _ISOLATED = False
+        else:
+            if reply is None:
+                logger.warning("math grading of %r took over %.0f s; scoring 0", text[:80], GRADER_TIMEOUT_S)
+                return False, False
+            return reply
+    return _grade_local(kind, text, golds, fast)
+
+
 def answers_match(answer: str, ground_truth: Any, fast: bool = True) -> bool:
     """Whether ``answer`` (extracted answer text) equals the ground truth (a str or number, or a
     list of acceptable ones) under math-verify; ``fast`` as in the module doc. Thread-safe."""
-    if not isinstance(answer, str):
-        return False
-    with _MV_LOCK:
-        return _verify_any(_readings(answer, lenient=not fast), ground_truth, fast)
+    return isinstance(answer, str) and _grade("answer", answer, ground_truth, fast)[1]
 
 
 # --------------------------------------------------------------------------- MATH graders
@@ -394,24 +560,19 @@ def r1_zero_reward_fn(response: str, ground_truth: Any, fast: bool = True) -> Re
 def question_only_reward_fn(response: str, ground_truth: Any, fast: bool = True) -> RewardDict:
     """Grade a response to the bare-question prompt (no format requirement).
 
-    The answer is the content of the last ``\\boxed{}`` (an unclosed or empty one: no answer);
-    without one, math-verify reads the last ``MAX_TAIL_CHARS`` characters itself, XML-like tags
-    replaced by spaces (its "final answer is" anchors, the last ``$...$``, the last number). format_reward = 1 iff an answer was found;
-    reward = answer_reward.
+    The answer is the content of the last ``\\boxed{}`` (an unclosed one: no answer); without
+    one, math-verify reads the last ``MAX_TAIL_CHARS`` characters itself, XML-like tags replaced
+    by spaces (its "final answer is" anchors, the last ``$...$``, the last number).
+    format_reward = 1 iff an answer was read; reward = answer_reward.
     """
     if not isinstance(response, str):
         return _zeros()
-    with _MV_LOCK:
-        if "\\boxed{" in response:
-            boxed = last_boxed(response)
-            preds = _readings(boxed, lenient=not fast) if boxed is not None else ()
-        else:
-            # Tags glued to a number ("<answer>5</answer>") hide it from math-verify's number regex.
-            tail = _TAG.sub(" ", response[-MAX_TAIL_CHARS:])
-            preds = _parse(tail, max_chars=MAX_TAIL_CHARS)
-        if not preds:
-            return _zeros()
-        return _scores(True, _verify_any(preds, ground_truth, fast))
+    if "\\boxed{" in response:
+        boxed = last_boxed(response)
+        found, ok = _grade("answer", boxed, ground_truth, fast) if boxed is not None else (False, False)
+    else:
+        found, ok = _grade("prose", response[-MAX_TAIL_CHARS:], ground_truth, fast)
+    return _scores(found, ok) if found else _zeros()
 
 
 # --------------------------------------------------------------------------- sorting (seed 003)
@@ -452,34 +613,35 @@ def sort_inclusion_ordering_reward(prompt: Sequence[int], response: Sequence[int
     return float(_inclusion_ordering(p, r))
 
 
-def _int_items(values: list) -> bool:
-    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+def _int_list(x: Any) -> list[int] | None:
+    """``x`` as a list of ints (a list, tuple or 1-D tensor/array of ints), else None."""
+    if not (isinstance(x, (list, tuple)) or hasattr(x, "tolist")):
+        return None
+    values = _as_list(x)
+    ok = isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    return values if ok else None
 
 
 def _sort_response(response: Any, n: int) -> tuple[list[int], bool] | None:
-    """The first ``n`` integers of a response (text: every ``-?\\d+`` in order; list/tensor: its
-    items) and whether it held exactly ``n``; None when it is neither."""
+    """The first ``n`` integers of a response (text: every ``-?\\d+`` in order; else its items)
+    and whether it held exactly ``n``; None when it is neither text nor a list of ints."""
     if isinstance(response, str):
         found = re.findall(r"-?\d+", response)
         if any(len(f) > 64 for f in found):  # absurd numbers: no valid answer, and int() caps digits
             return None
         nums = [int(f) for f in found]
-    elif response is None or isinstance(response, (bytes, dict, set)):
-        return None
     else:
-        nums = _as_list(response)
-        if not _int_items(nums):
+        nums = _int_list(response)
+        if nums is None:
             return None
     return nums[:n], len(nums) == n
 
 
 def _sort_reward_dict(response: Any, prompt: Any, score: Callable[[list, list], int],
                       best: Callable[[int], int]) -> RewardDict:
-    p = _as_list(prompt)
-    if not p or not _int_items(p):
-        return _zeros()
-    parsed = _sort_response(response, len(p))
-    if parsed is None:
+    p = _int_list(prompt)
+    parsed = _sort_response(response, len(p)) if p else None
+    if not p or parsed is None:
         return _zeros()
     nums, exact_count = parsed
     solved = exact_count and nums == sorted(p)

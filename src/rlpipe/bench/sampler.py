@@ -131,11 +131,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="also write the JSON line here (atomically)")
     args = ap.parse_args(argv)
     for name in ("batch", "new_tokens", "repeats"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            ap.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # HF generation-config chatter
         result = run_bench(args.preset, args.batch, args.new_tokens, args.repeats, args.device)

@@ -1,0 +1,153 @@
+"""The Snakemake workflow through its CLI, in a temporary working directory.
+
+Dry runs (``snakemake -n``): the DAG holds one training job per configured variant with the GPUs
+rlpipe.config.variant_gpus gives; a bad config fails with the key's name; targeting one variant
+schedules only that variant. The slow test executes the analysis half of the workflow for real on
+synthetic runs (aggregation, every figure, the report) and checks what an edit reruns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEFILE = ROOT / "Snakefile"
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+ALL_VARIANTS = {"onpolicy", "k2", "k4", "k8", "disagg", "disagg_rdt", "replay", "kl_penalty"}
+
+
+def snakemake(workdir: Path, *args: str, env: dict | None = None, check: bool = True):
+    cmd = [*SNAKEMAKE, "-s", str(SNAKEFILE), "--directory", str(workdir), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=workdir)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    return tmp_path
+
+
+def jobs(output: str) -> list[dict]:
+    """Jobs of a dry run's printout: rule, wildcards, resources (rule name and the key: value lines)."""
+    out = []
+    for block in re.split(r"\n(?=(?:localrule|rule) \w+:)", output):
+        m = re.match(r"(?:localrule|rule) (\w+):", block)
+        if not m:
+            continue
+        job = {"rule": m.group(1)}
+        for key in ("wildcards", "resources"):
+            line = re.search(rf"^\s+{key}: (.*)$", block, re.M)
+            job[key] = dict(kv.split("=", 1) for kv in line.group(1).split(", ")) if line else {}
+        out.append(job)
+    return out
+
+
+def training_gpus(output: str) -> dict[str, int]:
+    return {j["wildcards"]["variant"]: int(j["resources"]["gpu"]) for j in jobs(output) if j["rule"] == "train_variant"}
+
+
+def test_default_config_dag(workdir):
+    out = snakemake(workdir, "-n").stdout
+    assert training_gpus(out) == {v: 0 for v in ALL_VARIANTS}
+    rules = {j["rule"] for j in jobs(out)}
+    assert {"run_unit_tests", "write_config", "build_corpus", "train_tokenizer", "pretrain_base",
+            "build_keyword_dataset", "bench_weight_sync", "bench_sampler", "aggregate_metrics"} <= rules
+    assert {r for r in rules if r.startswith("plot_")} >= {"plot_kl", "plot_timeline", "plot_throughput"}
+
+
+def test_gpu_config_dag(workdir):
+    out = snakemake(workdir, "-n", "--configfile", "config/gpu.yaml").stdout
+    assert training_gpus(out) == {"onpolicy": 1, "k2": 1, "k4": 1, "k8": 1, "kl_penalty": 1,
+                                  "disagg": 2, "disagg_rdt": 2, "replay": 2}
+
+
+def test_smoke_config_dag_skips_tests(workdir):
+    out = snakemake(workdir, "-n", "--configfile", "config/smoke.yaml").stdout
+    assert training_gpus(out) == {"onpolicy": 0, "k2": 0, "disagg": 0}
+    assert "run_unit_tests" not in {j["rule"] for j in jobs(out)}
+
+
+def test_one_variant_target_schedules_only_it(workdir):
+    out = snakemake(workdir, "-n", "results/runs/k4/metrics.parquet").stdout
+    assert set(training_gpus(out)) == {"k4"}
+    assert "aggregate_metrics" not in out
+
+
+@pytest.mark.parametrize("bad,key", [
+    ({"train": {"lerning_rate": 0.1}}, "lerning_rate"),
+    ({"train": {"n_grpo_steps": "many"}}, "n_grpo_steps"),
+    ({"variants": {"k2": {"k": 3}}}, "variants.k2"),
+    ({"variants": {"k2": {"bogus": 1}}}, "variants.k2.bogus"),
+])
+def test_bad_config_fails_with_key(workdir, bad, key):
+    (workdir / "bad.yaml").write_text(yaml.safe_dump(bad))
+    proc = snakemake(workdir, "-n", "--configfile", "bad.yaml", check=False)
+    assert proc.returncode != 0
+    assert key in proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- real execution
+
+
+def fake_upstream(workdir: Path, variants) -> None:
+    """Outputs of every stage before aggregation, oldest first (no Snakemake metadata: only file
+    times count), with synthetic runs that follow the RUN OUTPUTS contract."""
+    from test_aggregate import make_runs
+
+    r = workdir / "results"
+    for f in ("config/pipeline.yaml", "data/corpus.txt", "tokenizer/tokenizer.json", "base/model.pt",
+              "data/keywords/train.jsonl", "data/keywords/val.jsonl", "data/keywords/split.json"):
+        (r / f).parent.mkdir(parents=True, exist_ok=True)
+        (r / f).write_text("synthetic\n")
+    make_runs(r / "runs", variants)
+    (r / "bench").mkdir()
+    (r / "bench/weight_sync.json").write_text(json.dumps(
+        [{"transport": "object_store", "median_s": 0.2}, {"transport": "rdt", "backend": "gloo", "median_s": 0.05}]))
+    (r / "bench/sampler.json").write_text(json.dumps({"tokens_per_s": 1000.0}))
+
+
+def scheduled(out: str) -> set[str]:
+    return {j["rule"] for j in jobs(out)} - {"all"}
+
+
+@pytest.mark.slow
+def test_analysis_half_runs_and_reports(workdir, tmp_path):
+    # a private copy of the package, so the test can "edit" plots.py / aggregate.py (mtime)
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "rlpipe", src / "rlpipe", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    fake_upstream(workdir, ("onpolicy", "k2", "disagg"))
+    smoke = ("--configfile", "config/smoke.yaml")
+    snakemake(workdir, "--cores", "2", *smoke, env=env)
+    figures = sorted(p.name for p in (workdir / "results/figures").iterdir())
+    assert len(figures) == 11 and all((workdir / "results/figures" / f).stat().st_size > 1000 for f in figures)
+
+    snakemake(workdir, *smoke, "--report", "report.html", env=env)
+    report = (workdir / "report.html").read_text()
+    for name in [*figures, "summary.html", "discussion.html"]:
+        assert name in report, name
+
+    assert scheduled(snakemake(workdir, "-n", *smoke, env=env).stdout) == set()  # up to date
+    os.utime(src / "rlpipe/plots.py")  # "edit" the plotting code: only the figures rerun
+    assert scheduled(snakemake(workdir, "-n", *smoke, env=env).stdout) == {
+        f"plot_{f.rsplit('.', 1)[0]}" for f in figures}
+    os.utime(src / "rlpipe/plots.py", (0, 0))
+    os.utime(src / "rlpipe/aggregate.py")  # aggregation code: summary and figures, no training
+    out = snakemake(workdir, "-n", *smoke, env=env).stdout
+    assert "aggregate_metrics" in scheduled(out) and "train_variant" not in scheduled(out)
+    os.utime(src / "rlpipe/aggregate.py", (0, 0))
+    (workdir / "results/runs/k2/metrics.parquet").unlink()  # one variant lost: only it retrains
+    out = snakemake(workdir, "-n", *smoke, env=env).stdout
+    assert set(training_gpus(out)) == {"k2"}

@@ -200,6 +200,28 @@ def test_bench_reader_shapes(tmp_path, payload):
     assert df.loc["rdt/gloo", "median_s"] == pytest.approx(0.02)
 
 
+def test_bench_reader_rlpipe_bench_format(tmp_path):
+    """The shape `rlpipe bench weight-sync` writes: payloads -> transports keyed label@placement."""
+    payload = {"payloads": {
+        "model": {"bytes": 1000, "transports": {
+            "object_store@cpu": {"median_s": 0.2, "gbps": 0.5, "all_s": [0.1, 0.2, 0.3], "bytes": 1000},
+            "rdt/gloo@cpu": {"median_s": 0.05, "gbps": 2.0, "all_s": [0.05, 0.05, 0.06], "bytes": 1000}}},
+        "synthetic": {"bytes": 10**8, "transports": {
+            "object_store@cpu": {"median_s": 1.0, "all_s": [1.0]},
+            "rdt/nccl@gpu": {"skipped": "needs 2 GPU(s), Ray sees 0"}}}}}
+    p = tmp_path / "weight_sync.json"
+    p.write_text(json.dumps(payload))
+    df = aggregate.read_bench_weight_sync(p)
+    model = df[df["payload"] == "model"].set_index("label")
+    assert model.loc["rdt/gloo@cpu", "median_s"] == pytest.approx(0.05) and model.loc["rdt/gloo@cpu", "n"] == 3
+    skipped = df[df["label"] == "rdt/nccl@gpu"].iloc[0]
+    assert np.isnan(skipped["median_s"]) and "needs 2 GPU" in skipped["note"]
+    assert df[df["payload"] == "synthetic"]["bytes"].iloc[0] == 1e8
+    sec = report_text.rdt_section(df)
+    assert sec["numbers"]["rdt_gain_bench"] == pytest.approx(4.0)  # model payload, cpu placement
+    assert any("needs 2 GPU" in x for x in sec["sentences"])
+
+
 def test_bench_error_record_is_kept_with_reason(tmp_path):
     p = tmp_path / "weight_sync.json"
     p.write_text(json.dumps([{"transport": "rdt", "backend": "nccl", "error": "needs 2 GPUs"}]))

@@ -155,3 +155,19 @@ def test_resume_after_kill_gives_contiguous_steps(env, tmp_path):
     assert m["policy_version"].tolist() == list(range(7))
     assert m["samples"].tolist() == [8 * s for s in range(7)]
     assert m["wall_time"].is_monotonic_increasing
+
+
+def test_learning_parameters_change_and_reward_rises(env, tmp_path):
+    """GRPO through the whole Ray trainer raises the keyword reward of the micro model."""
+    from rlpipe.checkpoint import load_checkpoint
+
+    cfg = write_config(tmp_path / "learn.yaml", train={
+        "n_grpo_steps": 16, "rollout_batch_size": 32, "train_batch_size": 32, "val_size": 6, "val_every": 100,
+        "sampling_max_tokens": 8, "learning_rate": 1e-2, "checkpoint_every": 100})
+    out, _ = train(env, "onpolicy", out=tmp_path / "run", cfg=str(cfg))
+    m = metrics(out)[lambda d: d.step > 0]
+    first, last = m["reward/train_mean"].iloc[:4].mean(), m["reward/train_mean"].iloc[-4:].mean()
+    assert last > first + 0.15, (first, last)
+    base = load_checkpoint(env["base"]).model.state_dict()
+    trained = load_checkpoint(out / "checkpoints" / "last.pt").model.state_dict()
+    assert any(not torch.equal(base[k], trained[k]) for k in base)

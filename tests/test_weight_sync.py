@@ -255,6 +255,26 @@ def test_sync_is_bit_identical(actors, cfg):
 
 
 @pytest.mark.ray
+def test_rdt_pack_is_not_reused_while_a_ref_is_alive(actors):
+    import ray
+
+    learner, gen = actors["learner"], actors["gen"]
+    with make_transport(WeightSyncConfig(transport="rdt", backend="gloo", timeout_s=60)) as t:
+        t.setup(learner, [gen])
+        t.sync(learner, [gen], version=1)  # leaves a released pack behind for reuse
+        before = ray.get(learner.weights_checksum.remote())
+        ref1 = learner.export_weights.options(tensor_transport="GLOO").remote("cpu", True)
+        ray.get(learner.step.remote())
+        # ref1 is still alive: this export must not refill the buffer ref1 points to
+        ref2 = learner.export_weights.options(tensor_transport="GLOO").remote("cpu", True)
+        after = ray.get(learner.weights_checksum.remote())
+        ack1 = ray.get(gen.load_weights.remote(ref1, 2, True), timeout=60)
+        ack2 = ray.get(gen.load_weights.remote(ref2, 3, True), timeout=60)
+    assert before != after
+    assert (ack1.checksum, ack2.checksum) == (before, after)
+
+
+@pytest.mark.ray
 def test_timeout_raises_naming_the_transport(actors):
     t = make_transport(WeightSyncConfig(transport="object_store", timeout_s=2))
     t.setup(actors["learner"], [actors["stuck"]])

@@ -56,7 +56,7 @@ KL_COLUMNS = {
 }
 EVENT_COLUMNS = ["phase", "actor", "start", "end", "step", "version"]
 VERSION_COLUMNS = ["who", "version", "wall_time", "event"]
-WEIGHT_SYNC_COLUMNS = ["source", "variant", "label", "median_s", "n", "bytes", "gbps", "note"]
+WEIGHT_SYNC_COLUMNS = ["source", "variant", "payload", "label", "median_s", "n", "bytes", "gbps", "note"]
 
 
 class AggregateError(ValueError):
@@ -282,40 +282,53 @@ def rollouts_frame(runs: list[RunData]) -> pd.DataFrame:
 
 
 _MEDIAN_KEYS = ("median_s", "seconds_median", "median_seconds", "median", "p50_s")
-_SAMPLES_KEYS = ("seconds", "times_s", "times", "samples_s")
+_SAMPLES_KEYS = ("all_s", "seconds", "times_s", "times", "samples_s")
 
 
 def _bench_seconds(rec: dict) -> tuple[float, int]:
     """(median seconds, repeats) of one bench record, whatever reasonable shape it has."""
+    for key in _MEDIAN_KEYS:
+        val = rec.get(key)
+        if isinstance(val, (int, float)) and not isinstance(val, bool):
+            reps = rec.get("all_s")
+            return float(val), len(reps) if isinstance(reps, list) else int(rec.get("repeats", 1) or 1)
     for key in _SAMPLES_KEYS:
         val = rec.get(key)
         if isinstance(val, list) and val:
             xs = [float(x) for x in val if x is not None]
             return (float(np.median(xs)), len(xs)) if xs else (math.nan, 0)
-    for key in _MEDIAN_KEYS + ("seconds",):
-        val = rec.get(key)
         if isinstance(val, (int, float)) and not isinstance(val, bool):
-            return float(val), int(rec.get("repeats", rec.get("n", 1)) or 1)
+            return float(val), 1
     return math.nan, 0
 
 
 def _bench_records(data) -> list[dict]:
+    """Flat records from the shapes we accept (see ``read_bench_weight_sync``)."""
     if isinstance(data, list):
         return [r for r in data if isinstance(r, dict)]
-    if isinstance(data, dict):
-        for key in ("results", "transports", "rows", "records"):
-            if isinstance(data.get(key), list):
-                return [r for r in data[key] if isinstance(r, dict)]
-        if data and all(isinstance(v, dict) for v in data.values()):  # {label: record}
-            return [{"label": k, **v} for k, v in data.items()]
+    if not isinstance(data, dict):
+        return []
+    if isinstance(data.get("payloads"), dict):  # rlpipe bench weight-sync
+        out = []
+        for payload, body in data["payloads"].items():
+            for rec in _bench_records((body or {}).get("transports") or {}):
+                out.append({"payload": payload, "bytes": (body or {}).get("bytes"), **rec})
+        return out
+    for key in ("results", "transports", "rows", "records"):
+        if isinstance(data.get(key), list):
+            return [r for r in data[key] if isinstance(r, dict)]
+    if data and all(isinstance(v, dict) for v in data.values()):  # {label: record}
+        return [{"label": k, **v} for k, v in data.items()]
     return []
 
 
 def read_bench_weight_sync(path: str | Path) -> pd.DataFrame:
-    """Rows ``source=bench`` from a weight-sync bench JSON: a list of records (or ``{"results":
-    [...]}`` or ``{label: record}``), each with ``transport`` [+ ``backend``] or ``label``, and
-    either ``seconds`` (list of repeats) or a median (``median_s``); ``bytes`` / ``gbps`` optional;
-    a record with ``error`` or ``skipped`` is kept with NaN latency so the report can say why."""
+    """Rows ``source=bench`` from a weight-sync bench JSON. Accepted: ``rlpipe bench weight-sync``'s
+    ``{"payloads": {name: {"bytes", "transports": {"object_store@cpu": {"median_s", "all_s",
+    "gbps", ...} | {"skipped": why}}}}}``, and simpler shapes: a list of records, ``{"results":
+    [...]}`` or ``{label: record}``, a record naming ``transport`` [+ ``backend``] or ``label`` with
+    ``median_s`` or a list of ``seconds``. Skipped/failed runs are kept with NaN latency and the
+    reason in ``note``, so the report can say why a number is missing."""
     data = json.loads(Path(path).read_text())
     rows = []
     for rec in _bench_records(data):
@@ -329,8 +342,9 @@ def read_bench_weight_sync(path: str | Path) -> pd.DataFrame:
         if gbps is None and nbytes and seconds > 0:
             gbps = float(nbytes) / seconds / 1e9
         note = rec.get("error") or rec.get("skipped") or ""
-        rows.append({"source": "bench", "variant": "", "label": str(label), "median_s": seconds,
-                     "n": n, "bytes": float(nbytes) if nbytes is not None else math.nan,
+        rows.append({"source": "bench", "variant": "", "payload": str(rec.get("payload", "")),
+                     "label": str(label), "median_s": seconds, "n": n,
+                     "bytes": float(nbytes) if nbytes is not None else math.nan,
                      "gbps": float(gbps) if gbps is not None else math.nan, "note": str(note)})
     return pd.DataFrame(rows, columns=WEIGHT_SYNC_COLUMNS)
 
@@ -341,7 +355,7 @@ def weight_sync_frame(runs: list[RunData], bench_files: list[str | Path]) -> pd.
         s = sync_stats(r)
         n = int(_col(r.metrics, "sync/seconds").notna().sum())
         if n:
-            rows.append({"source": "run", "variant": r.variant, "label": s["sync_label"],
+            rows.append({"source": "run", "variant": r.variant, "payload": "", "label": s["sync_label"],
                          "median_s": s["sync_median_s"], "n": n, "bytes": s["sync_bytes"],
                          "gbps": s["sync_gbps"], "note": ""})
     frames = [pd.DataFrame(rows, columns=WEIGHT_SYNC_COLUMNS)]

@@ -131,6 +131,7 @@ _PLACES = ("park", "garden", "forest", "beach", "farm", "school", "kitchen", "pl
 _FOODS = ("apple", "cookie", "cake", "banana", "sandwich", "pie", "muffin", "carrot", "pear", "pancake")
 _FEELINGS = ("happy", "sad", "excited", "scared", "proud", "surprised", "tired", "angry", "calm", "glad")
 _GOOD_FEELINGS = ("happy", "proud", "glad", "calm", "excited")
+_LOOKS = ("big", "pretty", "old", "shiny", "soft", "funny", "new", "small")
 _DAYPARTS = ("morning", "day", "evening", "afternoon")
 _GAMES = ("tag", "hide and seek", "catch", "a fun game", "pretend")
 _ACTIONS = ("ran and jumped", "sang a song", "danced in the sun", "laughed a lot", "looked at the clouds",
@@ -171,8 +172,22 @@ _MIDDLE = (
     "{Subj} {action} all afternoon.",
     "Then it started to rain, so {subj} ran home.",
     "{friend} was sad, so {name} gave {friend_obj} a hug.",
-    "{Subj} looked for the {kw} everywhere.",
     "{friend} and {name} shared {a_food}.",
+)
+# Re-mentions of an object the story already introduced: they teach in-context copying of a noun,
+# the circuit that copying a prompt keyword reuses (real TinyStories re-mention objects too).
+_REMENTION = (
+    "{Subj} took the {kw} home.",
+    "The {kw} was very {look}.",
+    "{Subj} showed the {kw} to {friend}.",
+    "{friend} liked the {kw} too.",
+    "{Subj} looked for the {kw} everywhere.",
+    "{Subj} played with the {kw} all day.",
+    "\"Look at the {kw}!\" said {name}.",
+)
+_ENDINGS_KW = (
+    "In the end, {name} kept the {kw} forever.",
+    "{name} smiled at the {kw} and went home.",
 )
 _ENDINGS = (
     "In the end, {name} was very {good}.",
@@ -236,25 +251,35 @@ class StoryGenerator:
             place=cast.place if r.random() < 0.7 else r.choice(_PLACES), adj=r.choice(_ADJ),
             daypart=r.choice(_DAYPARTS), feeling=r.choice(_FEELINGS), good=r.choice(_GOOD_FEELINGS),
             game=r.choice(_GAMES), action=r.choice(_ACTIONS), quote=r.choice(_QUOTES),
-            a_food=with_article(food), kw=kw, a_kw=with_article(kw),
+            a_food=with_article(food), kw=kw, a_kw=with_article(kw), look=r.choice(_LOOKS),
         )
 
     def _draw(self, required: Sequence[str], keyword_slot: bool) -> str:
         """One story. ``keyword_slot``: put a keyword sentence in the first or second sentence
-        (with ``required`` keywords, or random ones), so hit and miss stories share one shape."""
+        (with ``required`` keywords, or random ones), so hit and miss stories share one shape.
+        Later sentences re-mention introduced objects, introduce new ones, or neither."""
         r = self.rng
         cast = self._cast()
         n = r.randint(self.min_sentences, self.max_sentences)
-        slot_kws: list[str | None] = list(required) or ([None] if keyword_slot else [])
-        in_opening = bool(slot_kws) and r.random() < 0.5
+        objects = list(required) or ([r.choice(self.keywords)] if keyword_slot else [])
+        in_opening = bool(objects) and r.random() < 0.5
         sentences = [self._fill(r.choice(_OPENINGS_KW if in_opening else _OPENINGS), cast,
-                                slot_kws[0] if in_opening else None, True)]
-        rest = slot_kws[1:] if in_opening else slot_kws
+                                objects[0] if in_opening else None, True)]
+        rest = objects[1:] if in_opening else objects
         sentences += [self._fill(r.choice(_KW_SENTENCES), cast, kw, False) for kw in rest]
-        while len(sentences) < max(n - 1, len(sentences)):
-            pool = _KW_SENTENCES if r.random() < 0.2 else _MIDDLE
-            sentences.append(self._fill(r.choice(pool), cast, None, False))
-        sentences.append(self._fill(r.choice(_ENDINGS), cast, None, False))
+        while len(sentences) < n - 1:
+            u = r.random()
+            if objects and u < 0.4:
+                sentences.append(self._fill(r.choice(_REMENTION), cast, r.choice(objects), False))
+            elif u < 0.55:
+                objects.append(r.choice(self.keywords))
+                sentences.append(self._fill(r.choice(_KW_SENTENCES), cast, objects[-1], False))
+            else:
+                sentences.append(self._fill(r.choice(_MIDDLE), cast, None, False))
+        if objects and r.random() < 0.3:
+            sentences.append(self._fill(r.choice(_ENDINGS_KW), cast, r.choice(objects), False))
+        else:
+            sentences.append(self._fill(r.choice(_ENDINGS), cast, None, False))
         return " ".join(sentences)
 
     def story(self, required: Sequence[str] = (), avoid: Sequence[str] = (), keyword_slot: bool = False,

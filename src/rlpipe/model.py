@@ -273,6 +273,12 @@ class TransformerLM(nn.Module):
     def new_kv_cache(self, max_length: int | None = None) -> KVCache:
         return KVCache(self.config.num_layers, max_length or self.config.context_length)
 
+    def _compute_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype q/k/v will have (SDPA wants a float mask in the query's dtype)."""
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.lm_head.weight.dtype
+
     def _rope_rows(self, positions: Tensor) -> Tensor:
         dev = positions.device
         if dev not in self._rope:
@@ -306,6 +312,10 @@ class TransformerLM(nn.Module):
         rot = self._rope_rows(positions)
         mask = _attention_mask(attention_mask, past, T, input_ids.device)
         is_causal = mask is None and T > 1
+        if mask is not None:  # additive form once per forward, not a bool->float conversion per layer
+            mask = torch.zeros(mask.shape, dtype=self._compute_dtype(input_ids.device), device=mask.device).masked_fill_(
+                ~mask, float("-inf")
+            )
         x = self.token_embeddings(input_ids)  # (B, T, D)
         for i, layer in enumerate(self.layers):
             x = layer(x, rot, mask, is_causal, kv_cache, i)

@@ -322,8 +322,10 @@ def plot_weight_sync(s: Summary, out) -> list[str]:
         if not len(w):
             no_data(ax, f"no weight-sync latency {title}", notes)
             continue
-        by = w.groupby("label")["median_s"].median().sort_values()
-        ax.bar(by.index, by.to_numpy() * 1e3, color=["#c44e52" if str(k).startswith("rdt") else "#4c72b0" for k in by.index])
+        payload = w["payload"].astype(str) if "payload" in w.columns else pd.Series("", index=w.index)
+        key = w["label"].astype(str).where(payload == "", payload + ": " + w["label"].astype(str))
+        by = w["median_s"].groupby(key).median().sort_values()  # one bar per payload and transport
+        ax.bar(by.index, by.to_numpy() * 1e3, color=["#c44e52" if "rdt" in str(k) else "#4c72b0" for k in by.index])
         for i, val in enumerate(by.to_numpy()):
             ax.annotate(f"{val * 1e3:.3g} ms", (i, val * 1e3), ha="center", va="bottom", fontsize=8)
         ax.set(ylabel="median sync latency (ms)", title=f"Weight sync: {title}")

@@ -263,23 +263,36 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
     return section("disagg", title, s, nums)
 
 
+def _transport_groups(sync: pd.DataFrame):
+    """(description, {transport: median s}) per comparable group: same source, payload and
+    placement (the bench labels runs ``transport@placement``)."""
+    rows = sync[sync["median_s"].notna()].copy() if len(sync) else sync
+    if not len(rows):
+        return []
+    rows["transport"] = [str(x).split("@")[0] for x in rows["label"]]
+    rows["placement"] = [str(x).split("@")[1] if "@" in str(x) else "" for x in rows["label"]]
+    payload = rows["payload"].astype(str) if "payload" in rows.columns else ""
+    rows["payload"] = payload
+    out = []
+    for (source, pay, place), g in rows.groupby(["source", "payload", "placement"], sort=False):
+        what = "in the training runs" if source == "run" else f"in the benchmark ({pay or 'payload'}"
+        what += f", {place})" if source != "run" and place else (")" if source != "run" else "")
+        out.append((source, what, g.groupby("transport")["median_s"].median()))
+    return out
+
+
 def rdt_section(sync: pd.DataFrame) -> dict:
     title = "Weight-sync latency: object store vs RDT (seed 000 Problem 9, seed 002 Problem 12)"
     s, nums = [], {}
-    for source in ("run", "bench"):
-        rows = sync[(sync["source"] == source) & sync["median_s"].notna()] if len(sync) else sync
-        if not len(rows):
-            continue
-        by = rows.groupby("label")["median_s"].median()
-        what = "in the training runs" if source == "run" else "in the weight-sync benchmark"
-        parts = ", ".join(f"{lab} {fsec(v)}" for lab, v in by.items())
-        s.append(f"Median sync latency {what}: {parts}.")
-        store, rdt = by.get("object_store"), [v for lab, v in by.items() if str(lab).startswith("rdt")]
-        if store is not None and rdt:
-            ratio = store / min(rdt)
+    for source, what, by in _transport_groups(sync):
+        s.append(f"Median sync latency {what}: " + ", ".join(f"{k} {fsec(v)}" for k, v in by.items()) + ".")
+        rdt = {k: v for k, v in by.items() if str(k).startswith("rdt")}
+        if "object_store" in by and rdt:
+            best = min(rdt, key=rdt.get)
+            ratio = by["object_store"] / rdt[best]
             verdict = "faster" if ratio > 1 else "slower"
-            s.append(f"RDT is {fnum(ratio if ratio > 1 else 1 / ratio)}x {verdict} than the object store {what}.")
-            nums[f"rdt_gain_{source}"] = ratio
+            s.append(f"{best} is {fnum(ratio if ratio > 1 else 1 / ratio)}x {verdict} than the object store {what}.")
+            nums.setdefault(f"rdt_gain_{source}", ratio)
     if not s:
         return section("rdt", title, ["No data: no weight-sync latency was measured (no disaggregated run "
                                       "and no readable results/bench/weight_sync.json)."])

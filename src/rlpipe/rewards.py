@@ -261,7 +261,7 @@ def _log10_bound(node: Any, memo: dict[int, float | None]) -> float | None:
     sp = _sympy()
     out: float | None = None
     if isinstance(node, sp.Rational):  # Integer included
-        out = max(abs(int(node.p)).bit_length(), int(node.q).bit_length()) * math.log10(2)
+        out = max(math.log10(abs(int(node.p)) or 1), math.log10(int(node.q)))  # exact for big ints
     elif isinstance(node, sp.Float):
         v = abs(float(node))
         out = 0.0 if v == 0 else (math.inf if math.isinf(v) else abs(math.log10(v)))
@@ -403,7 +403,6 @@ class _GraderProcess:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        self._owner_pid = -1
 
     def _start(self) -> None:
         pkg_root = str(Path(__file__).resolve().parent.parent)  # the child imports this very rlpipe
@@ -411,14 +410,13 @@ class _GraderProcess:
         self._proc = subprocess.Popen(
             [sys.executable, "-c", "from rlpipe.rewards import _serve_grader; _serve_grader()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        self._owner_pid = os.getpid()
         assert self._proc.stdout is not None
         if _read_line(self._proc.stdout.fileno(), self.STARTUP_TIMEOUT_S) != b"ready\n":
             self._kill()
             raise RuntimeError("the math grader child process did not start")
 
     def _kill(self) -> None:
-        if self._proc is not None and self._owner_pid == os.getpid():  # never a forked parent's child
+        if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
         self._proc = None
@@ -427,7 +425,7 @@ class _GraderProcess:
         """The child's (found, ok), or None when it timed out or died (it restarts on the next
         request). Raises RuntimeError when a child cannot be started at all."""
         with self._lock:
-            if self._proc is None or self._owner_pid != os.getpid() or self._proc.poll() is not None:
+            if self._proc is None or self._proc.poll() is not None:
                 self._start()
             assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
             try:
@@ -440,11 +438,17 @@ class _GraderProcess:
                 self._kill()
                 return None
             reply = json.loads(line)
+            if "error" in reply:
+                logger.warning("math grader error on %r: %s; scoring 0", payload["text"][:80], reply["error"])
             return bool(reply["found"]), bool(reply["ok"])
 
     def close(self) -> None:
         with self._lock:
             self._kill()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's grader process and lock state are not ours to use."""
+        self._lock, self._proc = threading.Lock(), None
 
 
 def _read_line(fd: int, timeout_s: float) -> bytes | None:
@@ -483,16 +487,18 @@ def _serve_grader() -> None:
         req = json.loads(line)
         if req["kind"] == "sleep":  # lets tests exercise the timeout without a real runaway
             time.sleep(float(req["text"]))
+        reply: dict[str, Any] = {"found": False, "ok": False}
         try:
-            found, ok = _grade_local(req["kind"], req["text"], req["golds"], req["fast"])
-        except Exception:  # noqa: BLE001 - a bad answer scores 0, the child lives on
-            found, ok = False, False
-        replies.write(json.dumps({"found": found, "ok": ok}) + "\n")
+            reply["found"], reply["ok"] = _grade_local(req["kind"], req["text"], req["golds"], req["fast"])
+        except Exception as err:  # noqa: BLE001 - a bad answer scores 0, the child lives on
+            reply["error"] = f"{type(err).__name__}: {err}"[:300]
+        replies.write(json.dumps(reply) + "\n")
         replies.flush()
 
 
 _GRADER = _GraderProcess()
 atexit.register(_GRADER.close)
+os.register_at_fork(after_in_child=_GRADER.forget_after_fork)
 _ISOLATED = True
 
 
@@ -522,7 +528,7 @@ def _grade(kind: str, text: str, ground_truth: Any, fast: bool) -> tuple[bool, b
             _ISOLATED = False
         else:
             if reply is None:
-                logger.warning("math grading of %r took over %.0f s; scoring 0", text[:80], GRADER_TIMEOUT_S)
+                logger.warning("math grading of %r took over %.3g s; scoring 0", text[:80], GRADER_TIMEOUT_S)
                 return False, False
             return reply
     return _grade_local(kind, text, golds, fast)

@@ -1,12 +1,16 @@
-# Micro-benchmarks (timing-sensitive: they take the same threads as a training job so they never
-# share cores with one). Their JSON feeds the weight-sync figure next to the runs' own sync times.
+# Micro-benchmarks. Timing-sensitive: they take the same threads as a training job, so on the CPU
+# default they never share cores with one. Their JSON feeds the report (weight-sync figure next to
+# the runs' own sync times; the sampler numbers in the discussion's benchmark section).
 
 
 rule bench_weight_sync:
     input:
         tests=tests_done(),
+        base=res("base", "model.pt"),  # the payload is the pipeline's own base model
     output:
         res("bench", "weight_sync.json"),
+    params:
+        repeats=CFG.workflow.bench_repeats,
     threads: CFG.workflow.threads_per_variant
     resources:
         gpu=CFG.workflow.gpus_per_disaggregated,
@@ -15,7 +19,7 @@ rule bench_weight_sync:
     benchmark:
         "benchmarks/bench_weight_sync/bench_weight_sync.tsv"
     shell:
-        "rlpipe bench weight-sync --out {output} > {log} 2>&1"
+        "rlpipe bench weight-sync --checkpoint {input.base} --repeats {params.repeats} --out {output} > {log} 2>&1"
 
 
 rule bench_sampler:
@@ -23,6 +27,12 @@ rule bench_sampler:
         tests=tests_done(),
     output:
         res("bench", "sampler.json"),
+    params:
+        preset=CFG.model.preset,
+        repeats=CFG.workflow.bench_repeats,
+        batch=CFG.train.rollout_batch_size,
+        new_tokens=CFG.train.sampling_max_tokens,
+        device=bench_device(),
     threads: CFG.workflow.threads_per_variant
     resources:
         gpu=CFG.workflow.gpus_per_colocated,
@@ -31,4 +41,5 @@ rule bench_sampler:
     benchmark:
         "benchmarks/bench_sampler/bench_sampler.tsv"
     shell:
-        "rlpipe bench sampler --out {output} > {log} 2>&1"
+        "rlpipe bench sampler --preset {params.preset} --batch {params.batch} --new-tokens {params.new_tokens} "
+        "--repeats {params.repeats} --device {params.device} --threads {threads} --out {output} > {log} 2>&1"

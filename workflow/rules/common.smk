@@ -117,6 +117,14 @@ def pretrain_gpus() -> int:
     return 1 if device == "cuda" or (device == "auto" and CFG.workflow.gpus_per_colocated > 0) else 0
 
 
+def bench_device() -> str:
+    """The sampler bench runs where generation runs: train.device, 'auto' meaning cuda on a GPU config."""
+    device = CFG.train.device
+    if device == "auto":
+        return "cuda" if CFG.workflow.gpus_per_colocated > 0 else "cpu"
+    return device
+
+
 def train_inputs(wildcards) -> dict:
     inputs = {
         "config": ancient(CONFIG_FILE),

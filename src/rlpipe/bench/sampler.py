@@ -13,7 +13,8 @@ Prints ONE JSON line (and with ``--out`` also writes it atomically):
 Every run samples ``--batch`` rows of ``--new-tokens`` tokens with no early stop
 (``min_tokens = max_tokens``) from left-padded prompts of 12..24 tokens (the keyword-inclusion
 prompts' length); times are medians over ``--repeats`` runs after one warm-up run on a small
-batch. Nothing is downloaded. The load average is reported because the CPU may be shared.
+batch; the two runs of each pair alternate, so both see the same machine load. Nothing is
+downloaded. The load average is reported because the CPU may be shared with other jobs.
 """
 
 from __future__ import annotations
@@ -50,14 +51,15 @@ def _prompts(batch: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(1, vocab_size, (n,), generator=g).tolist() for n in lens]
 
 
-def _median_seconds(fn, repeats: int, warmup) -> float:
-    warmup()
-    times = []
+def _paired_median_seconds(fa, fb, repeats: int) -> tuple[float, float]:
+    """Median wall times of ``fa`` and ``fb``, run alternately so both see the same machine load."""
+    ta, tb = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, out in ((fa, ta), (fb, tb)):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
 
 
 def _sync(device: torch.device) -> None:
@@ -102,15 +104,16 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
     prompts, small = _prompts(batch, cfg.vocab_size), _prompts(min(batch, 8), cfg.vocab_size, seed=1)
     params = SamplingParams(temperature=TEMPERATURE, max_tokens=new_tokens, min_tokens=new_tokens, seed=0)
 
-    def timed(m, use_cache=True):
-        fn = lambda p=prompts: generate(m, tok, p, params, device=dev, use_kv_cache=use_cache)  # noqa: E731
-        return _median_seconds(fn, repeats, lambda: fn(small))
+    def ours(m, use_cache=True, p=prompts):
+        return lambda: generate(m, tok, p, params, device=dev, use_kv_cache=use_cache)
 
-    kv_s, naive_s = timed(model), timed(model, use_cache=False)
     hf = _hf_model(cfg, tok.eos_token_id, dev)
-    hf_ours_s = timed(hf)
+    for warm in (ours(model, p=small), ours(model, False, small), ours(hf, p=small),
+                 _hf_generate_fn(hf, small, new_tokens, tok.pad_token_id, dev)):
+        warm()
+    kv_s, naive_s = _paired_median_seconds(ours(model), ours(model, False), repeats)
     hf_gen = _hf_generate_fn(hf, prompts, new_tokens, tok.pad_token_id, dev)
-    hf_gen_s = _median_seconds(hf_gen, repeats, _hf_generate_fn(hf, small, new_tokens, tok.pad_token_id, dev))
+    hf_ours_s, hf_gen_s = _paired_median_seconds(ours(hf), hf_gen, repeats)
     n_tok = batch * new_tokens
     return {
         "bench": "sampler", "preset": preset, "device": str(dev), "batch": batch, "new_tokens": new_tokens,

@@ -69,7 +69,10 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
 class BenchPeer(WeightSender, WeightReceiver):
     """Sender or receiver; a receiver starts from zeros so that a sync has something to do."""
 
-    def __init__(self, spec: dict[str, Any], device: str, zero: bool):
+    def __init__(self, spec: dict[str, Any], device: str, zero: bool, threads: int):
+        # like the trainer's actors (train.threads); several threads per actor on an oversubscribed
+        # CPU made each of many copy_ calls wait on descheduled OpenMP workers (10x slower here)
+        torch.set_num_threads(threads)
         self.model = build_model(spec).to(device)
         self.zero = zero
         self.reset()
@@ -128,14 +131,14 @@ def _cfg(label: str, timeout_s: float) -> Any:
     return WeightSyncConfig(transport=transport, backend=backend or "gloo", timeout_s=timeout_s)
 
 
-def _make_pair(spec: dict[str, Any], placement: str) -> tuple[Any, Any]:
+def _make_pair(spec: dict[str, Any], placement: str, threads: int) -> tuple[Any, Any]:
     gpus = PLACEMENT_GPUS[placement]
     device = "cpu" if placement == "cpu" else "cuda"
     cls = ray_actor_class(BenchPeer, "rdt").options(num_cpus=0, num_gpus=gpus)
-    return cls.remote(spec, device, False), cls.remote(spec, device, True)
+    return cls.remote(spec, device, False, threads), cls.remote(spec, device, True, threads)
 
 
-def _setup_runs(spec: dict[str, Any], runs: list[tuple[str, str]], gpus: float, timeout_s: float,
+def _setup_runs(spec: dict[str, Any], runs: list[tuple[str, str]], gpus: float, args: argparse.Namespace,
                 results: dict[str, Any]) -> tuple[dict[str, tuple[Any, Any, Any]], dict[str, tuple[Any, Any]]]:
     """Set up every run that can work here; the others go into ``results`` with their reason."""
     active, pairs = {}, {}
@@ -144,9 +147,9 @@ def _setup_runs(spec: dict[str, Any], runs: list[tuple[str, str]], gpus: float, 
         reason = _skip_reason(label, placement, gpus)
         if reason is None:
             if placement not in pairs:
-                pairs[placement] = _make_pair(spec, placement)
+                pairs[placement] = _make_pair(spec, placement, args.actor_threads)
             sender, receiver = pairs[placement]
-            transport = make_transport(_cfg(label, timeout_s))
+            transport = make_transport(_cfg(label, args.timeout_s))
             try:
                 transport.setup(sender, [receiver])
                 active[key] = (transport, sender, receiver)
@@ -193,7 +196,7 @@ def bench_payload(spec: dict[str, Any], runs: list[tuple[str, str]], args: argpa
     if torch.cuda.is_available():
         out["memcpy_gpu"] = memcpy_bound(nbytes, args.repeats, "cuda")
     results: dict[str, Any] = {}
-    active, pairs = _setup_runs(spec, runs, gpus, args.timeout_s, results)
+    active, pairs = _setup_runs(spec, runs, gpus, args, results)
     try:
         timed = _time_runs(active, args.repeats)
     finally:
@@ -233,6 +236,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="use this model checkpoint instead of --preset")
     p.add_argument("--synthetic-mb", type=float, default=100.0, help="size of the synthetic payload (MB)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per-sync timeout")
+    p.add_argument("--actor-threads", type=int, default=1, help="torch threads in each bench actor")
     p.add_argument("--out", default=None, help="also write the JSON here (atomically)")
     a = p.parse_args(argv)
     if a.repeats < 1:
@@ -256,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         report: dict[str, Any] = {
             "host": platform.node(), "cpus": os.cpu_count(), "gpus": gpus, "torch": torch.__version__,
             "ray": ray.__version__, "ray_node_ip": ray.util.get_node_ip_address(), "repeats": args.repeats,
+            "actor_threads": args.actor_threads, "load_avg_1m_start": os.getloadavg()[0],
             "note": "seconds: driver wall time of one sync (export + transfer + in-place load), median; "
                     "gbps: payload bytes / seconds / 1e9; fraction_of_memcpy: gbps / local copy_ GB/s",
             "payloads": {},

@@ -65,7 +65,8 @@ def _metrics(variant: str, wall: float, phases: dict, sync: list[float]) -> pd.D
 
 
 def _events(mode: str, phases: dict, sync: list[float]) -> pd.DataFrame:
-    rows, t = [], 0.0
+    # step 0: initial validation before the clock starts (negative times); excluded from totals
+    rows, t = [("validate", "generator", -3.0, -1.0, 0, 0)], 0.0
     for step in range(1, 5):
         for phase, sec in phases.items():
             actor = "worker" if mode != "disaggregated" else ("generator" if phase == "generate" else "learner")

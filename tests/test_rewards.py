@@ -374,7 +374,8 @@ def test_seed_003_sort_rewards(response, distance, inclusion_ordering):
     assert sort_inclusion_ordering_reward(torch.tensor(SEED_PROMPT), torch.tensor(response)) == inclusion_ordering
     # The dict wrappers divide by the maxima n = 4 and 2n - 1 = 7.
     assert sort_distance_reward_fn(response, SEED_PROMPT)["reward"] == distance / 4
-    assert sort_inclusion_ordering_reward_fn(" ".join(map(str, response)), SEED_PROMPT)["reward"] == inclusion_ordering / 7
+    text = " ".join(map(str, response))
+    assert sort_inclusion_ordering_reward_fn(text, SEED_PROMPT)["reward"] == inclusion_ordering / 7
 
 
 def test_seed_sort_rewards_keep_duplicates_semantics_and_check_lengths():

@@ -36,7 +36,8 @@ FRAGMENTS = [
     "123456789", "0.5", "The answer is ", "so", "é", "\u0301", "\ud800", "\x00", "😀", "ﬁ",
 ]
 fragment_text = st.lists(st.sampled_from(FRAGMENTS), max_size=30).map("".join)
-any_text = st.one_of(fragment_text, st.text(max_size=200), st.builds(lambda a, b: a + b, st.text(max_size=50), fragment_text))
+any_text = st.one_of(fragment_text, st.text(max_size=200),
+                     st.builds(lambda a, b: a + b, st.text(max_size=50), fragment_text))
 ground_truths = st.one_of(
     fragment_text, st.text(max_size=30), st.integers(), st.floats(allow_nan=True), st.none(),
     st.lists(st.one_of(fragment_text, st.integers(), st.none()), max_size=3),
@@ -158,7 +159,8 @@ def test_sort_wrappers_equal_seed_functions_over_their_maximum(prompt, data):
 
 
 @FUZZ
-@given(response=st.one_of(any_text, st.lists(st.integers()), st.none()), prompt=st.one_of(int_lists, any_text, st.none()))
+@given(response=st.one_of(any_text, st.lists(st.integers()), st.none()),
+       prompt=st.one_of(int_lists, any_text, st.none()))
 def test_sort_wrappers_never_raise(response, prompt):
     for fn in (sort_distance_reward_fn, sort_inclusion_ordering_reward_fn):
         out = fn(response, prompt)

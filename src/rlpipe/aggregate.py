@@ -142,9 +142,14 @@ def reward_stats(metrics: pd.DataFrame) -> dict:
 
 
 def phase_seconds(run: RunData) -> dict[str, float]:
-    """Total seconds per phase (every phase of ALL_PHASES present). From the events; runs whose
-    events are missing fall back to the metrics' per-step ``time/<phase>`` columns."""
+    """Total seconds per phase (every phase of ALL_PHASES present) over optimizer steps >= 1. From
+    the events; runs whose events are missing fall back to the metrics' per-step ``time/<phase>``
+    columns."""
     ev = run.events
+    if len(ev) and "step" in ev.columns:
+        # step 0 is the initial validation (and initial KL) before the run's clock starts: not
+        # part of wall_time_s, so not part of the phase totals either
+        ev = ev[pd.to_numeric(ev["step"]) >= 1]
     if len(ev):
         dur = pd.to_numeric(ev["end"]) - pd.to_numeric(ev["start"])
         sums = dur.groupby(ev["phase"]).sum()

@@ -14,11 +14,13 @@ input scores zeros. Rules:
   math-verify to the ground truth (or one of them, for a list). reward = answer.
 * ``question_only_reward_fn(response, ground_truth, fast=True)`` (seed 004 prompt ablation): no
   format to obey. The answer is the content of the response's last ``\\boxed{}``; without one,
-  math-verify's own extraction on the response's last 1,000 characters ("final answer is",
-  the last ``$...$``, the last number). format = 1 iff an answer was found; reward = answer.
+  math-verify's own extraction on the response's last 1,000 characters, XML-like tags blanked
+  ("final answer is", the last ``$...$``, the last number). format = 1 iff an answer was read;
+  reward = answer.
 * Sorting (seed 003 §1): ``sort_distance_reward`` and ``sort_inclusion_ordering_reward`` are the
-  seed's functions, exact (they return the raw counts). ``sort_*_reward_fn(response, prompt)`` wrap
-  them for text/list responses as documented there, dividing by the maximum to land in [0, 1].
+  seed's functions, exact (raw counts; unequal lengths raise ValueError, the seed's assert).
+  ``sort_*_reward_fn(response, prompt)`` wrap them for text or list responses, scoring the first
+  n numbers and dividing by the maximum (n, resp. 2n - 1) to land in [0, 1]; see there.
 
 Departures from the seeds and why:
 
@@ -161,7 +163,7 @@ def _keyword_regex(keyword: str) -> re.Pattern[str] | None:
 def mentions_keyword(text: str, keyword: str) -> bool:
     """Whether ``keyword`` occurs in ``text``. The rule:
 
-    * both are NFKC-normalised and case-folded;
+    * both are NFKC-normalised and case-folded (accents still matter: "cafe" is not "café");
     * the keyword is split into words (runs of unicode letters, digits, ``_``); its other
       characters only separate words; a keyword with no word characters never matches;
     * the words must appear in order as whole words (no letter, digit or ``_`` touching either
@@ -329,7 +331,8 @@ _DOLLAR = re.compile(r"(?<!\\)\$")  # a math delimiter; an escaped \$ is a dolla
 
 def _readings(answer: str, lenient: bool) -> tuple[Any, ...]:
     """Parsed readings of an answer: the ``$...$``-wrapped text (or the text itself if it already
-    holds an unescaped ``$``); in lenient mode also math-verify's reading of the bare text (prose, last number)."""
+    holds an unescaped ``$``); in lenient mode also math-verify's reading of the bare text (prose,
+    last number)."""
     answer = answer.strip()
     if not answer:
         return ()
@@ -406,7 +409,8 @@ class _GraderProcess:
 
     def _start(self) -> None:
         pkg_root = str(Path(__file__).resolve().parent.parent)  # the child imports this very rlpipe
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
+        path = os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, PYTHONPATH=path)
         self._proc = subprocess.Popen(
             [sys.executable, "-c", "from rlpipe.rewards import _serve_grader; _serve_grader()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)

@@ -10,8 +10,8 @@ strings for the sampler. Register it in ``TASKS``.
   should list them sorted. Departure from seed 003: there the policy is a non-autoregressive toy
   model emitting all positions at once (see ``rlpipe.toy_sort``); here the same reward drives our
   TransformerLM through the normal sampler, so the sorting task exercises the whole Ray trainer.
-  The reward is seed 003's ``sort_inclusion_ordering_reward`` divided by its maximum (2n - 1) so it
-  lies in [0, 1]; a response with the wrong count of numbers is padded/truncated before scoring.
+  The reward is ``rewards.sort_inclusion_ordering_reward_fn``: seed 003's inclusion + ordering
+  count over the first n numbers of the response, divided by its maximum 2n - 1.
 
 Prompt order is a deterministic function of (seed, rollout batch index): batch ``i`` takes the
 next ``n`` prompts of a per-epoch permutation. A resumed run therefore sees the same prompts as an
@@ -21,7 +21,6 @@ uninterrupted one without saving sampler state.
 from __future__ import annotations
 
 import random
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,16 +110,9 @@ class SortingTask(Task):
         return self._val
 
     def reward(self, response: str, ground_truth: Any) -> dict[str, float]:
-        from rlpipe.rewards import sort_inclusion_ordering_reward
+        from rlpipe.rewards import sort_inclusion_ordering_reward_fn
 
-        try:
-            nums = [int(x) for x in re.findall(r"-?\d+", str(response))]
-        except ValueError:
-            nums = []
-        n = len(ground_truth)
-        nums = (nums + [-1] * n)[:n]
-        r = sort_inclusion_ordering_reward(list(ground_truth), nums) / max(1, 2 * n - 1)
-        return {"reward": float(r), "format_reward": float(len(nums) == n), "answer_reward": float(r)}
+        return sort_inclusion_ordering_reward_fn(response, list(ground_truth))
 
 
 TASKS: dict[str, type[Task]] = {

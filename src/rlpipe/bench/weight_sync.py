@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, (spec, source) in payloads.items():
             print(f"payload {name}: {source}", file=sys.stderr)
             report["payloads"][name] = {"source": source, **(bench_payload(spec, runs, args, gpus) if spec else {})}
+        report["load_avg_1m_end"] = os.getloadavg()[0]  # other processes on the host skew the numbers
         ratio = report["payloads"]["synthetic"].get("rdt_gloo_over_object_store")
         if ratio is not None:
             report["goal"] = {"rdt/gloo <= 0.5 x object_store latency (synthetic, cpu)": ratio <= 0.5,

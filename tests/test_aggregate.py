@@ -96,7 +96,7 @@ def make_runs(root: Path, variants=("onpolicy", "k2", "disagg")) -> Path:
         _events(mode, phases, sync).to_parquet(d / "events.parquet", index=False)
         versions = pd.DataFrame(
             [("learner", s, 5.0 * s, "optimizer_step") for s in range(1, 5)]
-            + [("generator", max(s - 1, 0), 5.0 * s + 0.1, "sample_start") for s in range(0, 4)],
+            + [("generator", 0, 0.0, "init")] + [("generator", s, 5.0 * s + 0.1, "load_weights") for s in range(1, 4)],
             columns=aggregate.VERSION_COLUMNS).astype({"version": "int64"})
         versions.to_parquet(d / "versions.parquet", index=False)
         with open(d / "rollouts.jsonl", "w") as f:
@@ -275,8 +275,10 @@ def test_max_version_lag_by_hand():
     v = pd.DataFrame({"who": ["learner", "generator", "learner", "learner", "generator"],
                       "version": [1, 0, 2, 3, 1], "wall_time": [1.0, 1.5, 2.0, 3.0, 3.5],
                       "event": ["x"] * 5})
-    # generator at 1.5 holds 0 while learner is at 1 -> lag 1; at 3.5 holds 1 while learner is at 3 -> 2
-    assert report_text.max_version_lag(v) == 2.0
+    # replayed in time order: at t=3.0 the learner is at 3 while the generator still holds 0
+    assert report_text.max_version_lag(v) == 3.0
+    assert report_text.max_version_lag(v[v["who"] == "learner"]) is not None  # one side only: NaN
+    assert np.isnan(report_text.max_version_lag(v[v["who"] == "learner"]))
 
 
 def test_discussion_numbers_and_missing_variants(runs):
@@ -289,6 +291,7 @@ def test_discussion_numbers_and_missing_variants(runs):
     assert sec["profiling"]["numbers"]["dominant"] == "generate"
     assert "3.0x the update time" in " ".join(sec["profiling"]["sentences"])
     assert sec["kl"]["numbers"]["best_fit"] == "quadratic"
+    assert report_text.fit_growth(np.arange(1, 9), np.zeros(8))["constant"]  # flat KL: no shape
     assert sec["kstep"]["numbers"]["speedup_k2"] == pytest.approx(1.25)
     # ideal k=2 gain from dropping half the syncs: 40 / (40 - 0.5 * 2)
     assert sec["kstep"]["numbers"]["ideal_k2"] == pytest.approx(40 / 39)

@@ -153,3 +153,51 @@ def test_analysis_half_runs_and_reports(workdir, tmp_path):
     (workdir / "results/runs/k2/metrics.parquet").unlink()  # one variant lost: only it retrains
     out = snakemake(workdir, "-n", *smoke, env=env).stdout
     assert set(training_gpus(out)) == {"k2"}
+
+
+FAKE_RLPIPE = """#!{python}
+# stand-in for `rlpipe train`: records its arguments, copies synthetic outputs, writes a checkpoint
+import os, shutil, sys
+args = sys.argv[1:]
+open(os.environ["FAKE_LOG"], "a").write(" ".join(args) + "\\n")
+out, variant = args[args.index("--out") + 1], args[args.index("--variant") + 1]
+src = os.path.join(os.environ["FAKE_RUNS"], variant)
+for name in os.listdir(src):
+    shutil.copy(os.path.join(src, name), os.path.join(out, name))
+open(os.path.join(out, "checkpoints", "last.pt"), "w").write("ckpt")
+sys.exit(int(os.environ.get("FAKE_FAIL", "0")))
+"""
+
+
+def test_train_rule_resumes_only_an_unfinished_run_of_the_same_settings(workdir, tmp_path):
+    from test_aggregate import make_runs
+
+    fake_upstream(workdir, ("onpolicy", "k2", "disagg"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rlpipe").write_text(FAKE_RLPIPE.format(python=sys.executable))
+    (bin_dir / "rlpipe").chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log),
+           "FAKE_RUNS": str(make_runs(tmp_path / "template", ("k2",)))}
+    target = "results/runs/k2/metrics.parquet"
+    ckpt = workdir / "results/runs/k2/checkpoints"
+
+    def train(configs=("config/smoke.yaml",), fail=False):
+        log.write_text("")
+        proc = snakemake(workdir, target, "--cores", "1", "--configfile", *configs, "--forcerun", target,
+                         env={**env, "FAKE_FAIL": "1" if fail else "0"}, check=not fail)
+        calls = log.read_text().splitlines()
+        assert len(calls) == 1 and calls[0].startswith("train --config"), proc.stderr[-2000:]
+        return calls[0]
+
+    assert "--resume" not in train()  # fresh
+    assert (ckpt / "FINISHED").exists()
+    assert "--resume" not in train()  # finished run + forced rerun: starts afresh
+    train(fail=True)  # a crash leaves a checkpoint without FINISHED ...
+    assert (ckpt / "last.pt").exists() and not (ckpt / "FINISHED").exists()
+    assert "--resume" in train()  # ... and the next run resumes it
+    train(fail=True)
+    (workdir / "smoke2.yaml").write_text(yaml.safe_dump({"train": {"learning_rate": 1e-3}}))
+    call = train(("config/smoke.yaml", "smoke2.yaml"))  # settings changed: no resume
+    assert "--resume" not in call

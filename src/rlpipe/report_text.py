@@ -53,6 +53,11 @@ def fsec(x) -> str:
     return f"{x * 1e3:.3g} ms" if abs(x) < 1 else f"{x:.3g} s"
 
 
+def fx(x) -> str:
+    """A ratio such as a speedup: two decimals, so 1.003 never reads as a bare "1"."""
+    return "n/a" if nan(x) else f"{x:.2f}x"
+
+
 def fpct(x) -> str:
     return "n/a" if nan(x) else f"{100 * x:.0f}%"
 
@@ -82,7 +87,9 @@ def fit_growth(steps, values) -> dict:
     keep = np.isfinite(t) & np.isfinite(y)
     t, y = t[keep], y[keep]
     if len(t) < 4 or np.ptp(t) == 0:
-        return {"best": None, "r2": {}, "power": math.nan, "n": int(len(t))}
+        return {"best": None, "r2": {}, "power": math.nan, "n": int(len(t)), "constant": False}
+    if np.ptp(y) <= 1e-12 * max(1.0, float(np.abs(y).max())):  # flat curve: no shape to name
+        return {"best": None, "r2": {}, "power": math.nan, "n": int(len(t)), "constant": True}
     ss_tot = float(((y - y.mean()) ** 2).sum()) or 1e-30
 
     def r2_linear_in(feature):
@@ -99,7 +106,7 @@ def fit_growth(steps, values) -> dict:
     if pos.sum() >= 4:
         power = float(np.polyfit(np.log(t[pos]), np.log(y[pos]), 1)[0])
     best = max(r2, key=r2.get)
-    return {"best": best, "r2": r2, "power": power, "n": int(len(t))}
+    return {"best": best, "r2": r2, "power": power, "n": int(len(t)), "constant": False}
 
 
 def kl_curve(metrics: pd.DataFrame, variant: str) -> tuple[str | None, pd.DataFrame]:
@@ -140,6 +147,9 @@ def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
         power = "" if nan(fit["power"]) else f"; a power-law fit gives KL ~ t^{fit['power']:.2f}"
         s.append(f"In '{ref}', KL to the reference ({col}) grows closest to {fit['best']} in the number of "
                  f"steps (R^2: {r2}){power}.")
+    elif fit["constant"]:
+        s.append(f"In '{ref}', KL to the reference ({col}) stayed at {fnum(float(df['kl'].dropna().iloc[-1]))} "
+                 "over the run: the policy did not measurably move, so there is no growth shape to name.")
     else:
         s.append(f"Too few KL points ({fit['n']}) in '{ref}' to fit a growth shape.")
     if not nan(corr):
@@ -182,7 +192,7 @@ def profiling_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> d
         return section("profiling", title, [missing(ref)])
     secs = {p: r.get(f"time_{p}_s", math.nan) for p in STACK}
     shares = {p: r.get(f"share_{p}", math.nan) for p in STACK}
-    known = {p: v for p, v in secs.items() if not nan(v) and p != "other"}
+    known = {p: v for p, v in secs.items() if not nan(v) and p not in ("other", "validate")}
     if not known or sum(known.values()) <= 0:
         return section("profiling", title, [f"No data: no phase timings recorded for '{ref}'."])
     top = max(known, key=known.get)
@@ -190,9 +200,11 @@ def profiling_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> d
     m = metrics[metrics["variant"] == ref] if len(metrics) else metrics
     tokens = m["response/length_mean"].mean() if "response/length_mean" in m.columns else math.nan
     why = PHASE_WHY.get(top, "").format(tokens=fnum(tokens, 3))
+    val = "" if nan(secs["validate"]) else (f" Validation (not a training stage, every val_every steps) took "
+                                             f"{fsec(secs['validate'])}.")
     s = [f"In '{ref}' ({fsec(r['wall_time_s'])} wall time): {parts}.",
          f"{top} dominates" + (f", {known[top] / known['update']:.1f}x the update time" if known.get("update")
-                               and top != "update" else "") + (f": {why}." if why else ".")]
+                               and top != "update" else "") + (f": {why}." if why else ".") + val]
     return section("profiling", title, s, {"dominant": top, **{f"share_{p}": shares[p] for p in STACK}})
 
 
@@ -225,8 +237,8 @@ def kstep_section(table: pd.DataFrame, ref: str) -> dict:
             ideal = base["wall_time_s"] / (base["wall_time_s"] - (1 - 1 / k) * base["time_weight_sync_s"])
         same = "" if r["equal_samples"] else " (NOTE: different sample totals, so this is a throughput ratio)"
         s.append(f"{r['variant']}: {fnum(r['samples_per_s'])} samples/s vs {fnum(base['samples_per_s'])} for "
-                 f"'{ref}', a speedup of {fnum(r['speedup_vs_ref'])}x{same}; {r['num_syncs']} weight syncs "
-                 f"instead of {base['num_syncs']}; removing those syncs alone would give {fnum(ideal)}x; "
+                 f"'{ref}', a speedup of {fx(r['speedup_vs_ref'])}{same}; {r['num_syncs']} weight syncs "
+                 f"instead of {base['num_syncs']}; removing those syncs alone would give {fx(ideal)}; "
                  f"final validation reward {fnum(r['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
         nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
         nums[f"ideal_{r['variant']}"] = ideal
@@ -248,12 +260,19 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
         f"{r['variant']} {fsec(r['wall_time_s'])} x {fnum(r['devices'])} = {fnum(r['device_hours'], 3)}" for r in rows) + "."]
     nums = {}
     for _, r in dis.iterrows():
-        s.append(f"{r['variant']}: speedup {fnum(r['speedup_vs_ref'])}x over '{ref}' with {fnum(r['devices'])} devices, "
-                 f"so {fnum(r['device_hours'] / base['device_hours'] if base['device_hours'] else math.nan)}x its "
+        s.append(f"{r['variant']}: speedup {fx(r['speedup_vs_ref'])} over '{ref}' with {fnum(r['devices'])} devices, "
+                 f"so {fx(r['device_hours'] / base['device_hours'] if base['device_hours'] else math.nan)} its "
                  f"{unit.split(' ')[0]}. Measured T_gen = {fsec(r['t_gen_s'])}, T_train = {fsec(r['t_train_s'])}: "
-                 f"perfect overlap could give at most {fnum(r['overlap_bound'])}x; the run overlapped "
-                 f"{fnum(r['overlap_achieved'])}x of work per wall second and reached {fpct(r['bound_fraction'])} "
+                 f"perfect overlap could give at most {fx(r['overlap_bound'])}; the run overlapped "
+                 f"{fx(r['overlap_achieved'])} of work per wall second and reached {fpct(r['bound_fraction'])} "
                  "of the bound.")
+        if not nan(r["bound_fraction"]) and r["bound_fraction"] > 1:
+            outside = lambda x: x["wall_time_s"] - sum(  # noqa: E731
+                0.0 if nan(x[f"time_{p}_s"]) else x[f"time_{p}_s"] for p in ("generate", "score", "ref_logprobs", "update"))
+            s.append(f"The speedup exceeds the overlap bound, so overlap alone does not explain it: '{ref}' spent "
+                     f"{fsec(outside(base))} of its wall time outside generation and training (validation "
+                     f"{fsec(base['time_validate_s'])}, weight sync {fsec(base['time_weight_sync_s'])}), "
+                     f"{r['variant']} {fsec(outside(r))}.")
         nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
         nums[f"bound_{r['variant']}"] = r["overlap_bound"]
     s.append("Why: overlap hides the shorter side behind the longer one, so the bound is (T_gen + T_train) / "
@@ -312,27 +331,24 @@ def versions_section(table: pd.DataFrame, versions: pd.DataFrame) -> dict:
         v = versions[versions["variant"] == r["variant"]] if len(versions) else versions
         lag = max_version_lag(v)
         n_gen, n_learn = int((v["who"] == "generator").sum()), int((v["who"] == "learner").sum())
-        s.append(f"{r['variant']}: {n_learn} learner and {n_gen} generator version events logged; the generator "
-                 f"was at most {fnum(lag)} version(s) behind the learner when it started a batch (max staleness of "
-                 f"trained samples {fnum(r['staleness_max'])}).")
+        s.append(f"{r['variant']}: {n_learn} learner and {n_gen} generator version events logged; the generator's "
+                 f"weights were at most {fnum(lag)} version(s) behind the learner's at any time (max staleness of "
+                 f"the samples trained on: {fnum(r['staleness_max'])}).")
         nums[f"lag_{r['variant']}"] = lag
     return section("versions", title, s, nums)
 
 
 def max_version_lag(versions: pd.DataFrame) -> float:
-    """Largest (learner version at time t) - (generator version at t) over generator events."""
-    if not len(versions):
+    """Largest gap, at any moment, between the learner's policy version and the one the
+    generator holds (both sides' version logs replayed in time order; each starts at 0)."""
+    if not len(versions) or not {"learner", "generator"} <= set(versions["who"]):
         return math.nan
-    v = versions.sort_values("wall_time")
-    learner = v[v["who"] == "learner"]
-    gen = v[v["who"] == "generator"]
-    if not len(gen) or not len(learner):
-        return math.nan
-    lags = []
-    for _, g in gen.iterrows():
-        done = learner[learner["wall_time"] <= g["wall_time"]]["version"]
-        lags.append((int(done.max()) if len(done) else 0) - int(g["version"]))
-    return float(max(lags))
+    held = {"learner": 0, "generator": 0}
+    lag = 0
+    for _, e in versions.sort_values("wall_time", kind="stable").iterrows():
+        held[e["who"]] = int(e["version"])
+        lag = max(lag, held["learner"] - held["generator"])
+    return float(lag)
 
 
 def replay_section(table: pd.DataFrame) -> dict:
@@ -354,10 +370,12 @@ def replay_section(table: pd.DataFrame) -> dict:
 def bench_section(bench: dict) -> dict:
     s = []
     for name, data in sorted(bench.items()):
+        if name.startswith("weight_sync"):
+            continue  # reported in the weight-sync section
         flat = {k: v for k, v in (data.items() if isinstance(data, dict) else [])
                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if flat:
-            s.append(f"{name}: " + ", ".join(f"{k} = {fnum(float(v), 4)}" for k, v in list(flat.items())[:10]) + ".")
+            s.append(f"{name}: " + ", ".join(f"{k} = {fnum(float(v), 4)}" for k, v in flat.items()) + ".")
         else:
             s.append(f"{name}: see results/bench/{name}.json.")
     return section("bench", "Benchmarks", s or ["No benchmark files were found."])

@@ -30,6 +30,10 @@ def _check_inputs(train_cfg, base: str, dataset: str | None) -> None:
 def _init_ray(cfg, num_cpus: float) -> None:
     import ray
 
+    # Ray starts worker processes at niceness 15 by default: on a shared machine any other process
+    # then preempts the training actors and every phase timing is inflated. Run them at normal
+    # priority (only affects a Ray instance started here).
+    os.environ.setdefault("RAY_worker_niceness", "0")
     env = {"env_vars": {"PYTHONWARNINGS": "ignore::DeprecationWarning"}}
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, runtime_env=env, log_to_driver=True)

@@ -97,6 +97,7 @@ def test_killing_the_generator_gives_a_clear_error(env, tmp_path):
 
     from rlpipe.drivers.common import ActorFailure
     from rlpipe.train import run
+    from rlpipe.weight_sync import WeightSyncError
 
     cfg = write_config(tmp_path / "c.yaml", train={"n_grpo_steps": 50, "ray_timeout_s": 60.0})
     killed = []
@@ -110,6 +111,7 @@ def test_killing_the_generator_gives_a_clear_error(env, tmp_path):
                 killed.append(time.time())
 
     threading.Thread(target=kill_generator_once_training, daemon=True).start()
-    with pytest.raises(ActorFailure, match="actor died"):
+    # the death surfaces in whichever call reaches the generator first: a rollout or a weight sync
+    with pytest.raises((ActorFailure, WeightSyncError), match="(?i)actor died"):
         run(str(cfg), "disagg", str(tmp_path / "o"), env["base"], env["data"], threads=2)
     assert killed and time.time() - killed[0] < 30  # failed promptly, not after a timeout

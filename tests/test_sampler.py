@@ -75,10 +75,15 @@ def _same(a: Generation, b: Generation, atol=1e-4):
         assert (x - y).abs().max().item() <= atol if len(x) else len(y) == 0
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
-def test_kv_cache_sampler_equals_naive_recompute(model, tok, temperature, top_p):
-    p = SamplingParams(n=2, temperature=temperature, top_p=top_p, max_tokens=12, seed=3)
-    _same(generate(model, tok, PROMPTS, p), generate(model, tok, PROMPTS, p, use_kv_cache=False))
+@pytest.mark.parametrize("temperature,top_p,stop", [(1.0, 1.0, ()), (0.7, 0.9, ()), (0.0, 1.0, ()), (1.0, 1.0, ("e",))])
+def test_kv_cache_sampler_equals_naive_recompute(model, tok, temperature, top_p, stop):
+    """Same samples and log-probs with the cache as with full recomputation; with a common stop
+    string rows finish at different steps, so the batch-compaction path is compared too."""
+    p = SamplingParams(n=2, temperature=temperature, top_p=top_p, max_tokens=12, seed=3, stop=stop)
+    cached = generate(model, tok, PROMPTS, p)
+    _same(cached, generate(model, tok, PROMPTS, p, use_kv_cache=False))
+    if stop:
+        assert cached.finish_reason.count("stop") >= 5
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -260,3 +265,4 @@ def test_bf16_autocast_sampling_runs(model, tok):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         g = generate(model, tok, PROMPTS, SamplingParams(n=2, max_tokens=6, seed=0))
     assert all(torch.isfinite(lp).all() and (lp <= 0).all() for lp in g.logprobs)
+

@@ -77,9 +77,27 @@ def test_hf_greedy_matches_hf_generate(qwen, tok):
 
 
 def test_hf_stop_string_and_eos_bookkeeping(qwen, tok):
-    g = generate(qwen, tok, PROMPTS, SamplingParams(n=2, max_tokens=10, seed=1, stop=("e",)))
+    p = SamplingParams(n=2, max_tokens=10, seed=1, stop=("e",))
+    g = generate(qwen, tok, PROMPTS, p)
+    assert g.response_ids == generate(qwen, tok, PROMPTS, p, use_kv_cache=False).response_ids  # compaction
     for ids, text, reason in zip(g.response_ids, g.response_text, g.finish_reason):
         assert "e" not in text and len(ids) <= 10
         if reason == "stop":
             assert "e" in tok.decode(ids) and "e" not in tok.decode(ids[:-1])
     assert "stop" in g.finish_reason
+
+
+def test_bench_sampler_smoke(tmp_path, capsys):
+    """``rlpipe bench sampler`` runs end to end and writes the JSON line it prints (no timing is
+    asserted). It lives here because it imports transformers, which this file needs anyway."""
+    import json
+
+    from rlpipe.bench.sampler import main
+
+    out = tmp_path / "bench.json"
+    result = main(["--batch", "2", "--new-tokens", "3", "--repeats", "1", "--out", str(out)])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == result == json.loads(out.read_text())
+    for key in ("kv_tokens_per_s", "naive_tokens_per_s", "kv_over_naive", "hf_ours_tokens_per_s",
+                "hf_generate_tokens_per_s", "ours_over_hf_generate"):
+        assert result[key] > 0

@@ -148,6 +148,8 @@ def test_resume_after_kill_gives_contiguous_steps(env, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (out / "run_info.json").exists()
+    for name in ("metrics.parquet", "events.parquet", "versions.parquet", "rollouts.jsonl"):
+        (out / name).unlink(missing_ok=True)  # Snakemake deletes a failed job's declared outputs
     r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     m = metrics(out)

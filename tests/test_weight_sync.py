@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -216,20 +214,23 @@ class Stuck(WeightReceiver):
 
 
 @pytest.fixture(scope="module")
-def actors():
-    ray = pytest.importorskip("ray")
-    # workers import this module (TiedNet, the actor classes) by name: put tests/ on their path
-    tests_dir = str(Path(__file__).resolve().parent)
-    path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+def actors(ray_session):
+    """Actors on the suite's shared Ray instance (conftest.ray_session), killed after the module."""
+    import sys
+
+    import ray
+    from ray import cloudpickle
+
+    # workers cannot import this test module by name: ship its classes (TiedNet, actors) by value
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
     def actor(cls):
         return ray_actor_class(cls, "rdt").options(num_cpus=0).remote()
 
     handles = {"learner": actor(Learner), "gen": actor(Generator), "stuck": actor(Stuck)}
     yield handles
-    ray.shutdown()
+    for h in handles.values():
+        ray.kill(h)
 
 
 @pytest.mark.ray
@@ -282,7 +283,7 @@ def test_timeout_raises_naming_the_transport(actors):
         t.sync(actors["learner"], [actors["stuck"]], version=1)
     import ray
 
-    ray.kill(actors["stuck"])  # it would sleep on; free its worker
+    ray.kill(actors["stuck"])  # it would sleep on; free its worker (killing twice is harmless)
 
 
 @pytest.mark.ray

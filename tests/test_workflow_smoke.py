@@ -31,7 +31,6 @@ def run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.workflow
-@pytest.mark.slow
 def test_smoke_workflow_end_to_end(tmp_path):
     shutil.copytree(ROOT / "config", tmp_path / "config")
     run(tmp_path, "--cores", "2")

@@ -51,7 +51,9 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
-_SAFE_SCALARS = (type(None), bool, int, float, str, bytes, torch.Tensor, torch.dtype, torch.device, torch.Size)
+_SAFE_SCALARS = (
+    type(None), bool, int, float, str, bytes, torch.Tensor, torch.dtype, torch.device, torch.Size,
+)
 
 
 def _check_loadable(obj: Any, where: str) -> None:
@@ -70,7 +72,8 @@ def _check_loadable(obj: Any, where: str) -> None:
         return
     raise TypeError(
         f"checkpoint {where} holds a {type(obj).__module__}.{type(obj).__name__}, which weights-only "
-        "loading refuses; store tensors, numbers, strings, lists or dicts (e.g. torch.from_numpy(a) or a.tolist())"
+        "loading refuses; store tensors, numbers, strings, lists or dicts "
+        "(e.g. torch.from_numpy(a) or a.tolist())"
     )
 
 
@@ -80,10 +83,14 @@ def save_checkpoint(path, model: nn.Module, *, tokenizer, optimizer=None, extra:
     model = _unwrap(model)
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
-        raise TypeError(f"save_checkpoint needs a TransformerLM (with a ModelConfig .config), got {type(model).__name__}")
+        raise TypeError(
+            f"save_checkpoint needs a TransformerLM (with a ModelConfig .config), got {type(model).__name__}"
+        )
     tok_ref = getattr(tokenizer, "spec", tokenizer)
     if tok_ref is not None and not isinstance(tok_ref, (str, os.PathLike)):
-        raise TypeError(f"tokenizer must be a path string, a Tokenizer or None, got {type(tokenizer).__name__}")
+        raise TypeError(
+            f"tokenizer must be a path string, a Tokenizer or None, got {type(tokenizer).__name__}"
+        )
     extra = dict(extra or {})
     _check_loadable(extra, "extra")
     opt_state = optimizer.state_dict() if optimizer is not None else None
@@ -108,11 +115,15 @@ def _read(path, device) -> dict:
     try:
         payload = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as e:
-        raise CheckpointError(f"checkpoint {path} was refused by weights-only loading (it holds pickled objects): {e}") from e
+        raise CheckpointError(
+            f"checkpoint {path} was refused by weights-only loading (it holds pickled objects): {e}"
+        ) from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an rlpipe checkpoint (no format={FORMAT!r} marker)")
     if payload.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint {path} has version {payload.get('version')!r}; this rlpipe reads {VERSION}")
+        raise CheckpointError(
+            f"checkpoint {path} has version {payload.get('version')!r}; this rlpipe reads {VERSION}"
+        )
     missing = [k for k in ("model_config", "model") if k not in payload]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {missing}")
@@ -125,7 +136,11 @@ def check_state_dict(model: nn.Module, state: dict, source: str = "checkpoint") 
     got = {k: tuple(v.shape) for k, v in state.items()}
     missing = sorted(set(expected) - set(got))
     unexpected = sorted(set(got) - set(expected))
-    shapes = [f"{k}: model {expected[k]} vs {source} {got[k]}" for k in sorted(set(expected) & set(got)) if expected[k] != got[k]]
+    shapes = [
+        f"{k}: model {expected[k]} vs {source} {got[k]}"
+        for k in sorted(set(expected) & set(got))
+        if expected[k] != got[k]
+    ]
     if missing or unexpected or shapes:
         parts = []
         if missing:
@@ -163,8 +178,11 @@ def load_model_state(model: nn.Module, path) -> dict:
     payload = _read(path, "cpu")
     config = getattr(_unwrap(model), "config", None)
     if isinstance(config, ModelConfig) and payload["model_config"] != config.to_dict():
-        diff = {k: (v, payload["model_config"].get(k)) for k, v in config.to_dict().items() if payload["model_config"].get(k) != v}
-        raise CheckpointError(f"checkpoint {path} config differs from the model's: {{field: (model, checkpoint)}} = {diff}")
+        saved = payload["model_config"]
+        diff = {k: (v, saved.get(k)) for k, v in config.to_dict().items() if saved.get(k) != v}
+        raise CheckpointError(
+            f"checkpoint {path} config differs from the model's: {{field: (model, checkpoint)}} = {diff}"
+        )
     check_state_dict(model, payload["model"], source=f"checkpoint {path}")
     _unwrap(model).load_state_dict(payload["model"], strict=True)
     return payload.get("extra") or {}

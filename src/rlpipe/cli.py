@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"rlpipe: unknown command {cmd!r}\n{_usage()}", file=sys.stderr)
         return 2
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    rc = getattr(importlib.import_module(module), func)(rest)
+    return rc if isinstance(rc, int) else 0  # some mains return their result (e.g. a bench's JSON)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,9 @@ class DerivedSizes:
         need(t.n_grpo_steps % t.k == 0, f"train.n_grpo_steps ({t.n_grpo_steps}) must be divisible by train.k ({t.k})")
         need(t.mode == "colocated_k" or t.k == 1, f"train.k={t.k} needs train.mode: colocated_k (mode is {t.mode})")
         need(not t.replay.enabled or t.mode == "disaggregated", "train.replay.enabled needs train.mode: disaggregated")
+        need(not t.replay.enabled or t.replay.capacity_groups >= t.rollout_batch_size // t.group_size,
+             f"train.replay.capacity_groups ({t.replay.capacity_groups}) must hold one rollout batch "
+             f"(train.rollout_batch_size / train.group_size = {t.rollout_batch_size // t.group_size} groups)")
         need(0 < t.sampling_top_p <= 1, f"train.sampling_top_p must be in (0, 1], got {t.sampling_top_p}")
         need(t.sampling_temperature > 0, "train.sampling_temperature must be > 0 for GRPO (log-probs of a "
              f"tempered policy), got {t.sampling_temperature}")

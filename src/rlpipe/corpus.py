@@ -260,7 +260,9 @@ class StoryGenerator:
         Later sentences re-mention introduced objects, introduce new ones, or neither."""
         r = self.rng
         cast = self._cast()
-        n = r.randint(self.min_sentences, self.max_sentences)
+        # min of two uniform draws: most stories are short (3-5 sentences), so a token budget
+        # holds more story openings, where keywords are introduced.
+        n = min(r.randint(self.min_sentences, self.max_sentences), r.randint(self.min_sentences, self.max_sentences))
         objects = list(required) or ([r.choice(self.keywords)] if keyword_slot else [])
         in_opening = bool(objects) and r.random() < 0.5
         sentences = [self._fill(r.choice(_OPENINGS_KW if in_opening else _OPENINGS), cast,
@@ -269,9 +271,9 @@ class StoryGenerator:
         sentences += [self._fill(r.choice(_KW_SENTENCES), cast, kw, False) for kw in rest]
         while len(sentences) < n - 1:
             u = r.random()
-            if objects and u < 0.4:
+            if objects and u < 0.5:
                 sentences.append(self._fill(r.choice(_REMENTION), cast, r.choice(objects), False))
-            elif u < 0.55:
+            elif u < 0.65:
                 objects.append(r.choice(self.keywords))
                 sentences.append(self._fill(r.choice(_KW_SENTENCES), cast, objects[-1], False))
             else:

@@ -152,7 +152,8 @@ def plot_reward_vs_time(s: Summary, out) -> list[str]:
 def plot_kl(s: Summary, out) -> list[str]:
     notes: list[str] = []
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    panels = [("kl/ref_log_ratio", "KL(policy || reference), Eq. 8"), ("kl/prev_log_ratio", "KL(policy || previous step)")]
+    panels = [("kl/ref_log_ratio", "KL(policy || reference), Eq. 8"),
+              ("kl/prev_log_ratio", "KL(policy || previous step)")]
     for ax, (column, title) in zip(axes, panels):
         k3 = column.replace("log_ratio", "k3")
         drawn = line_per_variant(ax, s, "step", column, [], title)
@@ -385,7 +386,8 @@ def plot_replay(s: Summary, out) -> list[str]:
         ax.grid(alpha=0.3)
     drawn = 0
     for v, color in (("replay", "#c44e52"), ("disagg", "#4c72b0")):
-        d = pd.DataFrame({"x": col(s.of("metrics", v), "step"), "y": col(s.of("metrics", v), "reward/val_mean")}).dropna()
+        m = s.of("metrics", v)
+        d = pd.DataFrame({"x": col(m, "step"), "y": col(m, "reward/val_mean")}).dropna()
         if len(d):
             axes[2].plot(d["x"], d["y"], marker="o", ms=3, color=color, label=v)
             drawn += 1

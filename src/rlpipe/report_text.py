@@ -242,7 +242,8 @@ def kstep_section(table: pd.DataFrame, ref: str) -> dict:
                  f"final validation reward {fnum(r['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
         nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
         nums[f"ideal_{r['variant']}"] = ideal
-    s.append(f"Why: generating k batches per policy version only saves weight syncs (here {fpct(base['share_weight_sync'])} "
+    s.append("Why: generating k batches per policy version only saves weight syncs (here "
+             f"{fpct(base['share_weight_sync'])} "
              f"of the phase time of '{ref}'); generation and the update still run back to back on one device, "
              "so the gain is bounded by the sync share, while the extra off-policy steps can cost reward.")
     return section("kstep", title, s, nums)
@@ -257,7 +258,8 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
     unit = "GPU-hours" if base.get("device_type") == "cuda" else "device-hours (CPU runs: wall x devices)"
     rows = [base] + [r for _, r in table[table["mode"] == "colocated_k"].iterrows()] + [r for _, r in dis.iterrows()]
     s = ["Wall time and " + unit + ": " + "; ".join(
-        f"{r['variant']} {fsec(r['wall_time_s'])} x {fnum(r['devices'])} = {fnum(r['device_hours'], 3)}" for r in rows) + "."]
+        f"{r['variant']} {fsec(r['wall_time_s'])} x {fnum(r['devices'])} = {fnum(r['device_hours'], 3)}"
+        for r in rows) + "."]
     nums = {}
     for _, r in dis.iterrows():
         s.append(f"{r['variant']}: speedup {fx(r['speedup_vs_ref'])} over '{ref}' with {fnum(r['devices'])} devices, "
@@ -267,8 +269,9 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
                  f"{fx(r['overlap_achieved'])} of work per wall second and reached {fpct(r['bound_fraction'])} "
                  "of the bound.")
         if not nan(r["bound_fraction"]) and r["bound_fraction"] > 1:
+            work = ("generate", "score", "ref_logprobs", "update")
             outside = lambda x: x["wall_time_s"] - sum(  # noqa: E731
-                0.0 if nan(x[f"time_{p}_s"]) else x[f"time_{p}_s"] for p in ("generate", "score", "ref_logprobs", "update"))
+                0.0 if nan(x[f"time_{p}_s"]) else x[f"time_{p}_s"] for p in work)
             s.append(f"The speedup exceeds the overlap bound, so overlap alone does not explain it: '{ref}' spent "
                      f"{fsec(outside(base))} of its wall time outside generation and training (validation "
                      f"{fsec(base['time_validate_s'])}, weight sync {fsec(base['time_weight_sync_s'])}), "
@@ -359,7 +362,8 @@ def replay_section(table: pd.DataFrame) -> dict:
     s = [f"replay reused each stored group {fnum(rep['replay_reuse_mean'])} times on average with a mean "
          f"sample age of {fnum(rep['replay_age_mean'])} policy versions (max staleness {fnum(rep['staleness_max'])})."]
     if base is not None:
-        s.append(f"Final / best validation reward: replay {fnum(rep['val_reward_final'])} / {fnum(rep['val_reward_best'])} "
+        s.append(f"Final / best validation reward: replay {fnum(rep['val_reward_final'])} / "
+                 f"{fnum(rep['val_reward_best'])} "
                  f"vs disagg {fnum(base['val_reward_final'])} / {fnum(base['val_reward_best'])}; throughput "
                  f"{fnum(rep['samples_per_s'])} vs {fnum(base['samples_per_s'])} samples/s.")
     else:

@@ -1,9 +1,11 @@
 """Writes a run's outputs (the RUN OUTPUTS contract in CONTRIBUTING.md), atomically.
 
 Metrics, events and version logs are kept in memory and rewritten as whole parquet files at every
-flush (a few hundred rows: cheaper than appending, and a crash can never leave a torn file). On
-``--resume`` the files are read back and cut at the checkpoint's step, so the resumed run's steps
-continue without duplicates or gaps; wall times continue from the last recorded one.
+flush (a few hundred rows: cheaper than appending, and a crash can never leave a torn file). Each
+checkpoint also snapshots them into ``checkpoints/`` (Snakemake deletes a failed job's declared
+outputs, so the run directory's copies may be gone by the time the job is rerun). On ``--resume``
+the snapshot is read back and cut at the checkpoint's step, so the resumed run's steps continue
+without duplicates or gaps; wall times continue from the last recorded one.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class RunWriter:
     def resume_from(self, step: int) -> None:
         """Reload outputs of a killed run, dropping everything after optimizer step ``step``."""
         def load(name: str, col: str, limit: float) -> list[dict]:
-            p = self.dir / name
+            p = self.dir / "checkpoints" / name
             if not p.exists():
                 return []
             df = pd.read_parquet(p)
@@ -58,8 +60,9 @@ class RunWriter:
         self.events = load("events.parquet", "step", step)
         last_wall = max([r["wall_time"] for r in self.rows] or [0.0])
         self.versions = load("versions.parquet", "wall_time", last_wall)
-        if (self.dir / "rollouts.jsonl").exists():
-            self.rollouts = [r for r in io_utils.read_jsonl(self.dir / "rollouts.jsonl") if r["step"] <= step]
+        if (self.dir / "checkpoints" / "rollouts.jsonl").exists():
+            self.rollouts = [r for r in io_utils.read_jsonl(self.dir / "checkpoints" / "rollouts.jsonl")
+                             if r["step"] <= step]
         self.t0 = time.time() - last_wall
 
     @property
@@ -96,16 +99,21 @@ class RunWriter:
             self.rollouts.append({"step": step, "version": version, **it})
 
     # -- output ---------------------------------------------------------------------------------
-    def flush(self) -> None:
+    def flush(self, snapshot: bool = False) -> None:
+        """Write every output; ``snapshot`` also writes the copy that ``resume_from`` reads."""
+        for d in (self.dir, self.dir / "checkpoints") if snapshot else (self.dir,):
+            self._write(d)
+
+    def _write(self, d: Path) -> None:
         metrics = pd.DataFrame(self.rows, columns=METRIC_COLUMNS)
         for c in INT_COLUMNS:
             metrics[c] = metrics[c].astype("int64")
-        io_utils.write_parquet(self.dir / "metrics.parquet", metrics.sort_values("step"))
+        io_utils.write_parquet(d / "metrics.parquet", metrics.sort_values("step"))
         ev = pd.DataFrame(self.events, columns=["phase", "actor", "start", "end", "step", "version"])
-        io_utils.write_parquet(self.dir / "events.parquet", ev.astype({"step": "int64", "version": "int64"}))
+        io_utils.write_parquet(d / "events.parquet", ev.astype({"step": "int64", "version": "int64"}))
         vs = pd.DataFrame(self.versions, columns=["who", "version", "wall_time", "event"])
-        io_utils.write_parquet(self.dir / "versions.parquet", vs.astype({"version": "int64"}))
-        io_utils.write_jsonl(self.dir / "rollouts.jsonl", self.rollouts)
+        io_utils.write_parquet(d / "versions.parquet", vs.astype({"version": "int64"}))
+        io_utils.write_jsonl(d / "rollouts.jsonl", self.rollouts)
 
     def finish(self, info: dict) -> None:
         self.flush()

@@ -26,11 +26,16 @@ pass with ``logits / T``) reproduces them (not with top_p < 1 or inside the min_
 where the sampling distribution is truncated). Temperature 0 is greedy (argmax) and, since a
 point mass carries no information, reports the untempered model log-probs (T = 1) instead.
 
+Output. ``Generation`` holds per-row lists (prompt ids, response ids, text, (T_i,) float32
+log-probs, finish reason); ``response_mask()``, ``padded_response_ids()`` and
+``padded_logprobs()`` give right-padded (N, T) tensors for the learner.
+
 Randomness (a departure from a single batch-global ``torch.Generator``). Every row draws one
 uniform per step from its own ``torch.Generator`` seeded by ``hash(seed, prompt token ids,
 occurrence of that prompt in the call, sample index j)`` and samples by inverting the CDF. So a
 row's sample does not depend on what else is in the batch: the same prompt gives the same G
-samples alone, in any batch, or split across generator actors; the global RNG is never touched
+samples alone, in any batch, or split across generator actors (up to float rounding of the
+logits, which moves a draw only if it lands within ~1e-6 of a CDF step); the global RNG is untouched
 when a seed is given. ``seed=None`` draws one seed from torch's global RNG, so ``torch.manual_seed``
 still makes unseeded runs repeatable.
 
@@ -84,7 +89,9 @@ class SamplingParams:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"SamplingParams.min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+            raise ValueError(
+                f"SamplingParams.min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
+            )
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {stop!r}")
         if self.seed is not None and not isinstance(self.seed, int):
@@ -141,9 +148,9 @@ class _OwnAdapter:
     def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, total: int, n: int) -> Tensor:
         self.padded = not bool(mask.all())
         self.cache = self.model.new_kv_cache(total)
-        logits = self.model(
-            ids, positions=pos, attention_mask=mask if self.padded else None, kv_cache=self.cache, logits_to_keep=1
-        )[:, -1]  # (B, V)
+        key_mask = mask if self.padded else None
+        logits = self.model(ids, positions=pos, attention_mask=key_mask, kv_cache=self.cache, logits_to_keep=1)
+        logits = logits[:, -1]  # (B, V)
         self.cache.repeat_interleave(n)
         if self.padded:  # keys: prompt mask, then every generated position is a real token
             self.keys = torch.ones(ids.shape[0] * n, total, dtype=torch.bool, device=ids.device)
@@ -209,7 +216,9 @@ class _NaiveAdapter:
         ids, pos, mask = (t[:, : self.L] for t in (self.seq, self.pos, self.keys))
         if self.own:
             return self.model(ids, positions=pos, attention_mask=mask, logits_to_keep=1)[:, -1]
-        out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False, logits_to_keep=1)
+        out = self.model(
+            input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False, logits_to_keep=1
+        )
         return out.logits[:, -1]
 
     def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, total: int, n: int) -> Tensor:
@@ -239,7 +248,9 @@ def _make_adapter(model, use_kv_cache: bool):
         return _OwnAdapter(model)
     if hasattr(base, "config") and hasattr(base, "get_output_embeddings"):
         return _HFAdapter(model)
-    raise TypeError(f"generate() drives a TransformerLM or a transformers CausalLM, got {type(model).__name__}")
+    raise TypeError(
+        f"generate() drives a TransformerLM or a transformers CausalLM, got {type(model).__name__}"
+    )
 
 
 # ------------------------------------------------------------------------------ preparation
@@ -255,7 +266,9 @@ def _prompt_ids(tokenizer, prompts) -> list[list[int]]:
     for i, p in enumerate(prompts):
         ids = encoded[i] if i in encoded else (p.tolist() if isinstance(p, Tensor) else [int(t) for t in p])
         if not ids:
-            raise ValueError(f"prompt {i} has no tokens; to sample unconditionally pass [tokenizer.eos_token_id]")
+            raise ValueError(
+                f"prompt {i} has no tokens; to sample unconditionally pass [tokenizer.eos_token_id]"
+            )
         out.append(list(ids))
     return out
 
@@ -302,6 +315,12 @@ def _uniforms(seeds: list[int], steps: int, device) -> Tensor:
     return (1.0 - torch.stack(rows)).to(device)  # (N, steps)
 
 
+def _decode_all(tokenizer, batch: list[list[int]]) -> list[str]:
+    if hasattr(tokenizer, "decode_batch"):
+        return tokenizer.decode_batch(batch)
+    return [tokenizer.decode(ids) for ids in batch]
+
+
 _STOP_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -314,7 +333,7 @@ def _stop_candidates(tokenizer, stops: tuple[str, ...], V: int, device) -> Tenso
         cache = {}
     if key not in cache:
         batch = [[v] for v in range(V)]
-        texts = tokenizer.decode_batch(batch) if hasattr(tokenizer, "decode_batch") else [tokenizer.decode(b) for b in batch]
+        texts = _decode_all(tokenizer, batch)
         ends = {s[-1] for s in stops} | {"\ufffd"}
         cache[key] = torch.tensor([any(c in t for c in ends) for t in texts], dtype=torch.bool, device=device)
     return cache[key]
@@ -381,14 +400,16 @@ class _LoopState:
         return tok.index_select(0, keep)
 
 
-def _check_stops(st: _LoopState, tok: Tensor, step: int, cand_table: Tensor, tokenizer, stops, window: int) -> None:
+def _check_stops(
+    st: _LoopState, tok: Tensor, step: int, cand_table: Tensor, tokenizer, stops: tuple[str, ...], window: int
+) -> None:
     """Finish rows whose newest token completed a stop string; decode only candidate rows' tails."""
     cand = (st.active & cand_table[tok]).nonzero()[:, 0].tolist()
     if not cand:
         return
     lo = max(0, step + 1 - window)
     tails = st.tokens[st.rows[cand], lo : step + 1].tolist()
-    texts = tokenizer.decode_batch(tails) if hasattr(tokenizer, "decode_batch") else [tokenizer.decode(t) for t in tails]
+    texts = _decode_all(tokenizer, tails)
     hit = [r for r, text in zip(cand, texts) if any(s in text for s in stops)]
     if hit:
         idx = torch.tensor(hit, device=tok.device)
@@ -397,7 +418,9 @@ def _check_stops(st: _LoopState, tok: Tensor, step: int, cand_table: Tensor, tok
         st.reasons_cur[idx] = _STOP
 
 
-def _decode_loop(adapter, logits: Tensor, st: _LoopState, params: SamplingParams, tokenizer, eos: int) -> None:
+def _decode_loop(
+    adapter, logits: Tensor, st: _LoopState, params: SamplingParams, tokenizer, eos: int
+) -> None:
     """Sample up to ``max_tokens`` tokens for every row into ``st`` (in place)."""
     M, stops = params.max_tokens, params.stop
     if stops:
@@ -439,7 +462,7 @@ def _finish(prompt_ids, st: _LoopState, params: SamplingParams, tokenizer) -> Ge
     n = params.n
     resp = [tokens[r, : ends[r]].tolist() for r in range(len(ends))]
     text_ids = [ids[:-1] if reasons[r] == _EOS else ids for r, ids in enumerate(resp)]
-    texts = tokenizer.decode_batch(text_ids) if hasattr(tokenizer, "decode_batch") else [tokenizer.decode(t) for t in text_ids]
+    texts = _decode_all(tokenizer, text_ids)
     texts = [_cut_at_stop(t, params) if reasons[r] == _STOP else t for r, t in enumerate(texts)]
     return Generation(
         prompt_ids=[list(prompt_ids[r // n]) for r in range(len(ends))],
@@ -463,7 +486,9 @@ def _cut_at_stop(text: str, params: SamplingParams) -> str:
     return text[: best[0]] if params.include_stop_str_in_output else text[: best[2]]
 
 
-def generate(model, tokenizer, prompts, params: SamplingParams, device=None, *, use_kv_cache: bool = True) -> Generation:
+def generate(
+    model, tokenizer, prompts, params: SamplingParams, device=None, *, use_kv_cache: bool = True
+) -> Generation:
     """Sample ``params.n`` responses for each prompt (a string or a list of token ids).
 
     Returns a ``Generation`` with N = len(prompts) * n rows, prompt-major. ``device`` defaults to

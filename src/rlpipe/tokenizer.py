@@ -69,7 +69,8 @@ class Tokenizer:
             self._tok.save(str(tmp))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(spec={self.spec!r}, vocab_size={self.vocab_size}, eos={self.eos_token_id})"
+        name = type(self).__name__
+        return f"{name}(spec={self.spec!r}, vocab_size={self.vocab_size}, eos={self.eos_token_id})"
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -141,7 +142,9 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer directory {folder} holds no tokenizer.json")
     elif not path.is_file():
-        raise FileNotFoundError(f"tokenizer file {path} does not exist (expected tokenizer.json, a dir, or 'tiktoken:gpt2')")
+        raise FileNotFoundError(
+            f"tokenizer file {path} does not exist (expected tokenizer.json, a dir, or 'tiktoken:gpt2')"
+        )
     from tokenizers import Tokenizer as HFTokenizer
 
     try:
@@ -186,7 +189,8 @@ def _load_tiktoken(name: str) -> Tokenizer:
         ) from e
     cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
     cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    missing = [u for u in _tiktoken_files(name) if not os.path.isfile(os.path.join(cache_dir, hashlib.sha1(u.encode()).hexdigest()))]
+    cached = [os.path.join(cache_dir, hashlib.sha1(u.encode()).hexdigest()) for u in _tiktoken_files(name)]
+    missing = [u for u, f in zip(_tiktoken_files(name), cached) if not os.path.isfile(f)]
     if missing:
         raise RuntimeError(
             f"tiktoken encoding {name!r} is not in the local cache {cache_dir} (missing {missing}); "

@@ -40,7 +40,8 @@ TEMPERATURE = 0.8  # seed 000 §3.1.2 sampling_temperature
 def _bench_tokenizer(vocab_size: int, tmpdir: str) -> Tokenizer:
     """A BPE of ``vocab_size`` trained on random pseudo-words (enough merges, under a second)."""
     rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7))) for _ in range(4000)]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(4000)]
     texts = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(2000)]
     return train_bpe(texts, vocab_size, os.path.join(tmpdir, "tokenizer.json"))
 
@@ -72,7 +73,8 @@ def _hf_model(cfg: ModelConfig, eos: int, device):
 
     hf_cfg = Qwen2Config(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
         max_position_embeddings=cfg.context_length, rope_theta=cfg.rope_theta, tie_word_embeddings=False,
         eos_token_id=eos, pad_token_id=eos, bos_token_id=eos,
     )
@@ -122,7 +124,8 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
         "torch_threads": torch.get_num_threads(), "load_avg_1m": round(os.getloadavg()[0], 2),
         "kv_tokens_per_s": round(n_tok / kv_s, 1), "naive_tokens_per_s": round(n_tok / naive_s, 1),
         "kv_over_naive": round(naive_s / kv_s, 2),
-        "hf_ours_tokens_per_s": round(n_tok / hf_ours_s, 1), "hf_generate_tokens_per_s": round(n_tok / hf_gen_s, 1),
+        "hf_ours_tokens_per_s": round(n_tok / hf_ours_s, 1),
+        "hf_generate_tokens_per_s": round(n_tok / hf_gen_s, 1),
         "ours_over_hf_generate": round(hf_gen_s / hf_ours_s, 2),
     }
 
@@ -134,7 +137,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--out", default=None, help="also write the JSON line here (atomically)")
     args = ap.parse_args(argv)
     for name in ("batch", "new_tokens", "repeats"):

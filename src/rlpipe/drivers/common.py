@@ -141,7 +141,7 @@ class RunContext:
 
     def save_checkpoint(self, learner, step: int, next_batch: int) -> None:
         self.collect_validation()
-        self.writer.flush()
+        self.writer.flush(snapshot=True)
         self.get(learner.save.remote(str(self.checkpoint_path),
                                      {"step": step, "next_batch": next_batch, "samples": self.samples,
                                       "wall_time": self.writer.rel(time.time())}), "checkpoint")

@@ -45,6 +45,7 @@ def learner_lead_while_sampling(versions: pd.DataFrame, events: pd.DataFrame) ->
     worst = 0
     for _, e in events[events.phase == "generate"].iterrows():
         reached = learner[learner.wall_time <= e.end].version.max()
+        reached = 0 if pd.isna(reached) else reached  # learner still loading: version 0
         worst = max(worst, int(reached) - int(e.version))
     return worst
 

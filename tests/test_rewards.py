@@ -305,7 +305,8 @@ def test_a_runaway_answer_is_killed_and_the_grader_recovers(caplog):
     try:
         rewards.configure_math_grader(timeout_s=1e-6)
         with caplog.at_level("WARNING", logger="rlpipe.rewards"):
-            assert r1_zero_reward_fn(r1("5"), "5") == WRONG
+            # an answer no earlier test graded: the result cache must not answer for the child
+            assert r1_zero_reward_fn(r1("\\frac{4321}{10000}"), "0.4321") == WRONG
         assert "scoring 0" in caplog.text
     finally:
         rewards.configure_math_grader(isolated=True, timeout_s=10.0)

@@ -15,6 +15,16 @@ CORPUS = ["the cat sat on the mat. <answer>42</answer> the dog ate the bone.", "
 PROMPTS = ["the cat", "Once upon a time a girl found", "Köln", "the dog ate the bone and the cat sat"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These models are tiny: one intra-op thread is as fast and does not spin against other jobs
+    on a shared 2-core machine. Restored after the module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
     return train_bpe(CORPUS, 320, tmp_path_factory.mktemp("tok") / "tokenizer.json")
@@ -235,6 +245,13 @@ def test_multibyte_stop_string(tok):
     g = generate(m, tok, [prompt], SamplingParams(temperature=0.0, max_tokens=30, stop=("üße",)))
     assert g.finish_reason == ["stop"] and g.response_text == [" s"]
     assert "üße" in tok.decode(g.response_ids[0]) and "üße" not in tok.decode(g.response_ids[0][:-1])
+    # "€" never occurs in the corpus: its 3 bytes are 3 tokens, each alone an incomplete UTF-8 char
+    prompt, text = "Köln", " costs 5€ today"
+    m, r_ids = _scripted(tok, prompt, text)
+    assert len(tok.encode("€")) == 3
+    g = generate(m, tok, [prompt], SamplingParams(temperature=0.0, max_tokens=30, stop=("€",)))
+    assert g.finish_reason == ["stop"] and g.response_text == [" costs 5"]
+    assert g.response_ids[0] == r_ids[: len(tok.encode(" costs 5€"))]
 
 
 def test_token_id_prompts_and_response_helpers(model, tok):

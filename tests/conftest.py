@@ -23,3 +23,15 @@ def tiny_base(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tiny_base")
     base, _ = make_base(tmp)
     return str(base), str(make_dataset(tmp / "data"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one intra-op thread is as fast and does not spin against other jobs on a
+    shared 2-core machine. Restored after the module (opt in with ``pytest.mark.usefixtures``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

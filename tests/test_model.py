@@ -11,14 +11,7 @@ from rlpipe.model import PRESETS, KVCache, ModelConfig, RMSNorm, TransformerLM, 
 SMALL = ModelConfig(vocab_size=97, context_length=64, num_layers=2, d_model=32, num_heads=4, d_ff=64, rope_theta=10000.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: one intra-op thread is as fast and does not spin against other jobs
-    on a shared 2-core machine. Restored after the module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

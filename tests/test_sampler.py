@@ -15,14 +15,7 @@ CORPUS = ["the cat sat on the mat. <answer>42</answer> the dog ate the bone.", "
 PROMPTS = ["the cat", "Once upon a time a girl found", "Köln", "the dog ate the bone and the cat sat"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: one intra-op thread is as fast and does not spin against other jobs
-    on a shared 2-core machine. Restored after the module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

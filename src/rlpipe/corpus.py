@@ -37,6 +37,9 @@ from rlpipe.config import ConfigError, DataConfig, PipelineConfig, load_config
 from rlpipe.io_utils import atomic_path
 
 EOT = "<|endoftext|>"
+# Plain generated stories that introduce an object in their first two sentences (like every
+# prompt-formatted story does), so the keyword slot is not a give-away of prompt documents.
+PLAIN_KEYWORD_SLOT_P = 0.8
 DOC_SEPARATOR = f"\n{EOT}\n"
 
 
@@ -219,6 +222,11 @@ class StoryGenerator:
     output is still a pure function of the seed).
     """
 
+    # Per middle sentence: re-mention an introduced object / introduce a new one / neither.
+    REMENTION_P = 0.6
+    NEW_OBJECT_P = 0.1
+    ENDING_REMENTION_P = 0.5
+
     def __init__(self, keywords: Sequence[str], rng: random.Random, min_sentences: int = 3,
                  max_sentences: int = 8):
         if not keywords:
@@ -271,14 +279,14 @@ class StoryGenerator:
         sentences += [self._fill(r.choice(_KW_SENTENCES), cast, kw, False) for kw in rest]
         while len(sentences) < n - 1:
             u = r.random()
-            if objects and u < 0.5:
+            if objects and u < self.REMENTION_P:
                 sentences.append(self._fill(r.choice(_REMENTION), cast, r.choice(objects), False))
-            elif u < 0.65:
+            elif u < self.REMENTION_P + self.NEW_OBJECT_P:
                 objects.append(r.choice(self.keywords))
                 sentences.append(self._fill(r.choice(_KW_SENTENCES), cast, objects[-1], False))
             else:
                 sentences.append(self._fill(r.choice(_MIDDLE), cast, None, False))
-        if objects and r.random() < 0.3:
+        if objects and r.random() < self.ENDING_REMENTION_P:
             sentences.append(self._fill(r.choice(_ENDINGS_KW), cast, r.choice(objects), False))
         else:
             sentences.append(self._fill(r.choice(_ENDINGS), cast, None, False))
@@ -330,6 +338,14 @@ def _tinystories_hit(story: str, keywords: list[str], rng: random.Random) -> str
     return " ".join(sents[:1] + inserted + sents[1:])
 
 
+def _present(text: str, keywords: Sequence[str]) -> set[str]:
+    """The keywords ``mentions(text, kw)`` holds for, via one word split instead of one regex per
+    keyword (a TinyStories story is checked against the whole list)."""
+    words = set(re.findall(r"[a-z]+", text.lower()))
+    return {w for w in keywords
+            if ({w, w + "s", w + "es"} & words if w.isalpha() else mentions(text, w))}
+
+
 def _pick_prompt_keywords(story: str | None, k: int, hit: bool, keywords: Sequence[str],
                           rng: random.Random) -> list[str]:
     """For a TinyStories hit, prefer keywords the story already has early; for a miss, only
@@ -337,11 +353,11 @@ def _pick_prompt_keywords(story: str | None, k: int, hit: bool, keywords: Sequen
     if story is None:
         return rng.sample(keywords, k)
     if hit:
-        early = " ".join(split_sentences(story)[:2])
-        present = [w for w in keywords if mentions(early, w)]
-        chosen = rng.sample(present, min(k, len(present)))
+        early = _present(" ".join(split_sentences(story)[:2]), keywords)
+        chosen = rng.sample([w for w in keywords if w in early], min(k, len(early)))
         return chosen + rng.sample([w for w in keywords if w not in chosen], k - len(chosen))
-    return rng.sample([w for w in keywords if not mentions(story, w)], k)
+    present = _present(story, keywords)
+    return rng.sample([w for w in keywords if w not in present], k)
 
 
 @dataclass(frozen=True)
@@ -373,7 +389,8 @@ def iter_documents(cfg: PipelineConfig) -> Iterator[Document]:
                                   if data.corpus_source == "tinystories" else [None] * data.num_stories)
     for source in real:
         if rng.random() >= data.keyword_prompt_fraction:
-            yield Document(source if source is not None else gen.story(keyword_slot=rng.random() < 0.5))
+            slot = rng.random() < PLAIN_KEYWORD_SLOT_P
+            yield Document(source if source is not None else gen.story(keyword_slot=slot))
             continue
         hit = rng.random() < data.keyword_hit_rate
         kws = _pick_prompt_keywords(source, rng.randint(1, data.max_keywords_per_prompt), hit, keywords, rng)

@@ -94,6 +94,9 @@ class RolloutBatch:
             if any(b.advantages is None for b in batches)
             else torch.cat([b.advantages for b in batches]),
             row_versions=torch.cat([b.versions() for b in batches]),
+            # group-weighted mean of the parts' train-reward metrics (keys present in every part)
+            reward_metrics={k: sum(b.reward_metrics[k] * len(b) for b in batches) / sum(len(b) for b in batches)
+                            for k in set.intersection(*(set(b.reward_metrics) for b in batches))},
         )
         return out
 

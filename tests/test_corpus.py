@@ -52,6 +52,16 @@ def test_mentions_whole_word_and_simple_plurals():
     assert not mentions("the category", "cat")
 
 
+def test_fast_keyword_scan_matches_mentions():
+    from rlpipe.corpus import _present
+
+    keywords = load_keywords() + ["teddy-bear", "o'clock"]
+    gen = StoryGenerator(load_keywords(), random.Random(2))
+    texts = [gen.story() for _ in range(50)] + ["Apples, BOXES and a teddy-bear at one o'clock; pineapple."]
+    for text in texts:
+        assert _present(text, keywords) == {w for w in keywords if mentions(text, w)}
+
+
 def test_with_article():
     assert with_article("apple") == "an apple"
     assert with_article("dog") == "a dog"
@@ -149,7 +159,9 @@ def test_tinystories_source_mixes_prompts(tmp_path):
         story = d.text[len(d.prompt):]
         early = " ".join(split_sentences(story)[:2])
         assert all(mentions(early, k) for k in d.keywords) if d.hit else not any(mentions(story, k) for k in d.keywords)
-    assert [d.text for d in docs if not d.keywords] == [s for s, d in zip(stories, docs) if not d.keywords]
+    untitled = [d.text.split("\n", 1)[1] if d.text.startswith("Title: ") else d.text for d in docs if not d.keywords]
+    assert untitled == [s for s, d in zip(stories, docs) if not d.keywords]
+    assert any(d.text.startswith("Title: ") for d in docs if not d.keywords)
 
 
 # --------------------------------------------------------------------------- config errors and CLI

@@ -44,6 +44,30 @@ def test_sample_windows_shift_by_one():
     assert int(x.max()) < 100 and int(y.max()) <= 99
 
 
+def test_pack_corpus_offsets_and_doc_aligned_windows(tmp_path):
+    from rlpipe.pretrain import pack_corpus
+
+    class CharTok:  # one token per character, EOS = 0
+        eos_token_id = 0
+
+        def encode_batch(self, texts):
+            return [[ord(c) for c in t] for t in texts]
+
+    docs = ["abc", "defgh", "ij", "klmnop", "qrs"] * 20
+    (tmp_path / "c.txt").write_text("\n<|endoftext|>\n".join(docs))
+    s = pack_corpus(tmp_path / "c.txt", CharTok(), val_fraction=0.3, seq_len=4, seed=0)
+    assert s.documents == 100
+    assert s.train.numel() + s.val.numel() == sum(len(d) + 1 for d in docs)
+    for stream, starts in ((s.train, s.train_starts), (s.val, s.val_starts)):
+        assert starts.numel() > 0 and int(starts[0]) == 0
+        # Every start follows an EOS (or is 0) and leaves room for a full window.
+        assert all(int(o) == 0 or int(stream[o - 1]) == 0 for o in starts)
+        assert int(starts.max()) + 5 <= stream.numel()
+    x, y = sample_windows(s.train, 32, 4, torch.Generator().manual_seed(0), s.train_starts)
+    firsts = {chr(int(c)) for c in x[:, 0]}
+    assert firsts <= {d[0] for d in docs}  # windows begin at a document's first token
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("pre")

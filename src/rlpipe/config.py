@@ -81,15 +81,15 @@ class ModelSection:
 
 @dataclass
 class PretrainConfig:
-    max_steps: int = _f(1500, "Optimizer steps.")
+    max_steps: int = _f(700, "Optimizer steps (cpu-tiny: the keyword-copy behaviour appears at ~400-600).")
     batch_size: int = _f(32, "Sequences per step.")
     seq_len: int = _f(128, "Tokens per training sequence (<= model context).")
-    learning_rate: float = _f(3e-3, "Peak AdamW learning rate.")
+    learning_rate: float = _f(5e-3, "Peak AdamW learning rate.")
     min_lr_ratio: float = _f(0.1, "Cosine schedule floor as a fraction of learning_rate.")
-    warmup_steps: int = _f(100, "Linear warm-up steps.")
+    warmup_steps: int = _f(50, "Linear warm-up steps.")
     weight_decay: float = _f(0.1, "AdamW weight decay.")
     grad_clip: float = _f(1.0, "Gradient-norm clip.")
-    eval_every: int = _f(250, "Validation-loss interval in steps.")
+    eval_every: int = _f(100, "Validation-loss interval in steps.")
     val_fraction: float = _f(0.02, "Fraction of the corpus held out for validation loss.")
     device: str = _f("auto", "'auto', 'cpu' or 'cuda'.")
     threads: int = _f(2, "torch CPU threads.")

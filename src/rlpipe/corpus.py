@@ -14,10 +14,20 @@ Departure from the seeds, and why: the corpus also contains *prompt-formatted* d
 (``data.keyword_prompt_fraction`` of them): a keyword prompt exactly as the GRPO dataset writes it
 (``rlpipe.keyword_data.format_prompt``: template + ``"\\n"``), then a story. With probability
 ``data.keyword_hit_rate`` the story contains the keyword(s), always in its first or second
-sentence; otherwise it contains other keywords in the same slot and never the requested one. A
+sentence; otherwise it introduces other keywords in the same slot and never the requested one. A
 base model pretrained on this mix copies the keyword sometimes but not reliably, which gives GRPO
 a non-zero, improvable starting reward. HW1's TinyStories model never saw such prompts, and with
 it the reward would start near zero (nothing for RL to reinforce) on a CPU-sized budget.
+
+Two more choices make the copy behaviour appear within a CPU budget (measured: without them a
+``cpu-tiny`` model needed 2-3x the steps, with a very seed-dependent onset):
+
+- Generated stories re-mention the objects they introduce ("She took the apple home."), as real
+  stories do: in-context copying of a noun is the circuit that copying a prompt keyword reuses.
+- ``TITLED_FRACTION`` of the plain documents start with a title line, ``"Title: apple\\n"``, naming
+  an object that the story introduces in its first two sentences. Titles always hold, so they
+  teach "copy the word before the newline" densely; the keyword prompts' hit rate then only sets
+  how often the model uses it after a *keyword prompt* (the only prompt GRPO asks).
 
 Corpus file format: documents separated by ``"\\n<|endoftext|>\\n"`` (TinyStoriesV2 style), so
 the same reader serves the generated corpus and the real dataset.
@@ -35,11 +45,17 @@ from pathlib import Path
 
 from rlpipe.config import ConfigError, DataConfig, PipelineConfig, load_config
 from rlpipe.io_utils import atomic_path
+from rlpipe.rewards import mentions_keyword
 
 EOT = "<|endoftext|>"
 # Plain generated stories that introduce an object in their first two sentences (like every
 # prompt-formatted story does), so the keyword slot is not a give-away of prompt documents.
 PLAIN_KEYWORD_SLOT_P = 0.8
+# Plain documents that start with a title line naming an object the story introduces early
+# ("Title: apple\n"). Titles always hold: they teach the copy-from-the-line-above circuit densely,
+# and the keyword prompts (hit rate ``data.keyword_hit_rate``) only gate how often it is used.
+TITLED_FRACTION = 1.0
+TITLE_FORMAT = "Title: {keyword}\n"
 DOC_SEPARATOR = f"\n{EOT}\n"
 
 
@@ -77,10 +93,10 @@ def load_keywords(path: str | Path | None = None) -> list[str]:
 
 
 def mentions(text: str, word: str) -> bool:
-    """Whether ``word`` occurs in ``text`` as a whole word, case-insensitively, allowing a simple
-    plural (``-s``/``-es``): the rule of ``rewards.keyword_inclusion_reward_fn``. Used to make sure
-    a "miss" story really misses."""
-    return re.search(rf"\b{re.escape(word)}(?:s|es)?\b", text, flags=re.IGNORECASE) is not None
+    """Whether ``text`` mentions ``word`` by the reward's own rule
+    (``rewards.mentions_keyword``: whole words, case-insensitive, regular plurals). Used to make
+    sure a "miss" story really misses: any other rule would let the reward count some misses."""
+    return mentions_keyword(text, word)
 
 
 def with_article(word: str) -> str:
@@ -339,11 +355,18 @@ def _tinystories_hit(story: str, keywords: list[str], rng: random.Random) -> str
 
 
 def _present(text: str, keywords: Sequence[str]) -> set[str]:
-    """The keywords ``mentions(text, kw)`` holds for, via one word split instead of one regex per
-    keyword (a TinyStories story is checked against the whole list)."""
+    """The keywords ``mentions(text, kw)`` holds for. One word split finds the candidates (a word
+    equal to the keyword or to one of its regular plurals); only those run the full rule, instead
+    of one regex per keyword (a TinyStories story is checked against the whole list)."""
     words = set(re.findall(r"[a-z]+", text.lower()))
-    return {w for w in keywords
-            if ({w, w + "s", w + "es"} & words if w.isalpha() else mentions(text, w))}
+
+    def candidate(w: str) -> bool:
+        if not w.isalpha():
+            return True
+        forms = {w, w + "s", w + "es"} | ({w[:-1] + "ies"} if w.endswith("y") else set())
+        return bool(forms & words)
+
+    return {w for w in keywords if candidate(w) and mentions(text, w)}
 
 
 def _pick_prompt_keywords(story: str | None, k: int, hit: bool, keywords: Sequence[str],
@@ -358,6 +381,19 @@ def _pick_prompt_keywords(story: str | None, k: int, hit: bool, keywords: Sequen
         return chosen + rng.sample([w for w in keywords if w not in chosen], k - len(chosen))
     present = _present(story, keywords)
     return rng.sample([w for w in keywords if w not in present], k)
+
+
+def _plain_document(source: str | None, gen: StoryGenerator, rng: random.Random,
+                    keywords: Sequence[str]) -> "Document":
+    """A story, titled (``TITLED_FRACTION``) with a keyword it mentions in its first two sentences."""
+    titled = rng.random() < TITLED_FRACTION
+    if source is None:
+        if not titled:
+            return Document(gen.story(keyword_slot=rng.random() < PLAIN_KEYWORD_SLOT_P))
+        kw = rng.choice(keywords)
+        return Document(TITLE_FORMAT.format(keyword=kw) + gen.story(required=[kw]))
+    early = sorted(_present(" ".join(split_sentences(source)[:2]), keywords)) if titled else []
+    return Document(TITLE_FORMAT.format(keyword=rng.choice(early)) + source if early else source)
 
 
 @dataclass(frozen=True)
@@ -389,8 +425,7 @@ def iter_documents(cfg: PipelineConfig) -> Iterator[Document]:
                                   if data.corpus_source == "tinystories" else [None] * data.num_stories)
     for source in real:
         if rng.random() >= data.keyword_prompt_fraction:
-            slot = rng.random() < PLAIN_KEYWORD_SLOT_P
-            yield Document(source if source is not None else gen.story(keyword_slot=slot))
+            yield _plain_document(source, gen, rng, keywords)
             continue
         hit = rng.random() < data.keyword_hit_rate
         kws = _pick_prompt_keywords(source, rng.randint(1, data.max_keywords_per_prompt), hit, keywords, rng)
@@ -407,21 +442,23 @@ class CorpusStats:
     documents: int
     prompt_documents: int
     prompt_hits: int
+    titled: int
     characters: int
 
 
 def build_corpus(cfg: PipelineConfig, out_path: str | Path) -> CorpusStats:
     """Write the corpus to ``out_path`` atomically (documents joined by ``DOC_SEPARATOR``)."""
     check_data_config(cfg.data, for_corpus=True)
-    n_docs = n_prompt = n_hits = n_chars = 0
+    n_docs = n_prompt = n_hits = n_titled = n_chars = 0
     with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for doc in iter_documents(cfg):
             f.write(doc.text + DOC_SEPARATOR)
             n_docs += 1
             n_prompt += bool(doc.keywords)
             n_hits += doc.hit
+            n_titled += doc.text.startswith("Title: ")
             n_chars += len(doc.text) + len(DOC_SEPARATOR)
-    return CorpusStats(n_docs, n_prompt, n_hits, n_chars)
+    return CorpusStats(n_docs, n_prompt, n_hits, n_titled, n_chars)
 
 
 def read_documents(path: str | Path, limit: int | None = None) -> Iterator[str]:
@@ -437,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     stats = build_corpus(cfg, args.out)
     print(f"build-corpus: wrote {stats.documents} documents ({stats.prompt_documents} prompt-formatted, "
-          f"{stats.prompt_hits} of them containing their keywords; {stats.characters / 1e6:.1f}M chars) "
+          f"{stats.prompt_hits} of them containing their keywords; {stats.titled} titled; "
+          f"{stats.characters / 1e6:.1f}M chars) "
           f"to {args.out}")
     return 0

@@ -130,7 +130,8 @@ def format_prompt(name: str, question: str) -> str:
 # --------------------------------------------------------------------------- keyword inclusion
 
 _WORD = re.compile(r"\w+")
-_SEPARATOR = r"[\s\-]+"  # between the words of a multi-word keyword: any whitespace or hyphens
+# Between the words of a multi-word keyword: whitespace, hyphens or apostrophes ("o'clock").
+_SEPARATOR = r"[\s\-'\u2019]+"
 
 
 def _normalise(text: str) -> str:
@@ -168,7 +169,8 @@ def mentions_keyword(text: str, keyword: str) -> bool:
       characters only separate words; a keyword with no word characters never matches;
     * the words must appear in order as whole words (no letter, digit or ``_`` touching either
       end: "cat" is not found in "category" or "bobcat", but is in "Cat!", "(cat)", "cat's"),
-      separated by any run of whitespace or hyphens ("ice cream" matches "ice-cream");
+      separated by any run of whitespace, hyphens or apostrophes ("ice cream" matches
+      "ice-cream", "o'clock" matches "o'clock");
     * the last word may carry a regular plural: +s, +es after s/x/z/ch/sh/o, consonant+y -> ies
       ("box" -> "boxes", "baby" -> "babies"); irregular plurals ("mice") do not count, nor does a
       singular response word for a plural keyword.

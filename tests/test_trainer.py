@@ -173,3 +173,13 @@ def test_learning_parameters_change_and_reward_rises(env, tmp_path):
     base = load_checkpoint(env["base"]).model.state_dict()
     trained = load_checkpoint(out / "checkpoints" / "last.pt").model.state_dict()
     assert any(not torch.equal(base[k], trained[k]) for k in base)
+
+
+@pytest.mark.parametrize("per_actor, job, disagg, want", [
+    (1, 2, False, 1), (1, 2, True, 1),   # the CPU default: 1 core vs 2 cores, like 1 vs 2 GPUs
+    (2, 2, False, 2), (2, 2, True, 1),   # two actors never oversubscribe the job's cores
+    (2, 8, True, 2), (4, 1, False, 1), (3, 1, True, 1)])
+def test_actor_threads_is_one_device_per_actor(per_actor, job, disagg, want):
+    from rlpipe.train import _actor_threads
+
+    assert _actor_threads(per_actor, job, disagg) == want

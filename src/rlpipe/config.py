@@ -153,7 +153,8 @@ class TrainConfig:
     seed: int = _f(0, "Run seed.")
     device: str = _f("auto", "'auto', 'cpu' or 'cuda'.")
     dtype: Literal["float32", "bfloat16"] = _f("float32", "bfloat16 = autocast on CUDA.")
-    threads: int = _f(1, "torch threads per actor; the Snakemake job reserves threads for all actors.")
+    threads: int = _f(1, "torch threads per compute actor (one CPU 'device': colocated runs one, "
+                         "disaggregated two), capped by the job's threads (workflow.threads_per_variant).")
     scorer_actor: bool = _f(False, "Disaggregated: score rewards in a separate Scorer actor.")
     ray_timeout_s: float = _f(600.0, "Max seconds the driver waits on any actor call before failing.")
     weight_sync: WeightSyncConfig = _f(WeightSyncConfig(), "Weight-sync transport.")
@@ -178,7 +179,7 @@ class DerivedSizes:
                 raise ConfigError(msg)
 
         for key in ("group_size", "rollout_batch_size", "train_batch_size", "gradient_accumulation_steps",
-                    "epochs_per_rollout_batch", "n_grpo_steps", "k", "sampling_max_tokens"):
+                    "epochs_per_rollout_batch", "n_grpo_steps", "k", "sampling_max_tokens", "threads"):
             need(getattr(t, key) > 0, f"train.{key} must be > 0, got {getattr(t, key)}")
         need(t.rollout_batch_size % t.group_size == 0,
              f"train.rollout_batch_size ({t.rollout_batch_size}) must be divisible by train.group_size ({t.group_size})")

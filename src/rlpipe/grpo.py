@@ -429,7 +429,8 @@ KL_REDUCTIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 
 
 def masked_kl(
-    log_p: Tensor, log_q: Tensor, mask: Tensor, estimator: str = "k3", reduction: str = "sequence_sum"
+    log_p: Tensor, log_q: Tensor, mask: Tensor, estimator: str = "k3", reduction: str = "sequence_sum",
+    weights: Tensor | None = None,
 ) -> Tensor:
     """Estimate KL(p || q) from the log-probs both policies give the tokens sampled from p.
 
@@ -439,6 +440,9 @@ def masked_kl(
         mask: (B, T) response mask.
         estimator: ``"log_ratio"`` (seed 000 Eq. 7-8) or ``"k3"`` (seed 003).
         reduction: ``"sequence_sum"`` (Eq. 8) or ``"token_mean"`` (per response token).
+        weights: optional (B, T) per-token importance weights p/b, for tokens that a behaviour
+            policy b sampled instead of p (``kl_importance_weights``). Without them, both
+            estimators assume x ~ p, and k3's exp(log q/p) explodes on stale tokens p now avoids.
 
     Returns:
         Scalar tensor. Masked positions never contribute, even when they hold inf/NaN.
@@ -450,7 +454,16 @@ def masked_kl(
     keep = _bool_mask(mask, log_p)
     zero = torch.zeros_like(log_p)
     per_token = KL_ESTIMATORS[estimator](torch.where(keep, log_p, zero), torch.where(keep, log_q, zero))
+    if weights is not None:
+        per_token = per_token * torch.where(keep, weights, zero)  # (B, T)
     return KL_REDUCTIONS[reduction](per_token, keep)
+
+
+def kl_importance_weights(log_p: Tensor, log_b: Tensor, cap: float = 10.0) -> Tensor:
+    """Per-token truncated importance weights min(p/b, cap), (B, T), for estimating a KL of p from
+    tokens sampled by b (replay and one-behind batches). Per token, not per sequence: the
+    sequence product's variance grows exponentially with length; the cap bounds the rest."""
+    return torch.exp(log_p - log_b).clamp(max=cap)
 
 
 # --------------------------------------------------------------------------- train step

@@ -43,6 +43,18 @@ def _init_ray(cfg, num_cpus: float) -> None:
              logging_level=logging.WARNING, configure_logging=True)
 
 
+def _actor_threads(per_actor: int, job_threads: int, disagg: bool) -> int:
+    """torch threads per compute actor: ``train.threads`` (one CPU "device"), capped so that the
+    actors fit in the job's threads. Colocated runs one such device and disaggregated two, as on
+    GPUs (1 vs 2), so sync/async speedups and device-hours compare like for like; giving the
+    colocated actor every core instead would make the baseline a different machine."""
+    cap = max(1, job_threads // 2) if disagg else max(1, job_threads)
+    if per_actor > cap:
+        print(f"rlpipe train: train.threads={per_actor} exceeds the job's share ({job_threads} threads"
+              f"{' for 2 actors' if disagg else ''}); using {cap} per actor")
+    return min(per_actor, cap)
+
+
 def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | None,
         threads: int | None = None, resume: bool = False) -> dict:
     from rlpipe.drivers.common import RunContext
@@ -54,10 +66,9 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
         from rlpipe.weight_sync import make_transport
 
         make_transport(train_cfg.weight_sync)  # an unavailable backend fails before Ray starts
-    threads = threads or cfg.workflow.threads_per_variant
     gpus = variant_gpus(cfg, variant)
     disagg = train_cfg.mode == "disaggregated"
-    actor_threads = max(1, threads // 2) if disagg else threads
+    actor_threads = _actor_threads(train_cfg.threads, threads or cfg.workflow.threads_per_variant, disagg)
     resolved = to_dict(cfg)
     resolved["train"] = to_dict(train_cfg)
     resolved["variant"] = variant

@@ -14,9 +14,12 @@ How this departs from the seed skeleton, and why:
   behaviour policy's log-probs recorded at sampling (never recomputed by the learner).
 - KL monitoring (seed 000 §3.2) costs one extra ``no_grad`` forward after the step: with the
   pre-step log-probs of the training forward (pi_{t-1}) and the reference log-probs, it gives
-  KL(pi_t || pi_ref) and KL(pi_t || pi_{t-1}) on this step's response tokens. The tokens were
-  sampled by the behaviour policy, not pi_t, so both are the seed's sample estimates (Eq. 8), not
-  exact KLs; ``kl/*_k3`` is the low-variance k3 variant.
+  KL(pi_t || pi_ref) and KL(pi_t || pi_{t-1}) on this step's response tokens, with the seed's
+  sample estimates (Eq. 8; ``kl/*_k3`` is the low-variance k3 variant). The tokens were sampled by
+  the behaviour policy b, not pi_t, so each token's term is weighted by min(pi_t / b, 10)
+  (``grpo.kl_importance_weights``). On-policy the weights are ~1 and change nothing; on replayed
+  batches several versions old, unweighted k3 read 147 where the log-ratio estimate read 9.4,
+  because exp(log pi_ref/pi_t) is huge on old tokens that pi_t has since learned to avoid.
 - Staleness per row = learner version when the row is trained - version that generated it.
 """
 
@@ -153,17 +156,18 @@ class Learner:
 
     @torch.no_grad()
     def _kl_metrics(self, t: TrainTensors, pre_lp: torch.Tensor, ref: torch.Tensor | None) -> dict[str, float]:
-        from rlpipe.grpo import masked_kl
+        from rlpipe.grpo import kl_importance_weights, masked_kl
 
         self.model.eval()
         with autocast(self.device, self.cfg.dtype):
             post = response_log_probs(self.model, t, self.cfg.sampling_temperature)["log_probs"].float()
         self.model.train()
+        w = kl_importance_weights(post, t.old_log_probs)  # (B, T)
         out = {}
         for est in ("log_ratio", "k3"):
-            out[f"kl/prev_{est}"] = float(masked_kl(post, pre_lp, t.response_mask, est))
+            out[f"kl/prev_{est}"] = float(masked_kl(post, pre_lp, t.response_mask, est, weights=w))
             if ref is not None:
-                out[f"kl/ref_{est}"] = float(masked_kl(post, ref, t.response_mask, est))
+                out[f"kl/ref_{est}"] = float(masked_kl(post, ref, t.response_mask, est, weights=w))
         return out
 
     def kl_to_reference_before_training(self, batch: RolloutBatch, ref_log_probs: torch.Tensor) -> dict:

@@ -295,6 +295,9 @@ def test_discussion_numbers_and_missing_variants(runs):
     assert sec["kstep"]["numbers"]["speedup_k2"] == pytest.approx(1.25)
     # ideal k=2 gain from dropping half the syncs: 40 / (40 - 0.5 * 2)
     assert sec["kstep"]["numbers"]["ideal_k2"] == pytest.approx(40 / 39)
+    # Same work (equal samples), but k2's generate phase is 5 s/step instead of 6: flagged as noise.
+    assert sec["kstep"]["numbers"]["work_ratio_k2"] == pytest.approx(7 / 8)
+    assert "took 12% less time" in " ".join(sec["kstep"]["sentences"])
     assert sec["disagg"]["numbers"]["bound_disagg"] == pytest.approx(1.8)
     assert sec["versions"]["numbers"]["lag_disagg"] == 1.0
     assert sec["replay"]["sentences"][0].startswith("No data: variant 'replay'")

@@ -339,6 +339,10 @@ def zero_shot_reward(checkpoint: str | Path, dataset_dir: str | Path, n: int | N
     return ZeroShotReward(mean, len(rewards), rewards, [e.prompt for e in examples], responses)
 
 
+# Zero-shot keyword rewards inside this band leave GRPO something to reinforce and room to improve.
+LEARNABLE_BAND = (0.05, 0.6)
+
+
 def _eval_reward(cfg: PipelineConfig, checkpoint: Path, dataset: str, n: int | None) -> dict:
     """Zero-shot reward on ``dataset`` (or on a dataset built from ``cfg`` in a temp dir)."""
     from rlpipe.keyword_data import build_dataset
@@ -351,6 +355,11 @@ def _eval_reward(cfg: PipelineConfig, checkpoint: Path, dataset: str, n: int | N
         res = zero_shot_reward(checkpoint, dataset, n, t.sampling_temperature, t.sampling_max_tokens, t.val_seed)
     print(f"pretrain: zero-shot keyword reward {res.mean:.3f} on {res.n} validation prompts "
           f"(temperature {t.sampling_temperature}, max_tokens {t.sampling_max_tokens})")
+    lo, hi = LEARNABLE_BAND
+    if not lo <= res.mean <= hi:
+        why = "nothing for GRPO to reinforce" if res.mean < lo else "little headroom for GRPO"
+        print(f"pretrain: WARNING: the zero-shot reward {res.mean:.3f} is outside [{lo}, {hi}] ({why}); "
+              "change pretrain.max_steps or data.keyword_hit_rate")
     examples = [{"prompt": p, "response": r, "reward": x}
                 for p, r, x in list(zip(res.prompts, res.responses, res.rewards))[:8]]
     return {"reward/mean": res.mean, "n": res.n, "temperature": t.sampling_temperature,

@@ -223,6 +223,17 @@ def rollouts_section(rollouts: pd.DataFrame, table: pd.DataFrame, ref: str) -> d
     return section("rollouts", title, s, {"first_step_mean": float(a.mean()), "last_step_mean": float(b.mean())})
 
 
+# Colocated variants with equal samples do the same compute; a larger gap in its duration is noise.
+SAME_WORK_TOLERANCE = 0.05
+_WORK_PHASES = ("time_generate_s", "time_ref_logprobs_s", "time_update_s")
+
+
+def _same_work_ratio(r, base) -> float:
+    """Seconds of generation + reference + update of ``r`` over those of ``base`` (NaN if unknown)."""
+    a, b = (sum(x[c] for c in _WORK_PHASES) for x in (r, base))
+    return math.nan if nan(a) or nan(b) or b <= 0 or not r["equal_samples"] else a / b
+
+
 def kstep_section(table: pd.DataFrame, ref: str) -> dict:
     title = "k steps per rollout batch: throughput and speedup (seed 000 Problem 7)"
     base = row_of(table, ref)
@@ -242,6 +253,12 @@ def kstep_section(table: pd.DataFrame, ref: str) -> dict:
                  f"final validation reward {fnum(r['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
         nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
         nums[f"ideal_{r['variant']}"] = ideal
+        work = _same_work_ratio(r, base)
+        nums[f"work_ratio_{r['variant']}"] = work
+        if not nan(work) and abs(work - 1) > SAME_WORK_TOLERANCE:
+            s.append(f"{r['variant']} did the same generation, reference and update work as '{ref}', yet "
+                     f"those phases took {fpct(abs(work - 1))} {'less' if work < 1 else 'more'} time: that "
+                     "part of the gap is the machine's speed during the run (noise), not the schedule.")
     s.append("Why: generating k batches per policy version only saves weight syncs (here "
              f"{fpct(base['share_weight_sync'])} "
              f"of the phase time of '{ref}'); generation and the update still run back to back on one device, "
@@ -280,7 +297,8 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
         nums[f"bound_{r['variant']}"] = r["overlap_bound"]
     s.append("Why: overlap hides the shorter side behind the longer one, so the bound is (T_gen + T_train) / "
              "max(T_gen, T_train) and approaches 2x only when both sides take equal time; weight syncs "
-             "between processes, the one-version-behind wait, and (on CPU) cores shared by both actors eat "
+             "between processes, the one-version-behind wait, and (on CPU) the driver and Ray processes sharing the "
+             "actors' cores eat "
              "into it, while every device is billed for the whole run.")
     return section("disagg", title, s, nums)
 

@@ -53,7 +53,7 @@ if CFG.model.base_checkpoint is None:
             "benchmarks/pretrain_base/pretrain_base.tsv"
         shell:
             "rlpipe pretrain --config {input.config} --corpus {input.corpus} "
-            "--tokenizer {params.tokenizer} --out {output} > {log} 2>&1"
+            "--tokenizer {params.tokenizer} --out {output} --eval-reward --eval-n 256 > {log} 2>&1"
 
 else:
 

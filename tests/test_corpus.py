@@ -189,3 +189,13 @@ def test_cli_main(tmp_path, capsys):
     assert main(["--config", str(cfg), "--out", str(tmp_path / "corpus.txt")]) == 0
     assert len(list(iter_tinystories(tmp_path / "corpus.txt"))) == 50
     assert "50 documents" in capsys.readouterr().out
+
+
+def test_titled_plain_documents_record_their_title():
+    docs = list(iter_documents(_cfg(num_stories=200, keyword_prompt_fraction=0.5, keyword_hit_rate=0.3)))
+    titled = [d for d in docs if d.title]
+    assert titled and all(not d.keywords for d in titled)
+    for d in titled:
+        head, story = d.text.split("\n", 1)
+        assert head == f"Title: {d.title}"
+        assert mentions(" ".join(split_sentences(story)[:2]), d.title)

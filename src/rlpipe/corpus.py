@@ -391,9 +391,12 @@ def _plain_document(source: str | None, gen: StoryGenerator, rng: random.Random,
         if not titled:
             return Document(gen.story(keyword_slot=rng.random() < PLAIN_KEYWORD_SLOT_P))
         kw = rng.choice(keywords)
-        return Document(TITLE_FORMAT.format(keyword=kw) + gen.story(required=[kw]))
+        return Document(TITLE_FORMAT.format(keyword=kw) + gen.story(required=[kw]), title=kw)
     early = sorted(_present(" ".join(split_sentences(source)[:2]), keywords)) if titled else []
-    return Document(TITLE_FORMAT.format(keyword=rng.choice(early)) + source if early else source)
+    if not early:
+        return Document(source)
+    kw = rng.choice(early)
+    return Document(TITLE_FORMAT.format(keyword=kw) + source, title=kw)
 
 
 @dataclass(frozen=True)
@@ -405,6 +408,7 @@ class Document:
     keywords: tuple[str, ...] = ()
     hit: bool = False
     prompt: str = ""
+    title: str = ""  # the keyword of a titled plain story's title line
 
 
 def iter_documents(cfg: PipelineConfig) -> Iterator[Document]:
@@ -456,7 +460,7 @@ def build_corpus(cfg: PipelineConfig, out_path: str | Path) -> CorpusStats:
             n_docs += 1
             n_prompt += bool(doc.keywords)
             n_hits += doc.hit
-            n_titled += doc.text.startswith("Title: ")
+            n_titled += bool(doc.title)
             n_chars += len(doc.text) + len(DOC_SEPARATOR)
     return CorpusStats(n_docs, n_prompt, n_hits, n_titled, n_chars)
 

@@ -148,6 +148,12 @@ def pack_corpus(corpus_path: str | Path, tokenizer, val_fraction: float, seq_len
                         _starts(offsets["val"], val.numel(), seq_len), n_docs)
 
 
+def gather_windows(stream: Tensor, begin: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
+    """The windows of ``seq_len + 1`` tokens starting at ``begin`` (B,) -> inputs, targets (B, T)."""
+    windows = stream[begin[:, None] + torch.arange(seq_len + 1)[None, :]]  # (B, T + 1)
+    return windows[:, :-1], windows[:, 1:]
+
+
 def sample_windows(stream: Tensor, batch_size: int, seq_len: int, gen: torch.Generator,
                    starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Windows of ``seq_len + 1`` tokens -> inputs, targets (B, T). With ``starts`` (document
@@ -156,9 +162,7 @@ def sample_windows(stream: Tensor, batch_size: int, seq_len: int, gen: torch.Gen
         begin = starts[torch.randint(0, starts.numel(), (batch_size,), generator=gen)]  # (B,)
     else:
         begin = torch.randint(0, stream.numel() - seq_len, (batch_size,), generator=gen)  # (B,)
-    idx = begin[:, None] + torch.arange(seq_len + 1)[None, :]  # (B, T + 1)
-    windows = stream[idx]
-    return windows[:, :-1], windows[:, 1:]
+    return gather_windows(stream, begin, seq_len)
 
 
 def lr_at(step: int, p: PretrainConfig) -> float:
@@ -198,9 +202,8 @@ def validation_loss(model, stream: Tensor, seq_len: int, device: torch.device, s
     model.eval()
     total = 0.0
     for i in range(0, n, batch_size):
-        idx = begin[i:i + batch_size, None] + torch.arange(seq_len + 1)[None, :]  # (B, T + 1)
-        w = stream[idx]
-        total += lm_loss(model, w[:, :-1], w[:, 1:], device).item() * idx.shape[0]
+        x, y = gather_windows(stream, begin[i:i + batch_size], seq_len)  # (B, T), (B, T)
+        total += lm_loss(model, x, y, device).item() * x.shape[0]
     model.train(was_training)
     return total / n
 

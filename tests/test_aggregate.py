@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlpipe import aggregate, report_text
+from rlpipe.analysis import aggregate, report_text
 
 METRIC_COLUMNS = [
     "step", "policy_version", "wall_time", "samples", "reward/train_mean", "reward/train_std",

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from rlpipe.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
-from rlpipe.io_utils import torch_save
-from rlpipe.model import ModelConfig, TransformerLM
+from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
+from rlpipe.io import torch_save
+from rlpipe.lm.model import ModelConfig, TransformerLM
 
 CFG = ModelConfig(vocab_size=50, context_length=32, num_layers=2, d_model=16, num_heads=2, d_ff=32, rope_theta=500.0)
 
@@ -94,7 +94,7 @@ class _Evil:
 def test_pickled_object_is_refused_and_not_executed(tmp_path):
     marker = str(tmp_path / "pwned")
     path = tmp_path / "evil.pt"
-    torch.save({"format": "rlpipe.checkpoint", "version": 1, "model_config": CFG.to_dict(), "model": {},
+    torch.save({"format": "rlpipe.lm.checkpoint", "version": 1, "model_config": CFG.to_dict(), "model": {},
                 "extra": {"x": _Evil(marker)}}, path)
     with pytest.raises(CheckpointError, match="weights-only"):
         load_checkpoint(path)

@@ -1,4 +1,4 @@
-"""rlpipe.corpus: keyword list, story generator, TinyStories reader, prompt-formatted mixing."""
+"""rlpipe.tasks.keyword.corpus: keyword list, story generator, TinyStories reader, prompt-formatted mixing."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from importlib import resources
 import pytest
 
 from rlpipe.config import ConfigError, DataConfig, PipelineConfig
-from rlpipe.corpus import (
-    DOC_SEPARATOR, StoryGenerator, build_corpus, iter_documents, iter_tinystories, load_keywords, main,
-    mentions, split_sentences, with_article,
-)
-from rlpipe.keyword_data import format_prompt, load_templates
+from rlpipe.lm.documents import DOC_SEPARATOR, iter_tinystories
+from rlpipe.tasks.keyword.corpus import StoryGenerator, build_corpus, iter_documents, main, split_sentences
+from rlpipe.tasks.keyword.prompt import format_prompt, load_templates
+from rlpipe.tasks.keyword.vocabulary import load_keywords, mentions, with_article
 
 
 def _cfg(**data) -> PipelineConfig:
@@ -24,7 +23,7 @@ def _cfg(**data) -> PipelineConfig:
 
 
 def test_keyword_list_has_300_unique_lowercase_single_words():
-    raw = resources.files("rlpipe").joinpath("data/keywords.txt").read_text(encoding="utf-8")
+    raw = resources.files("rlpipe").joinpath("tasks/keyword/data/keywords.txt").read_text(encoding="utf-8")
     lines = raw.splitlines()
     assert all(line == line.strip() and line for line in lines), "blank or padded lines"
     assert all(re.fullmatch(r"[a-z]+", w) for w in lines), [w for w in lines if not re.fullmatch(r"[a-z]+", w)]
@@ -53,7 +52,7 @@ def test_mentions_whole_word_and_simple_plurals():
 
 
 def test_fast_keyword_scan_matches_mentions():
-    from rlpipe.corpus import _present
+    from rlpipe.tasks.keyword.corpus import _present
 
     keywords = load_keywords() + ["teddy-bear", "o'clock"]
     gen = StoryGenerator(load_keywords(), random.Random(2))

@@ -21,7 +21,7 @@ def env(tmp_path_factory, ray_session, tiny_base):
 
 
 def train(env, variant, cfg=None):
-    from rlpipe.train import run
+    from rlpipe.trainer.run import run
 
     out = env["tmp"] / "runs" / variant
     run(cfg or env["cfg"], variant, str(out), env["base"], env["data"], threads=2)
@@ -96,9 +96,9 @@ def test_killing_the_generator_gives_a_clear_error(env, tmp_path):
     """The driver must fail fast with a message, not stall, when an actor dies mid-run."""
     import ray
 
-    from rlpipe.drivers.common import ActorFailure
-    from rlpipe.train import run
-    from rlpipe.weight_sync import WeightSyncError
+    from rlpipe.trainer.drivers.common import ActorFailure
+    from rlpipe.trainer.run import run
+    from rlpipe.trainer.weight_sync import WeightSyncError
 
     cfg = write_config(tmp_path / "c.yaml", train={"n_grpo_steps": 50, "ray_timeout_s": 60.0})
     killed = []

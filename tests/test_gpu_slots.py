@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from rlpipe.gpu_slots import ENV, acquire_gpus
+from rlpipe.trainer.gpu_slots import ENV, acquire_gpus
 
 HOLDER = textwrap.dedent("""
     import sys
-    from rlpipe.gpu_slots import acquire_gpus
+    from rlpipe.trainer.gpu_slots import acquire_gpus
     with acquire_gpus(int(sys.argv[1]), total=2, lock_dir=sys.argv[2], timeout_s=10, poll_s=0.05) as s:
         print(",".join(s.devices), flush=True)
         sys.stdin.readline()  # hold until the test says so (or kills us)

@@ -474,7 +474,7 @@ def test_pack_response_values_places_sampler_log_probs():
 
 
 class _CharTokenizer:
-    """The rlpipe.tokenizer contract: encode(str) -> list[int], pad_token_id."""
+    """The rlpipe.lm.tokenizer contract: encode(str) -> list[int], pad_token_id."""
 
     pad_token_id = 0
     eos_token_id = 27

@@ -1,4 +1,4 @@
-"""rlpipe.keyword_data: templates, prompt format, deterministic 80/20 split, JSONL, split report."""
+"""rlpipe.tasks.keyword.dataset: templates, prompt format, deterministic 80/20 split, JSONL, split report."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import re
 import pytest
 
 from rlpipe.config import ConfigError, DataConfig, PipelineConfig
-from rlpipe.corpus import load_keywords, mentions
-from rlpipe.io_utils import read_jsonl
-from rlpipe.keyword_data import (
-    KeywordExample, build_dataset, format_prompt, load_split, load_templates, main,
-)
+from rlpipe.io import read_jsonl
+from rlpipe.tasks.keyword.dataset import KeywordExample, build_dataset, load_split, main
+from rlpipe.tasks.keyword.prompt import format_prompt, load_templates
+from rlpipe.tasks.keyword.vocabulary import load_keywords, mentions
 
 
 def _cfg(**data) -> PipelineConfig:

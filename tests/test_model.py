@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rlpipe.model import PRESETS, KVCache, ModelConfig, RMSNorm, TransformerLM, apply_rope, rope_table
+from rlpipe.lm.model import PRESETS, KVCache, ModelConfig, RMSNorm, TransformerLM, apply_rope, rope_table
 
 SMALL = ModelConfig(vocab_size=97, context_length=64, num_layers=2, d_model=32, num_heads=4, d_ff=64, rope_theta=10000.0)
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from test_aggregate import make_runs
 
-from rlpipe import aggregate, plots
+from rlpipe.analysis import aggregate, plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

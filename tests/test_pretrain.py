@@ -1,4 +1,4 @@
-"""rlpipe.pretrain: schedule, batching, a tiny learning run, checkpoint, zero-shot reward, errors."""
+"""rlpipe.lm.pretrain: schedule, batching, a tiny learning run, checkpoint, zero-shot reward, errors."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from rlpipe.config import ConfigError, DataConfig, ModelSection, PipelineConfig, PretrainConfig
-from rlpipe.corpus import build_corpus
-from rlpipe.pretrain import (
-    check_pretrain_config, log_path, lr_at, main, pretrain, sample_windows, train_tokenizer_main, zero_shot_reward,
+from rlpipe.lm.pretrain import (
+    check_pretrain_config, log_path, lr_at, main, pretrain, sample_windows, train_tokenizer_main,
 )
+from rlpipe.tasks.keyword.corpus import build_corpus
+from rlpipe.tasks.keyword.eval import zero_shot_reward
 
 MICRO = {"num_layers": 1, "d_model": 32, "num_heads": 2, "d_ff": 64, "context_length": 64}
 
@@ -45,7 +46,7 @@ def test_sample_windows_shift_by_one():
 
 
 def test_pack_corpus_offsets_and_doc_aligned_windows(tmp_path):
-    from rlpipe.pretrain import pack_corpus
+    from rlpipe.lm.pretrain import pack_corpus
 
     class CharTok:  # one token per character, EOS = 0
         eos_token_id = 0
@@ -81,7 +82,7 @@ def tiny_run(tmp_path_factory):
 
 
 def test_tiny_pretraining_loss_decreases_and_checkpoint_loads(tiny_run):
-    from rlpipe.checkpoint import load_checkpoint
+    from rlpipe.lm.checkpoint import load_checkpoint
 
     d, _, res = tiny_run
     curve = res.log["curve"]
@@ -108,8 +109,7 @@ def test_pretraining_is_seeded(tiny_run, tmp_path):
 
 
 def test_zero_shot_reward_runs_on_the_tiny_model(tiny_run, tmp_path):
-    pytest.importorskip("rlpipe.rewards")
-    from rlpipe.keyword_data import build_dataset
+    from rlpipe.tasks.keyword.dataset import build_dataset
 
     d, cfg, _ = tiny_run
     build_dataset(cfg, tmp_path / "ds")

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rlpipe.records import RolloutBatch
-from rlpipe.replay import SAMPLERS, ReplayBuffer
+from rlpipe.rl.records import RolloutBatch
+from rlpipe.rl.replay import SAMPLERS, ReplayBuffer
 
 
 @dataclass

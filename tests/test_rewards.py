@@ -1,4 +1,4 @@
-"""rlpipe.rewards: hand-checked cases for every reward function and the prompt templates.
+"""Task rewards (rlpipe.tasks.*.reward): hand-checked cases for every reward function and the prompt templates.
 
 Expected math verdicts were checked against math-verify 0.9.0 before being written down; forms it
 does not support (e.g. "approximately 0.5" in strict mode) are tested as such or left out.
@@ -12,17 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from rlpipe import rewards
-from rlpipe.rewards import (
-    REWARD_FNS,
-    SORT_REWARD_FNS,
-    format_prompt,
-    keyword_inclusion_reward_fn,
-    last_boxed,
-    load_prompt,
-    mentions_keyword,
-    question_only_reward_fn,
-    r1_zero_reward_fn,
+from rlpipe.tasks import REWARD_FNS, SORT_REWARD_FNS
+from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn, mentions_keyword
+from rlpipe.tasks.math import grader as rewards
+from rlpipe.tasks.math.grader import last_boxed
+from rlpipe.tasks.math.prompt import format_prompt, load_prompt
+from rlpipe.tasks.math.reward import question_only_reward_fn, r1_zero_reward_fn
+from rlpipe.tasks.sorting.reward import (
     sort_distance_reward,
     sort_distance_reward_fn,
     sort_inclusion_ordering_reward,
@@ -304,7 +300,7 @@ def test_a_runaway_answer_is_killed_and_the_grader_recovers(caplog):
     assert grader.request({"kind": "answer", "text": "5", "golds": ["5"], "fast": True}, 60.0) == (True, True)
     try:
         rewards.configure_math_grader(timeout_s=1e-6)
-        with caplog.at_level("WARNING", logger="rlpipe.rewards"):
+        with caplog.at_level("WARNING", logger="rlpipe.tasks.math.grader"):
             # an answer no earlier test graded: the result cache must not answer for the child
             assert r1_zero_reward_fn(r1("\\frac{4321}{10000}"), "0.4321") == WRONG
         assert "scoring 0" in caplog.text

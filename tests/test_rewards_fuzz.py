@@ -1,4 +1,4 @@
-"""Property tests for rlpipe.rewards: the graders never raise, always return the three keys with
+"""Property tests for the task rewards (rlpipe.tasks.*.reward): the graders never raise, always return the three keys with
 values in [0, 1], and agree with hand-derivable truths on generated inputs.
 
 Runs are derandomized (the same examples every run: a failure reproduces) and short, because
@@ -13,11 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlpipe import rewards
-from rlpipe.rewards import (
-    keyword_inclusion_reward_fn,
-    question_only_reward_fn,
-    r1_zero_reward_fn,
+from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
+from rlpipe.tasks.math import grader as rewards
+from rlpipe.tasks.math.reward import question_only_reward_fn, r1_zero_reward_fn
+from rlpipe.tasks.sorting.reward import (
     sort_distance_reward,
     sort_distance_reward_fn,
     sort_inclusion_ordering_reward,

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from rlpipe.grpo import get_response_log_probs
-from rlpipe.model import ModelConfig, TransformerLM
-from rlpipe.sampler import Generation, SamplingParams, generate
-from rlpipe.tokenizer import train_bpe
+from rlpipe.lm.model import ModelConfig, TransformerLM
+from rlpipe.lm.sampler import Generation, SamplingParams, generate
+from rlpipe.lm.tokenizer import train_bpe
 
 CORPUS = ["the cat sat on the mat. <answer>42</answer> the dog ate the bone.", "Grüße aus Köln, süße Grüße!",
           "Once upon a time a girl found a red apple. </answer>"] * 40

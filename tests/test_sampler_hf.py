@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rlpipe.grpo import get_response_log_probs
-from rlpipe.sampler import SamplingParams, _left_pad, generate
-from rlpipe.tokenizer import train_bpe
+from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
+from rlpipe.lm.tokenizer import train_bpe
 
 transformers = pytest.importorskip("transformers")
 

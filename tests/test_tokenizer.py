@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlpipe.tokenizer import EOS_TOKEN, load_tokenizer, train_bpe
+from rlpipe.lm.tokenizer import EOS_TOKEN, load_tokenizer, train_bpe
 
 CORPUS = ["the cat sat on the mat. the dog ate the bone.", "Once upon a time the girl saw the sun.",
           "Grüße aus Köln! 日本語のテキスト。", "the the the answer is <answer>42</answer>"] * 50

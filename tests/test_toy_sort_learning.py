@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rlpipe import grpo
-from rlpipe.toy_sort import (
+from rlpipe.tasks.sorting.toy_model import (
     SortModel,
     SortTrainConfig,
     build_model,
@@ -26,14 +26,7 @@ from rlpipe.toy_sort import (
     train_sorting,
 )
 
-try:
-    from rlpipe.rewards import sort_inclusion_ordering_reward
-except ImportError:  # rlpipe.rewards is written by another helper; this is seed 003's function verbatim
-    def sort_inclusion_ordering_reward(prompt: list[int], response: list[int]) -> float:
-        assert len(prompt) == len(response)
-        inclusion_reward = sum(1 for x in prompt if x in response)
-        ordering_reward = sum(1 for x, y in zip(response, response[1:]) if x <= y)
-        return inclusion_reward + ordering_reward
+from rlpipe.tasks.sorting.reward import sort_inclusion_ordering_reward
 
 MIN_GAIN = 0.8  # measured minimum 1.14
 

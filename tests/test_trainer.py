@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rlpipe.run_writer import METRIC_COLUMNS
+from rlpipe.trainer.run_writer import METRIC_COLUMNS
 from trainer_fixtures import write_config
 
 pytestmark = pytest.mark.ray
@@ -28,7 +27,7 @@ def env(tmp_path_factory, ray_session, tiny_base):
 
 
 def train(env, variant, out=None, cfg=None, **kw):
-    from rlpipe.train import run
+    from rlpipe.trainer.run import run
 
     out = out or env["tmp"] / "runs" / variant
     info = run(cfg or env["cfg"], variant, str(out), env["base"], env["data"], threads=2, **kw)
@@ -75,7 +74,7 @@ def test_k1_equals_variant_a_bit_for_bit(env):
     ma, mb = metrics(a), metrics(b)
     cols = [c for c in METRIC_COLUMNS if not c.startswith(("time/", "perf/", "sync/seconds", "sync/gbps", "wall"))]
     pd.testing.assert_frame_equal(ma[cols], mb[cols])
-    from rlpipe.checkpoint import load_checkpoint
+    from rlpipe.lm.checkpoint import load_checkpoint
 
     wa = load_checkpoint(a / "checkpoints" / "last.pt").model.state_dict()
     wb = load_checkpoint(b / "checkpoints" / "last.pt").model.state_dict()
@@ -111,7 +110,7 @@ def test_kl_penalty_changes_the_update(env):
 
 
 def test_bad_config_fails_before_any_work(env, tmp_path):
-    from rlpipe.train import main
+    from rlpipe.trainer.run import main
 
     bad = write_config(tmp_path / "bad.yaml", train={"rollout_batch_size": 10})
     with pytest.raises(SystemExit):
@@ -161,7 +160,7 @@ def test_resume_after_kill_gives_contiguous_steps(env, tmp_path):
 
 def test_learning_parameters_change_and_reward_rises(env, tmp_path):
     """GRPO through the whole Ray trainer raises the keyword reward of the micro model."""
-    from rlpipe.checkpoint import load_checkpoint
+    from rlpipe.lm.checkpoint import load_checkpoint
 
     cfg = write_config(tmp_path / "learn.yaml", train={
         "n_grpo_steps": 16, "rollout_batch_size": 32, "train_batch_size": 32, "val_size": 6, "val_every": 100,
@@ -180,6 +179,6 @@ def test_learning_parameters_change_and_reward_rises(env, tmp_path):
     (2, 2, False, 2), (2, 2, True, 1),   # two actors never oversubscribe the job's cores
     (2, 8, True, 2), (4, 1, False, 1), (3, 1, True, 1)])
 def test_actor_threads_is_one_device_per_actor(per_actor, job, disagg, want):
-    from rlpipe.train import _actor_threads
+    from rlpipe.trainer.run import _actor_threads
 
     assert _actor_threads(per_actor, job, disagg) == want

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rlpipe.config import WeightSyncConfig
-from rlpipe.weight_sync import (
+from rlpipe.trainer.weight_sync import (
     TRANSPORTS,
     ActorProbe,
     BackendUnavailableError,

@@ -14,7 +14,7 @@ WORDS = ["cat", "dog", "apple", "tree", "ball", "house", "moon", "fish", "bird",
 
 
 def make_tokenizer(path: Path):
-    from rlpipe.tokenizer import train_bpe
+    from rlpipe.lm.tokenizer import train_bpe
 
     rng = random.Random(0)
     texts = []
@@ -29,8 +29,8 @@ def make_base(tmp: Path, pretrain_steps: int = 150, **model_overrides) -> tuple[
     """(checkpoint path, tokenizer path) of a micro TransformerLM briefly trained on keyword
     stories, so that its responses sometimes contain the keyword (rewards have variance and GRPO
     has a gradient)."""
-    from rlpipe.checkpoint import save_checkpoint
-    from rlpipe.model import ModelConfig, TransformerLM
+    from rlpipe.lm.checkpoint import save_checkpoint
+    from rlpipe.lm.model import ModelConfig, TransformerLM
 
     tok = make_tokenizer(tmp / "tokenizer.json")
     torch.manual_seed(0)

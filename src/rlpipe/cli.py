@@ -6,14 +6,15 @@ import importlib
 import sys
 
 COMMANDS = {
-    "build-corpus": ("rlpipe.corpus", "main"),
-    "train-tokenizer": ("rlpipe.pretrain", "train_tokenizer_main"),
-    "pretrain": ("rlpipe.pretrain", "main"),
-    "import-base": ("rlpipe.pretrain", "import_base_main"),
-    "build-dataset": ("rlpipe.keyword_data", "main"),
-    "train": ("rlpipe.train", "main"),
-    "aggregate": ("rlpipe.aggregate", "main"),
-    "plot": ("rlpipe.plots", "main"),
+    "build-corpus": ("rlpipe.tasks.keyword.corpus", "main"),
+    "train-tokenizer": ("rlpipe.lm.pretrain", "train_tokenizer_main"),
+    "pretrain": ("rlpipe.lm.pretrain", "main"),
+    "import-base": ("rlpipe.lm.pretrain", "import_base_main"),
+    "build-dataset": ("rlpipe.tasks.keyword.dataset", "main"),
+    "eval-base": ("rlpipe.tasks.keyword.eval", "main"),
+    "train": ("rlpipe.trainer.run", "main"),
+    "aggregate": ("rlpipe.analysis.aggregate", "main"),
+    "plot": ("rlpipe.analysis.plots", "main"),
     "schema": ("rlpipe.cli", "schema_main"),
 }
 BENCHES = {"sampler": "rlpipe.bench.sampler", "weight-sync": "rlpipe.bench.weight_sync"}

@@ -7,7 +7,7 @@ rule aggregate_metrics:
         runs=expand(res("runs", "{variant}", "run_info.json"), variant=VARIANTS),
         metrics=expand(res("runs", "{variant}", "metrics.parquet"), variant=VARIANTS),
         bench=[res("bench", "weight_sync.json"), res("bench", "sampler.json")],
-        code=[module_file("rlpipe.aggregate"), module_file("rlpipe.report_text")],
+        code=[module_file("rlpipe.analysis.aggregate"), module_file("rlpipe.analysis.report_text")],
     output:
         **{k: res("summary", f) for k, f in SUMMARY_FILES.items()},
         table_html=report(

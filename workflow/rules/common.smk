@@ -149,7 +149,7 @@ class Figure:
 
 
 # kind -> figure; `rlpipe plot KIND` draws it and workflow/report/<kind>.rst is its caption.
-# Adding a figure is one entry here plus a function registered in rlpipe.plots.KINDS.
+# Adding a figure is one entry here plus a function registered in rlpipe.analysis.plots.KINDS.
 FIGURES = {
     "reward_vs_step": Figure("2 Reward and KL", "validation reward vs step"),
     "reward_vs_time": Figure("2 Reward and KL", "validation reward vs wall-clock time"),
@@ -173,7 +173,7 @@ def all_targets() -> list:
     targets = [res("summary", f) for f in SUMMARY_FILES.values()]
     targets += [res("summary", "summary.html"), res("summary", "discussion.html")]
     targets += [figure_path(k) for k in FIGURES]
-    targets += [res("bench", "weight_sync.json"), res("bench", "sampler.json")]
+    targets += [res("bench", "weight_sync.json"), res("bench", "sampler.json"), res("base", "zero_shot.json")]
     targets += [res("runs", v, f) for v in VARIANTS for f in RUN_FILES.values()]
     return targets
 

@@ -53,7 +53,7 @@ if CFG.model.base_checkpoint is None:
             "benchmarks/pretrain_base/pretrain_base.tsv"
         shell:
             "rlpipe pretrain --config {input.config} --corpus {input.corpus} "
-            "--tokenizer {params.tokenizer} --out {output} --eval-reward --eval-n 256 > {log} 2>&1"
+            "--tokenizer {params.tokenizer} --out {output} > {log} 2>&1"
 
 else:
 
@@ -70,6 +70,26 @@ else:
             "logs/import_base/import_base.log",
         shell:
             "rlpipe import-base --config {input.config} --out {output} > {log} 2>&1"
+
+
+rule evaluate_base:
+    # The base model's zero-shot keyword reward on 256 validation prompts; the log warns when it is
+    # outside the band where GRPO has something to reinforce and room to improve.
+    input:
+        config=ancient(CONFIG_FILE),
+        base=res("base", "model.pt"),
+        val=res("data", "keywords", "val.jsonl"),
+    output:
+        res("base", "zero_shot.json"),
+    params:
+        cfg=section_params("train"),
+        dataset=res("data", "keywords"),
+    threads: CFG.pretrain.threads
+    log:
+        "logs/evaluate_base/evaluate_base.log",
+    shell:
+        "rlpipe eval-base --config {input.config} --checkpoint {input.base} --dataset {params.dataset} "
+        "--n 256 --out {output} > {log} 2>&1"
 
 
 rule build_keyword_dataset:

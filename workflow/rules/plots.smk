@@ -9,7 +9,7 @@ for _kind, _fig in FIGURES.items():
             f"plot_{_kind}"
         input:
             summary=[res("summary", f) for f in SUMMARY_FILES.values()],
-            code=module_file("rlpipe.plots"),
+            code=module_file("rlpipe.analysis.plots"),
         output:
             report(
                 figure_path(_kind),

@@ -11,10 +11,10 @@ rule write_config:
     log:
         "logs/write_config/write_config.log",
     run:
-        from rlpipe import io_utils
+        from rlpipe import io
 
-        io_utils.write_text(output[0], params.text)
-        io_utils.write_text(log[0], f"wrote {output[0]}\n")
+        io.write_text(output[0], params.text)
+        io.write_text(log[0], f"wrote {output[0]}\n")
 
 
 if CFG.workflow.run_tests:

@@ -2,7 +2,7 @@
 
 Prints ONE JSON line (and with ``--out`` also writes it atomically):
 
-- ``kv_tokens_per_s`` / ``naive_tokens_per_s`` / ``kv_over_naive``: ``rlpipe.sampler.generate`` on a
+- ``kv_tokens_per_s`` / ``naive_tokens_per_s`` / ``kv_over_naive``: ``rlpipe.lm.sampler.generate`` on a
   randomly initialised ``TransformerLM`` (``--preset``, vocabulary from a BPE trained here on
   synthetic text), with its KV cache and with ``use_kv_cache=False`` (the same sampling loop
   re-running the whole sequence every step). Goal: ratio >= 5 for cpu-tiny on CPU.
@@ -30,9 +30,9 @@ import warnings
 
 import torch
 
-from rlpipe.model import ModelConfig, TransformerLM
-from rlpipe.sampler import SamplingParams, _left_pad, generate
-from rlpipe.tokenizer import Tokenizer, train_bpe
+from rlpipe.lm.model import ModelConfig, TransformerLM
+from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
+from rlpipe.lm.tokenizer import Tokenizer, train_bpe
 
 TEMPERATURE = 0.8  # seed 000 §3.1.2 sampling_temperature
 
@@ -153,7 +153,7 @@ def main(argv=None) -> dict:
     line = json.dumps(result)
     print(line, flush=True)
     if args.out:
-        from rlpipe.io_utils import write_text
+        from rlpipe.io import write_text
 
         write_text(args.out, line + "\n")
     return result

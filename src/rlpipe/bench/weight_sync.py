@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlpipe import io_utils
-from rlpipe.weight_sync import (
+from rlpipe import io
+from rlpipe.trainer.weight_sync import (
     BackendUnavailableError,
     WeightReceiver,
     WeightSender,
@@ -57,10 +57,10 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(n)])
     if kind == "checkpoint":
-        from rlpipe.checkpoint import load_checkpoint
+        from rlpipe.lm.checkpoint import load_checkpoint
 
         return load_checkpoint(spec["path"]).model
-    from rlpipe.model import ModelConfig, TransformerLM
+    from rlpipe.lm.model import ModelConfig, TransformerLM
 
     torch.manual_seed(0)
     return TransformerLM(ModelConfig.from_preset(spec["preset"]))
@@ -106,9 +106,9 @@ def _payload_spec(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.checkpoint:
         return {"kind": "checkpoint", "path": os.path.abspath(args.checkpoint)}, f"checkpoint {args.checkpoint}"
     try:
-        import rlpipe.model  # noqa: F401
+        import rlpipe.lm.model  # noqa: F401
     except ImportError as e:
-        return {}, f"skipped: rlpipe.model is not importable ({e}); pass --checkpoint"
+        return {}, f"skipped: rlpipe.lm.model is not importable ({e}); pass --checkpoint"
     return {"kind": "preset", "preset": args.preset}, f"TransformerLM preset {args.preset}"
 
 
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        io_utils.write_json(args.out, report)
+        io.write_json(args.out, report)
     return 0
 
 

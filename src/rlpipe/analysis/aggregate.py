@@ -1,0 +1,473 @@
+"""Metrics aggregation: every run's outputs (the RUN OUTPUTS contract) -> ``results/summary/``.
+
+``rlpipe aggregate --runs results/runs --out results/summary [--variants ...] [--reference onpolicy]
+[--bench results/bench/weight_sync.json ...]`` writes
+
+- ``metrics.parquet``, ``events.parquet``, ``versions.parquet``, ``rollouts.parquet``: the runs'
+  files stacked, with a ``variant`` column first;
+- ``runs.parquet`` / ``summary.csv`` / ``summary.html``: one row per variant (``summarize``);
+- ``weight_sync.parquet``: median sync latency per transport, from the runs and the bench JSON;
+- ``discussion.json`` / ``discussion.html``: the report's sentences, numbers computed from the
+  above (``rlpipe.analysis.report_text``).
+
+Definitions (the seeds name the quantities, not their formulas; these are our choices):
+
+- final / best validation reward: the last / largest non-NaN ``reward/val_mean``.
+- throughput: ``total_samples / wall_time_s`` from run_info (metrics as fallback). The speedup
+  versus the reference is the throughput ratio, which equals seed 000 Problem 7's
+  ``sync_time / async_time`` when both consumed the same samples (``equal_samples``).
+- device-hours: ``wall_time_s * devices / 3600`` (GPU-hours when ``device_type`` is cuda).
+- phase seconds: sums of the ``events`` durations per phase; ``wait`` (the driver blocked on a
+  rollout batch) overlaps the actors' phases, so it is reported but is not part of the phase stack
+  or the shares. Shares are of the stacked busy time; for colocated runs the rest of the wall time
+  is ``other`` (driver overhead); disaggregated runs overlap phases, so their stack can exceed the
+  wall time and ``other`` is NaN.
+- overlap bound (async runs): with T_gen = generate + score and T_train = ref_logprobs + update,
+  ``(T_gen + T_train) / max(T_gen, T_train)`` is the best speedup perfect overlap of the two sides
+  could give over running them back to back. ``overlap_achieved = (T_gen + T_train) / wall`` is what
+  the run got, and ``bound_fraction = speedup_vs_ref / overlap_bound`` compares the measured speedup
+  against the bound.
+- weight-sync latency: the median of the per-step ``sync/seconds`` (robust to the first sync's
+  warm-up), labelled ``transport[/backend]`` from run_info.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rlpipe import io
+
+STACK_PHASES = ("generate", "score", "ref_logprobs", "update", "weight_sync", "validate")
+ALL_PHASES = STACK_PHASES + ("wait",)
+GEN_PHASES = ("generate", "score")
+TRAIN_PHASES = ("ref_logprobs", "update")
+KL_COLUMNS = {
+    "kl_ref_final": "kl/ref_log_ratio",
+    "kl_ref_k3_final": "kl/ref_k3",
+    "kl_prev_final": "kl/prev_log_ratio",
+    "kl_prev_k3_final": "kl/prev_k3",
+}
+EVENT_COLUMNS = ["phase", "actor", "start", "end", "step", "version"]
+VERSION_COLUMNS = ["who", "version", "wall_time", "event"]
+WEIGHT_SYNC_COLUMNS = ["source", "variant", "payload", "label", "median_s", "n", "bytes", "gbps", "note"]
+
+
+class AggregateError(ValueError):
+    """A run directory is missing a required file or has a malformed one (named in the message)."""
+
+
+@dataclass
+class RunData:
+    """One run directory, read back (optional files become empty frames)."""
+
+    variant: str
+    metrics: pd.DataFrame
+    events: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EVENT_COLUMNS))
+    versions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=VERSION_COLUMNS))
+    rollouts: list[dict] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read_parquet(path: Path, columns: list[str]) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame(columns=columns)
+    return pd.read_parquet(path)
+
+
+def load_run(run_dir: str | Path, variant: str | None = None) -> RunData:
+    d = Path(run_dir)
+    metrics_path = d / "metrics.parquet"
+    if not metrics_path.exists():
+        raise AggregateError(f"{metrics_path}: missing (did `rlpipe train` finish for this variant?)")
+    metrics = pd.read_parquet(metrics_path)
+    for col in ("step", "wall_time"):
+        if col not in metrics.columns:
+            raise AggregateError(f"{metrics_path}: required column '{col}' missing")
+    info = json.loads((d / "run_info.json").read_text()) if (d / "run_info.json").exists() else {}
+    rollouts = io.read_jsonl(d / "rollouts.jsonl") if (d / "rollouts.jsonl").exists() else []
+    return RunData(
+        variant=variant or info.get("variant") or d.name,
+        metrics=metrics.sort_values("step").reset_index(drop=True),
+        events=_read_parquet(d / "events.parquet", EVENT_COLUMNS),
+        versions=_read_parquet(d / "versions.parquet", VERSION_COLUMNS),
+        rollouts=rollouts,
+        info=info,
+    )
+
+
+def load_runs(runs_dir: str | Path, variants: list[str] | None = None) -> list[RunData]:
+    """The runs of ``variants`` (all run directories holding metrics.parquet when None)."""
+    root = Path(runs_dir)
+    if variants is None:
+        variants = sorted(p.parent.name for p in root.glob("*/metrics.parquet"))
+    return [load_run(root / v, v) for v in variants]
+
+
+# --------------------------------------------------------------------------- per-run numbers
+
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    """Column as float (all-NaN when absent), so a missing metric never raises."""
+    if name not in df.columns:
+        return pd.Series(np.nan, index=df.index, dtype=float)
+    return pd.to_numeric(df[name], errors="coerce").astype(float)
+
+
+def last_valid(series: pd.Series) -> float:
+    s = series.dropna()
+    return float(s.iloc[-1]) if len(s) else math.nan
+
+
+def reward_stats(metrics: pd.DataFrame) -> dict:
+    val = _col(metrics, "reward/val_mean")
+    valid = val.dropna()
+    best_idx = valid.idxmax() if len(valid) else None
+    initial = metrics.loc[metrics["step"] == 0, "reward/val_mean"] if "reward/val_mean" in metrics else []
+    return {
+        "val_reward_initial": float(initial.iloc[0]) if len(initial) else math.nan,
+        "val_reward_final": last_valid(val),
+        "val_reward_best": float(valid.max()) if len(valid) else math.nan,
+        "best_step": int(metrics.loc[best_idx, "step"]) if best_idx is not None else -1,
+    }
+
+
+def phase_seconds(run: RunData) -> dict[str, float]:
+    """Total seconds per phase (every phase of ALL_PHASES present) over optimizer steps >= 1. From
+    the events; runs whose events are missing fall back to the metrics' per-step ``time/<phase>``
+    columns."""
+    ev = run.events
+    if len(ev) and "step" in ev.columns:
+        # step 0 is the initial validation (and initial KL) before the run's clock starts: not
+        # part of wall_time_s, so not part of the phase totals either
+        ev = ev[pd.to_numeric(ev["step"]) >= 1]
+    if len(ev):
+        dur = pd.to_numeric(ev["end"]) - pd.to_numeric(ev["start"])
+        sums = dur.groupby(ev["phase"]).sum()
+        return {p: float(sums.get(p, 0.0)) for p in ALL_PHASES}
+    out = {}
+    for p in ALL_PHASES:
+        col = _col(run.metrics, f"time/{p}")
+        out[p] = float(col.sum()) if col.notna().any() else math.nan
+    return out
+
+
+def wall_and_samples(run: RunData) -> tuple[float, float]:
+    wall = run.info.get("wall_time_s")
+    samples = run.info.get("total_samples")
+    if wall is None:
+        wall = last_valid(_col(run.metrics, "wall_time"))
+    if samples is None:
+        samples = last_valid(_col(run.metrics, "samples"))
+    return float(wall), float(samples)
+
+
+def sync_label(info: dict) -> str:
+    transport = info.get("transport") or "unknown"
+    backend = info.get("backend")
+    return f"{transport}/{backend}" if transport == "rdt" and backend else str(transport)
+
+
+def sync_stats(run: RunData) -> dict:
+    sec = _col(run.metrics, "sync/seconds").dropna()
+    n_events = int((run.events["phase"] == "weight_sync").sum()) if len(run.events) else 0
+    return {
+        "sync_label": sync_label(run.info),
+        "num_syncs": n_events or int(len(sec)),
+        "sync_median_s": float(sec.median()) if len(sec) else math.nan,
+        "sync_bytes": last_valid(_col(run.metrics, "sync/bytes")),
+        "sync_gbps": float(_col(run.metrics, "sync/gbps").median()),
+    }
+
+
+def overlap_numbers(phases: dict[str, float], wall: float) -> dict:
+    t_gen = sum(phases.get(p, 0.0) or 0.0 for p in GEN_PHASES)
+    t_train = sum(phases.get(p, 0.0) or 0.0 for p in TRAIN_PHASES)
+    if max(t_gen, t_train) <= 0 or not wall > 0:
+        return {"t_gen_s": t_gen, "t_train_s": t_train, "overlap_bound": math.nan, "overlap_achieved": math.nan}
+    return {
+        "t_gen_s": t_gen,
+        "t_train_s": t_train,
+        "overlap_bound": (t_gen + t_train) / max(t_gen, t_train),
+        "overlap_achieved": (t_gen + t_train) / wall,
+    }
+
+
+def run_row(run: RunData) -> dict:
+    """The summary-table row of one run (everything except the cross-run speedup)."""
+    info = run.info
+    wall, samples = wall_and_samples(run)
+    phases = phase_seconds(run)
+    mode = info.get("mode", "unknown")
+    stack = sum(phases[p] for p in STACK_PHASES if not math.isnan(phases[p]))
+    other = max(wall - stack, 0.0) if mode != "disaggregated" and wall > 0 else math.nan
+    busy = stack + (0.0 if math.isnan(other) else other)
+    devices = info.get("devices")
+    row = {
+        "variant": run.variant,
+        "mode": mode,
+        "device_type": info.get("device_type", "unknown"),
+        "devices": float(devices) if devices is not None else math.nan,
+        "k": float(info["k"]) if info.get("k") is not None else math.nan,
+        "finished": bool(info.get("finished", False)),
+        **reward_stats(run.metrics),
+        "wall_time_s": wall,
+        "total_samples": samples,
+        "samples_per_s": samples / wall if wall > 0 else math.nan,
+        "device_hours": wall * float(devices) / 3600.0 if devices is not None else math.nan,
+        **{f"time_{p}_s": phases[p] for p in ALL_PHASES},
+        "time_other_s": other,
+        **{f"share_{p}": (phases[p] / busy if busy > 0 else math.nan) for p in STACK_PHASES},
+        "share_other": (other / busy if busy > 0 and not math.isnan(other) else math.nan),
+        **sync_stats(run),
+        **{k: last_valid(_col(run.metrics, c)) for k, c in KL_COLUMNS.items()},
+        "staleness_max": float(_col(run.metrics, "staleness/max").max()),
+        "replay_reuse_mean": float(_col(run.metrics, "replay/reuse_mean").mean()),
+        "replay_age_mean": float(_col(run.metrics, "replay/age_mean").mean()),
+    }
+    row.update(overlap_numbers(phases, wall) if mode == "disaggregated" else
+               {"t_gen_s": math.nan, "t_train_s": math.nan, "overlap_bound": math.nan,
+                "overlap_achieved": math.nan})
+    return row
+
+
+def summarize(runs: list[RunData], reference: str = "onpolicy") -> pd.DataFrame:
+    """One row per run; speedups are relative to ``reference`` (NaN when it did not run)."""
+    table = pd.DataFrame([run_row(r) for r in runs])
+    if table.empty:
+        return table
+    ref = table[table["variant"] == reference]
+    if len(ref):
+        ref_sps = float(ref["samples_per_s"].iloc[0])
+        ref_samples = float(ref["total_samples"].iloc[0])
+        table["speedup_vs_ref"] = table["samples_per_s"] / ref_sps
+        table["equal_samples"] = table["total_samples"] == ref_samples
+    else:
+        table["speedup_vs_ref"] = math.nan
+        table["equal_samples"] = False
+    table["bound_fraction"] = table["speedup_vs_ref"] / table["overlap_bound"]
+    table.attrs["reference"] = reference
+    return table
+
+
+# --------------------------------------------------------------------------- combined frames
+
+
+def stack_frames(runs: list[RunData], attr: str, columns: list[str] | None = None) -> pd.DataFrame:
+    frames = [getattr(r, attr).assign(variant=r.variant) for r in runs if len(getattr(r, attr))]
+    if not frames:
+        return pd.DataFrame(columns=["variant", *(columns or [])])
+    out = pd.concat(frames, ignore_index=True)
+    return out[["variant", *[c for c in out.columns if c != "variant"]]]
+
+
+def rollouts_frame(runs: list[RunData]) -> pd.DataFrame:
+    rows = []
+    for r in runs:
+        for item in r.rollouts:
+            gt = item.get("ground_truth")
+            rows.append({"variant": r.variant, "step": int(item.get("step", -1)),
+                         "version": int(item.get("version", -1)), "prompt": str(item.get("prompt", "")),
+                         "response": str(item.get("response", "")), "reward": float(item.get("reward", math.nan)),
+                         "ground_truth": gt if isinstance(gt, str) else json.dumps(gt)})
+    cols = ["variant", "step", "version", "prompt", "response", "reward", "ground_truth"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+# --------------------------------------------------------------------------- weight sync
+
+
+_MEDIAN_KEYS = ("median_s", "seconds_median", "median_seconds", "median", "p50_s")
+_SAMPLES_KEYS = ("all_s", "seconds", "times_s", "times", "samples_s")
+
+
+def _bench_seconds(rec: dict) -> tuple[float, int]:
+    """(median seconds, repeats) of one bench record, whatever reasonable shape it has."""
+    for key in _MEDIAN_KEYS:
+        val = rec.get(key)
+        if isinstance(val, (int, float)) and not isinstance(val, bool):
+            reps = rec.get("all_s")
+            return float(val), len(reps) if isinstance(reps, list) else int(rec.get("repeats", 1) or 1)
+    for key in _SAMPLES_KEYS:
+        val = rec.get(key)
+        if isinstance(val, list) and val:
+            xs = [float(x) for x in val if x is not None]
+            return (float(np.median(xs)), len(xs)) if xs else (math.nan, 0)
+        if isinstance(val, (int, float)) and not isinstance(val, bool):
+            return float(val), 1
+    return math.nan, 0
+
+
+def _bench_records(data) -> list[dict]:
+    """Flat records from the shapes we accept (see ``read_bench_weight_sync``)."""
+    if isinstance(data, list):
+        return [r for r in data if isinstance(r, dict)]
+    if not isinstance(data, dict):
+        return []
+    if isinstance(data.get("payloads"), dict):  # rlpipe bench weight-sync
+        out = []
+        for payload, body in data["payloads"].items():
+            for rec in _bench_records((body or {}).get("transports") or {}):
+                out.append({"payload": payload, "bytes": (body or {}).get("bytes"), **rec})
+        return out
+    for key in ("results", "transports", "rows", "records"):
+        if isinstance(data.get(key), list):
+            return [r for r in data[key] if isinstance(r, dict)]
+    if data and all(isinstance(v, dict) for v in data.values()):  # {label: record}
+        return [{"label": k, **v} for k, v in data.items()]
+    return []
+
+
+def read_bench_weight_sync(path: str | Path) -> pd.DataFrame:
+    """Rows ``source=bench`` from a weight-sync bench JSON. Accepted: ``rlpipe bench weight-sync``'s
+    ``{"payloads": {name: {"bytes", "transports": {"object_store@cpu": {"median_s", "all_s",
+    "gbps", ...} | {"skipped": why}}}}}``, and simpler shapes: a list of records, ``{"results":
+    [...]}`` or ``{label: record}``, a record naming ``transport`` [+ ``backend``] or ``label`` with
+    ``median_s`` or a list of ``seconds``. Skipped/failed runs are kept with NaN latency and the
+    reason in ``note``, so the report can say why a number is missing."""
+    data = json.loads(Path(path).read_text())
+    rows = []
+    for rec in _bench_records(data):
+        info = {"transport": rec.get("transport"), "backend": rec.get("backend")}
+        label = rec.get("label") or (sync_label(info) if info["transport"] else None)
+        if label is None:
+            continue
+        seconds, n = _bench_seconds(rec)
+        nbytes = rec.get("bytes", rec.get("nbytes"))
+        gbps = rec.get("gbps")
+        if gbps is None and nbytes and seconds > 0:
+            gbps = float(nbytes) / seconds / 1e9
+        note = rec.get("error") or rec.get("skipped") or ""
+        rows.append({"source": "bench", "variant": "", "payload": str(rec.get("payload", "")),
+                     "label": str(label), "median_s": seconds, "n": n,
+                     "bytes": float(nbytes) if nbytes is not None else math.nan,
+                     "gbps": float(gbps) if gbps is not None else math.nan, "note": str(note)})
+    return pd.DataFrame(rows, columns=WEIGHT_SYNC_COLUMNS)
+
+
+def weight_sync_frame(runs: list[RunData], bench_files: list[str | Path]) -> pd.DataFrame:
+    rows = []
+    for r in runs:
+        s = sync_stats(r)
+        n = int(_col(r.metrics, "sync/seconds").notna().sum())
+        if n:
+            rows.append({"source": "run", "variant": r.variant, "payload": "", "label": s["sync_label"],
+                         "median_s": s["sync_median_s"], "n": n, "bytes": s["sync_bytes"],
+                         "gbps": s["sync_gbps"], "note": ""})
+    frames = [pd.DataFrame(rows, columns=WEIGHT_SYNC_COLUMNS)]
+    for f in bench_files:
+        p = Path(f)
+        if p.name.startswith("weight_sync") and p.exists():
+            frames.append(read_bench_weight_sync(p))
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=WEIGHT_SYNC_COLUMNS)
+
+
+def read_bench_any(files: list[str | Path]) -> dict:
+    """Every bench JSON file as loaded (the discussion quotes them; unreadable ones are noted)."""
+    out = {}
+    for f in files:
+        p = Path(f)
+        try:
+            out[p.stem] = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            out[p.stem] = {"error": f"{p}: {e}"}
+    return out
+
+
+# --------------------------------------------------------------------------- output
+
+
+TABLE_COLUMNS = {  # column -> (header, format)
+    "variant": ("variant", "{}"), "mode": ("mode", "{}"),
+    "val_reward_initial": ("val reward (step 0)", "{:.3f}"), "val_reward_final": ("val reward (final)", "{:.3f}"),
+    "val_reward_best": ("val reward (best)", "{:.3f}"), "best_step": ("best step", "{:d}"),
+    "wall_time_s": ("wall time (s)", "{:.1f}"), "total_samples": ("samples", "{:.0f}"),
+    "samples_per_s": ("samples/s", "{:.2f}"), "speedup_vs_ref": ("speedup vs ref", "{:.2f}x"),
+    "devices": ("devices", "{:.0f}"), "device_hours": ("device-hours", "{:.4f}"),
+    "share_generate": ("generate %", "{:.0%}"), "share_update": ("update %", "{:.0%}"),
+    "share_ref_logprobs": ("ref logprobs %", "{:.0%}"), "share_score": ("score %", "{:.0%}"),
+    "share_weight_sync": ("weight sync %", "{:.0%}"), "share_validate": ("validate %", "{:.0%}"),
+    "share_other": ("other %", "{:.0%}"),
+    "kl_ref_final": ("KL ref (end)", "{:.4f}"), "kl_ref_k3_final": ("KL ref k3 (end)", "{:.4f}"),
+    "kl_prev_final": ("KL prev (end)", "{:.5f}"), "kl_prev_k3_final": ("KL prev k3 (end)", "{:.5f}"),
+    "sync_label": ("sync transport", "{}"), "sync_median_s": ("sync median (s)", "{:.4f}"),
+    "overlap_bound": ("overlap bound", "{:.2f}x"), "overlap_achieved": ("overlap achieved", "{:.2f}x"),
+    "bound_fraction": ("speedup / bound", "{:.0%}"),
+}
+
+
+def _fmt(value, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    try:
+        return fmt.format(int(value) if fmt == "{:d}" else value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def table_html(table: pd.DataFrame) -> str:
+    """Formatted HTML summary table; missing values read 'n/a', never 'nan'."""
+    cols = [c for c in TABLE_COLUMNS if c in table.columns]
+    shown = pd.DataFrame({TABLE_COLUMNS[c][0]: [_fmt(v, TABLE_COLUMNS[c][1]) for v in table[c]] for c in cols})
+    ref = table.attrs.get("reference", "onpolicy")
+    body = shown.to_html(index=False, escape=True, border=0, classes="summary")
+    note = (f"<p>Speedup = samples/s relative to <b>{ref}</b> (= its wall time / this wall time when both "
+            "consumed the same samples). Device-hours = wall time x devices (GPU-hours on GPU runs). "
+            "Shares are of the stacked phase time; 'n/a' = not measured for this variant.</p>")
+    style = ("<style>table.summary{border-collapse:collapse;font:13px sans-serif}"
+             "table.summary td,table.summary th{border:1px solid #ccc;padding:3px 6px;text-align:right}</style>")
+    return f"<!doctype html><html><head><meta charset='utf-8'>{style}</head><body>{body}{note}</body></html>\n"
+
+
+def write_summary(runs: list[RunData], out: str | Path, reference: str, bench_files: list) -> pd.DataFrame:
+    from rlpipe.analysis import report_text
+
+    out = Path(out)
+    table = summarize(runs, reference)
+    metrics = stack_frames(runs, "metrics")
+    events = stack_frames(runs, "events", EVENT_COLUMNS)
+    versions = stack_frames(runs, "versions", VERSION_COLUMNS)
+    sync = weight_sync_frame(runs, bench_files)
+    io.write_parquet(out / "metrics.parquet", metrics)
+    io.write_parquet(out / "events.parquet", events)
+    io.write_parquet(out / "versions.parquet", versions)
+    io.write_parquet(out / "rollouts.parquet", rollouts_frame(runs))
+    io.write_parquet(out / "runs.parquet", table)
+    io.write_parquet(out / "weight_sync.parquet", sync)
+    io.write_text(out / "summary.csv", table.to_csv(index=False))
+    io.write_text(out / "summary.html", table_html(table))
+    rollouts = rollouts_frame(runs)
+    disc = report_text.discussion(table, metrics, versions, sync, reference, read_bench_any(bench_files), rollouts)
+    io.write_json(out / "discussion.json", disc)
+    io.write_text(out / "discussion.html", report_text.render_html(disc))
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rlpipe aggregate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", required=True, help="directory holding one run directory per variant")
+    ap.add_argument("--out", required=True, help="summary directory to write")
+    ap.add_argument("--variants", nargs="*", default=None, help="variants to include (default: all runs)")
+    ap.add_argument("--reference", default="onpolicy", help="baseline variant for speedups")
+    ap.add_argument("--bench", nargs="*", default=[], help="bench JSON files (weight_sync*.json, sampler*.json)")
+    args = ap.parse_args(argv)
+    runs = load_runs(args.runs, args.variants)
+    if not runs:
+        raise AggregateError(f"--runs {args.runs}: no run directory with metrics.parquet")
+    table = write_summary(runs, args.out, args.reference, [b for b in args.bench if Path(b).exists()])
+    print(table[["variant", "val_reward_final", "wall_time_s", "samples_per_s", "speedup_vs_ref"]].to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

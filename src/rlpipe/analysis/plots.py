@@ -1,0 +1,471 @@
+"""Figures of the report, drawn from ``results/summary`` (``rlpipe.analysis.aggregate``'s output).
+
+``rlpipe plot KIND --summary results/summary --out results/figures/KIND.png``; ``KINDS`` maps each
+kind to its function ``f(summary, out) -> list[str]``, which writes the file and returns the
+"no data" notes it drew. A panel whose data is missing (variant not run, column all NaN) is never
+left blank: it carries a grey "no data: <why>" annotation, so a figure always says what it lacks.
+
+Departures from the seeds: the seeds ask for plots, not their layout. We draw reward against both
+steps and wall-clock time (seed 004), KL with the best growth fit overlaid (rlpipe.analysis.report_text), a
+Gantt timeline of the first steps (a whole run is too dense to read), and rollouts as an HTML table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on workers; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from rlpipe import io  # noqa: E402
+from rlpipe.analysis.report_text import fit_growth  # noqa: E402
+
+STACK = ("generate", "score", "ref_logprobs", "update", "weight_sync", "validate", "other")
+PHASE_COLORS = {"generate": "#4c72b0", "score": "#8172b2", "ref_logprobs": "#ccb974", "update": "#dd8452",
+                "weight_sync": "#c44e52", "validate": "#55a868", "wait": "#bbbbbb", "other": "#dddddd"}
+STEP_PHASES = ("generate", "score", "ref_logprobs", "update", "weight_sync")
+TIMELINE_STEPS = 8
+
+
+@dataclass
+class Summary:
+    runs: pd.DataFrame
+    metrics: pd.DataFrame
+    events: pd.DataFrame
+    versions: pd.DataFrame
+    rollouts: pd.DataFrame
+    weight_sync: pd.DataFrame
+
+    @property
+    def reference(self) -> str:
+        ref = self.runs.attrs.get("reference") if len(self.runs) else None
+        if ref:
+            return ref
+        names = list(self.runs["variant"]) if len(self.runs) else []
+        return "onpolicy" if "onpolicy" in names or not names else names[0]
+
+    def variants(self) -> list[str]:
+        return list(self.runs["variant"]) if len(self.runs) else []
+
+    def of(self, frame: str, variant: str) -> pd.DataFrame:
+        df = getattr(self, frame)
+        return df[df["variant"] == variant] if len(df) and "variant" in df.columns else df.iloc[0:0]
+
+
+def load_summary(summary_dir: str | Path) -> Summary:
+    d = Path(summary_dir)
+
+    def read(name: str) -> pd.DataFrame:
+        p = d / name
+        return pd.read_parquet(p) if p.exists() else pd.DataFrame(columns=["variant"])
+
+    runs = read("runs.parquet")
+    disc = d / "discussion.json"
+    if disc.exists():
+        import json
+
+        runs.attrs["reference"] = json.loads(disc.read_text()).get("reference")
+    return Summary(runs, read("metrics.parquet"), read("events.parquet"), read("versions.parquet"),
+                   read("rollouts.parquet"), read("weight_sync.parquet"))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def no_data(ax, why: str, notes: list[str]) -> None:
+    """Mark a panel as empty on purpose: grey background and the reason, in the figure itself."""
+    ax.set_facecolor("#f2f2f2")
+    ax.text(0.5, 0.5, f"no data:\n{why}", ha="center", va="center", transform=ax.transAxes,
+            fontsize=10, color="#555555", wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    notes.append(why)
+
+
+def colors(variants: list[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10")
+    return {v: cmap(i % 10) for i, v in enumerate(variants)}
+
+
+def col(df: pd.DataFrame, name: str) -> pd.Series:
+    if name not in df.columns:
+        return pd.Series(np.nan, index=df.index, dtype=float)
+    return pd.to_numeric(df[name], errors="coerce").astype(float)
+
+
+def save(fig, out: str | Path) -> None:
+    fig.tight_layout()
+    with io.atomic_path(out, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def line_per_variant(ax, s: Summary, x: str, y: str, notes: list[str], what: str, **kw) -> int:
+    """One line per variant of ``y`` against ``x`` (NaN rows dropped); returns lines drawn."""
+    c = colors(s.variants())
+    drawn = 0
+    for v in s.variants():
+        m = s.of("metrics", v)
+        d = pd.DataFrame({"x": col(m, x), "y": col(m, y)}).dropna().sort_values("x")
+        if len(d):
+            ax.plot(d["x"], d["y"], marker="o" if len(d) < 30 else None, ms=3, color=c[v], label=v, **kw)
+            drawn += 1
+    if not drawn:
+        no_data(ax, f"no variant has {what} ({y})", notes)
+    return drawn
+
+
+# --------------------------------------------------------------------------- reward and KL
+
+
+def plot_reward_vs_step(s: Summary, out) -> list[str]:
+    notes: list[str] = []
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    if line_per_variant(ax, s, "step", "reward/val_mean", notes, "validation reward"):
+        ax.set(xlabel="optimizer step", ylabel="validation reward", title="Validation reward vs step")
+        ax.legend(fontsize=8, ncol=2)
+        ax.grid(alpha=0.3)
+    save(fig, out)
+    return notes
+
+
+def plot_reward_vs_time(s: Summary, out) -> list[str]:
+    notes: list[str] = []
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    if line_per_variant(ax, s, "wall_time", "reward/val_mean", notes, "validation reward"):
+        ax.set(xlabel="wall-clock time (s since training start)", ylabel="validation reward",
+               title="Validation reward vs wall-clock time")
+        ax.legend(fontsize=8, ncol=2)
+        ax.grid(alpha=0.3)
+    save(fig, out)
+    return notes
+
+
+def plot_kl(s: Summary, out) -> list[str]:
+    notes: list[str] = []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    panels = [("kl/ref_log_ratio", "KL(policy || reference), Eq. 8"),
+              ("kl/prev_log_ratio", "KL(policy || previous step)")]
+    for ax, (column, title) in zip(axes, panels):
+        k3 = column.replace("log_ratio", "k3")
+        drawn = line_per_variant(ax, s, "step", column, [], title)
+        if not drawn:
+            ax.cla()
+            drawn = line_per_variant(ax, s, "step", k3, notes, title + " (log ratio or k3)")
+            title += " (k3 estimator)"
+        if drawn:
+            ax.set(xlabel="optimizer step", ylabel="KL (nats per sequence)", title=title)
+            ax.grid(alpha=0.3)
+    _overlay_fit(axes[0], s)
+    if line_per_variant(axes[2], s, "step", "reward/val_mean", notes, "validation reward"):
+        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title="Validation reward")
+        axes[2].grid(alpha=0.3)
+    handles, labels = axes[2].get_legend_handles_labels()
+    if handles:
+        axes[2].legend(handles, labels, fontsize=8, ncol=2)
+    save(fig, out)
+    return notes
+
+
+def _overlay_fit(ax, s: Summary) -> None:
+    m = s.of("metrics", s.reference)
+    d = pd.DataFrame({"t": col(m, "step"), "y": col(m, "kl/ref_log_ratio")}).dropna()
+    d = d[d["t"] > 0]
+    fit = fit_growth(d["t"], d["y"])
+    if not fit["best"]:
+        return
+    feature = {"linear": d["t"], "quadratic": d["t"] ** 2, "sqrt": np.sqrt(d["t"]), "exponential": d["t"]}[fit["best"]]
+    if fit["best"] == "exponential":
+        a, logb = np.polyfit(d["t"], np.log(d["y"]), 1)
+        yhat = np.exp(logb + a * d["t"])
+    else:
+        a, b = np.polyfit(feature, d["y"], 1)
+        yhat = a * feature + b
+    ax.plot(d["t"], yhat, "k--", lw=1, label=f"{s.reference}: {fit['best']} fit (R²={fit['r2'][fit['best']]:.2f})")
+    ax.legend(fontsize=8)
+
+
+# --------------------------------------------------------------------------- profiling
+
+
+def plot_phase_breakdown(s: Summary, out) -> list[str]:
+    """Stacked phase seconds per variant, with each run's wall time as a black tick: a stack
+    longer than the tick is overlap (disaggregated runs), a shorter one is driver overhead."""
+    notes: list[str] = []
+    fig, ax = plt.subplots(figsize=(9, 0.5 * max(len(s.variants()), 3) + 1.5))
+    r = s.runs
+    cols = [f"time_{p}_s" for p in STACK]
+    if not len(r) or all(col(r, c).isna().all() for c in cols):
+        no_data(ax, "no phase timings in results/summary/runs.parquet", notes)
+        save(fig, out)
+        return notes
+    y = np.arange(len(r))
+    left = np.zeros(len(r))
+    for p in STACK:
+        w = col(r, f"time_{p}_s").fillna(0.0).to_numpy()
+        if w.any():
+            ax.barh(y, w, left=left, color=PHASE_COLORS[p], label=p)
+            left += w
+    ax.scatter(col(r, "wall_time_s"), y, marker="|", s=400, color="k", label="wall time", zorder=3)
+    ax.set_yticks(y, r["variant"])
+    ax.invert_yaxis()
+    ax.set(xlabel="seconds", title="Time per phase (stacked) vs wall time")
+    ax.legend(fontsize=8, ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(r) < 5 else -0.15))
+    ax.grid(axis="x", alpha=0.3)
+    save(fig, out)
+    return notes
+
+
+def _disagg_variant(s: Summary) -> str | None:
+    r = s.runs
+    if not len(r) or "mode" not in r.columns:
+        return None
+    names = list(r[r["mode"] == "disaggregated"]["variant"])
+    return "disagg" if "disagg" in names else (names[0] if names else None)
+
+
+def plot_phase_steps(s: Summary, out) -> list[str]:
+    """Per-step phase seconds (stacked areas) for the reference and the disaggregated run."""
+    notes: list[str] = []
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharey=True)
+    for ax, v in zip(axes, [s.reference, _disagg_variant(s)]):
+        m = s.of("metrics", v) if v else s.metrics.iloc[0:0]
+        m = m[col(m, "step") > 0] if len(m) else m
+        series = {p: col(m, f"time/{p}").fillna(0.0) for p in STEP_PHASES}
+        if v is None or not len(m) or all(not x.any() for x in series.values()):
+            no_data(ax, f"no per-step phase times for {v or 'a disaggregated variant'}", notes)
+            continue
+        ax.stackplot(col(m, "step"), *series.values(), labels=STEP_PHASES,
+                     colors=[PHASE_COLORS[p] for p in STEP_PHASES])
+        ax.set(xlabel="optimizer step", ylabel="seconds in step", title=f"{v}: phase time per step")
+        ax.legend(fontsize=8, loc="upper right")
+        ax.grid(alpha=0.3)
+    save(fig, out)
+    return notes
+
+
+def plot_timeline(s: Summary, out) -> list[str]:
+    """Gantt chart of the first TIMELINE_STEPS steps' events: one lane per actor."""
+    notes: list[str] = []
+    fig, axes = plt.subplots(2, 1, figsize=(12, 6.5))
+    for ax, v in zip(axes, [s.reference, _disagg_variant(s)]):
+        ev = s.of("events", v) if v else s.events.iloc[0:0]
+        if len(ev):
+            ev = ev[(col(ev, "step") >= 1) & (col(ev, "step") <= TIMELINE_STEPS)]
+        if v is None or not len(ev):
+            no_data(ax, f"no profiling events for {v or 'a disaggregated variant'}", notes)
+            continue
+        lanes = sorted(ev["actor"].astype(str).unique())
+        for phase, g in ev.groupby("phase"):
+            lane = g["actor"].astype(str).map(lanes.index)
+            ax.barh(lane, col(g, "end") - col(g, "start"), left=col(g, "start"), height=0.6,
+                    color=PHASE_COLORS.get(str(phase), "#999999"), label=str(phase), edgecolor="white", lw=0.3)
+        ax.set_yticks(range(len(lanes)), lanes)
+        ax.set(xlabel="seconds since training start",
+               title=f"{v}: generation, training and weight sync, steps 1-{TIMELINE_STEPS}")
+        ax.legend(fontsize=8, ncol=7, loc="upper right")
+        ax.grid(axis="x", alpha=0.3)
+    save(fig, out)
+    return notes
+
+
+# --------------------------------------------------------------------------- throughput and sync
+
+
+def _bars(ax, r: pd.DataFrame, column: str, title: str, notes: list[str], fmt: str = "{:.2f}") -> None:
+    vals = col(r, column)
+    if not len(r) or vals.isna().all():
+        no_data(ax, f"{column} not measured", notes)
+        return
+    c = colors(list(r["variant"]))
+    ax.bar(r["variant"], vals.fillna(0.0), color=[c[v] for v in r["variant"]])
+    for i, val in enumerate(vals):
+        ax.annotate("n/a" if math.isnan(val) else fmt.format(val), (i, 0 if math.isnan(val) else val),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_title(title)
+    ax.tick_params(axis="x", rotation=45)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def plot_throughput(s: Summary, out) -> list[str]:
+    notes: list[str] = []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    r = s.runs
+    _bars(axes[0], r, "samples_per_s", "samples / s", notes)
+    _bars(axes[1], r, "speedup_vs_ref", f"speedup vs {s.reference} (x)", notes)
+    if len(r) and col(r, "speedup_vs_ref").notna().any():
+        axes[1].axhline(1.0, color="k", lw=0.8)
+        bound = col(r, "overlap_bound")
+        if bound.notna().any():
+            axes[1].scatter(r["variant"][bound.notna()], bound.dropna(), marker="_", s=500, color="k",
+                            label="overlap bound", zorder=3)
+            axes[1].legend(fontsize=8)
+    unit = "GPU-hours" if len(r) and (r.get("device_type") == "cuda").any() else "device-hours"
+    _bars(axes[2], r, "device_hours", f"{unit} (wall x devices)", notes, "{:.3g}")
+    save(fig, out)
+    return notes
+
+
+def plot_weight_sync(s: Summary, out) -> list[str]:
+    notes: list[str] = []
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax, source, title in zip(axes, ("run", "bench"), ("measured in training runs", "weight-sync benchmark")):
+        w = s.weight_sync
+        w = w[(w["source"] == source) & col(w, "median_s").notna()] if len(w) and "source" in w.columns else w.iloc[0:0]
+        if not len(w):
+            no_data(ax, f"no weight-sync latency {title}", notes)
+            continue
+        payload = w["payload"].astype(str) if "payload" in w.columns else pd.Series("", index=w.index)
+        key = w["label"].astype(str).where(payload == "", payload + ": " + w["label"].astype(str))
+        by = w["median_s"].groupby(key).median().sort_values()  # one bar per payload and transport
+        ax.bar(by.index, by.to_numpy() * 1e3, color=["#c44e52" if "rdt" in str(k) else "#4c72b0" for k in by.index])
+        for i, val in enumerate(by.to_numpy()):
+            ax.annotate(f"{val * 1e3:.3g} ms", (i, val * 1e3), ha="center", va="bottom", fontsize=8)
+        ax.set(ylabel="median sync latency (ms)", title=f"Weight sync: {title}")
+        ax.set_yscale("log")
+        ax.tick_params(axis="x", rotation=30)
+        ax.grid(axis="y", alpha=0.3)
+    save(fig, out)
+    return notes
+
+
+# --------------------------------------------------------------------------- async: versions and replay
+
+
+def plot_versions(s: Summary, out) -> list[str]:
+    """Policy version held by the learner and by the generator over time (step plots): the gap
+    between the two staircases is the staleness the one-version-behind rule bounds."""
+    notes: list[str] = []
+    r = s.runs
+    names = list(r[r["mode"] == "disaggregated"]["variant"]) if len(r) and "mode" in r.columns else []
+    fig, axes = plt.subplots(1, max(len(names), 1), figsize=(6 * max(len(names), 1), 4), squeeze=False)
+    if not names:
+        no_data(axes[0][0], "no disaggregated variant ran", notes)
+    for ax, v in zip(axes[0], names):
+        vs = s.of("versions", v)
+        if not len(vs):
+            no_data(ax, f"no version log for {v}", notes)
+            continue
+        for who, color in (("learner", "#dd8452"), ("generator", "#4c72b0")):
+            g = vs[vs["who"] == who].sort_values("wall_time")
+            if len(g):
+                ax.step(col(g, "wall_time"), col(g, "version"), where="post", color=color, label=who)
+        ax.set(xlabel="seconds since training start", ylabel="policy version", title=f"{v}: version changes")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    save(fig, out)
+    return notes
+
+
+def plot_replay(s: Summary, out) -> list[str]:
+    notes: list[str] = []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    m = s.of("metrics", "replay")
+    specs = [(axes[0], ("replay/age_mean", "replay/age_max"), "sample age (policy versions)"),
+             (axes[1], ("replay/reuse_mean", "replay/size"), "reuse per group / buffer size (groups)")]
+    for ax, columns, ylabel in specs:
+        drawn = False
+        for c in columns:
+            d = pd.DataFrame({"x": col(m, "step"), "y": col(m, c)}).dropna()
+            if len(d):
+                ax.plot(d["x"], d["y"], label=c)
+                drawn = True
+        if not drawn:
+            no_data(ax, "variant 'replay' did not run" if not len(m) else f"{', '.join(columns)} all NaN", notes)
+            continue
+        ax.set(xlabel="optimizer step", ylabel=ylabel, title="replay: " + ylabel)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    drawn = 0
+    for v, color in (("replay", "#c44e52"), ("disagg", "#4c72b0")):
+        m = s.of("metrics", v)
+        d = pd.DataFrame({"x": col(m, "step"), "y": col(m, "reward/val_mean")}).dropna()
+        if len(d):
+            axes[2].plot(d["x"], d["y"], marker="o", ms=3, color=color, label=v)
+            drawn += 1
+    if drawn:
+        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title="replay vs disagg")
+        axes[2].legend(fontsize=8)
+        axes[2].grid(alpha=0.3)
+    else:
+        no_data(axes[2], "neither 'replay' nor 'disagg' has validation rewards", notes)
+    save(fig, out)
+    return notes
+
+
+# --------------------------------------------------------------------------- rollouts (HTML)
+
+
+def rollouts_html(s: Summary) -> tuple[str, list[str]]:
+    notes: list[str] = []
+    order = [s.reference] + [v for v in s.variants() if v != s.reference]
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><style>body{font:13px sans-serif}"
+             "table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:3px 6px;"
+             "vertical-align:top}td.r1{background:#e6f4e6}td.r0{background:#f8e6e6}</style></head><body>"]
+    for v in order:
+        r = s.of("rollouts", v)
+        parts.append(f"<h3>{html.escape(v)}</h3>")
+        if not len(r):
+            parts.append(f"<p><i>no data: no example rollouts logged for {html.escape(v)}</i></p>")
+            notes.append(f"no rollouts for {v}")
+            continue
+        first, last = int(r["step"].min()), int(r["step"].max())
+        rows = ["<tr><th>when</th><th>step</th><th>prompt</th><th>response</th><th>keywords</th><th>reward</th></tr>"]
+        for label, step in (("before (first logged step)", first), ("after (last step)", last)):
+            for _, x in r[r["step"] == step].iterrows():
+                ok = "r1" if x["reward"] > 0 else "r0"
+                rows.append(f"<tr><td>{label}</td><td>{step}</td><td>{html.escape(str(x['prompt']))}</td>"
+                            f"<td>{html.escape(str(x['response']))}</td><td>{html.escape(str(x['ground_truth']))}</td>"
+                            f"<td class='{ok}'>{x['reward']:.2f}</td></tr>")
+        parts.append("<table>" + "".join(rows) + "</table>")
+    if not order or not len(s.rollouts):
+        parts.append("<p><i>no data: no variant logged example rollouts</i></p>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts), notes
+
+
+def plot_rollouts(s: Summary, out) -> list[str]:
+    text, notes = rollouts_html(s)
+    io.write_text(out, text)
+    return notes
+
+
+KINDS = {
+    "reward_vs_step": plot_reward_vs_step,
+    "reward_vs_time": plot_reward_vs_time,
+    "kl": plot_kl,
+    "phase_breakdown": plot_phase_breakdown,
+    "phase_steps": plot_phase_steps,
+    "timeline": plot_timeline,
+    "throughput": plot_throughput,
+    "weight_sync": plot_weight_sync,
+    "versions": plot_versions,
+    "replay": plot_replay,
+    "rollouts": plot_rollouts,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rlpipe plot", description="Draw one report figure from results/summary.")
+    ap.add_argument("kind", choices=sorted(KINDS))
+    ap.add_argument("--summary", required=True, help="results/summary directory (rlpipe aggregate)")
+    ap.add_argument("--out", required=True, help="output file (.png; .html for 'rollouts')")
+    args = ap.parse_args(argv)
+    if not (Path(args.summary) / "runs.parquet").exists():
+        raise FileNotFoundError(f"--summary {args.summary}: runs.parquet missing (run `rlpipe aggregate` first)")
+    notes = KINDS[args.kind](load_summary(args.summary), args.out)
+    for n in notes:
+        print(f"{args.kind}: no data: {n}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,434 @@
+"""The report's discussion, written from the aggregated data (never typed by hand).
+
+``discussion(table, metrics, versions, weight_sync, reference, bench, rollouts)`` returns a JSON-able
+dict ``{"reference", "sections": [{"id", "title", "sentences", "numbers"}]}`` with one section per
+deliverable of seed 000 §3 and seed 002 §3; ``render_html`` turns it into the report page. Every
+sentence is built from measured numbers and says plainly when the data it needs is missing (a
+variant not configured, a column that is all NaN).
+
+Choices the seeds leave open:
+- KL growth shape: the KL-to-reference curve (Eq. 8's log-ratio estimator, else k3) is fitted by
+  least squares with four two-parameter models, ``a*t + b``, ``a*t^2 + b``, ``a*sqrt(t) + b`` and
+  ``b*exp(a*t)``; the best R^2 names the shape (equal parameter counts keep the comparison fair),
+  and a log-log fit gives the power-law exponent as a second opinion.
+- "Rapid growth": the step where the 5-point moving average of KL rises fastest.
+- The k-steps "why": the ideal gain of removing all but one in k weight syncs is
+  ``wall / (wall - (1 - 1/k) * sync_time)`` of the reference; we report it next to the measured one.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+import pandas as pd
+
+PHASE_WHY = {
+    "generate": ("autoregressive sampling runs one forward pass per generated token, {tokens} sequential "
+                 "steps per batch on average, while the update is one batched forward and backward pass"),
+    "update": ("the forward and backward passes plus the optimizer step outweigh sampling when responses "
+               "are short"),
+    "ref_logprobs": "the frozen reference model scores every response with a full forward pass",
+    "score": "reward scoring runs in Python over every response",
+    "weight_sync": "every optimizer step ships the whole model to the generator",
+    "validate": "validation samples a full set of held-out prompts",
+}
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def fnum(x, digits: int = 3) -> str:
+    return "n/a" if nan(x) else f"{x:.{digits}g}"
+
+
+def fsec(x) -> str:
+    if nan(x):
+        return "n/a"
+    return f"{x * 1e3:.3g} ms" if abs(x) < 1 else f"{x:.3g} s"
+
+
+def fx(x) -> str:
+    """A ratio such as a speedup: two decimals, so 1.003 never reads as a bare "1"."""
+    return "n/a" if nan(x) else f"{x:.2f}x"
+
+
+def fpct(x) -> str:
+    return "n/a" if nan(x) else f"{100 * x:.0f}%"
+
+
+def row_of(table: pd.DataFrame, variant: str) -> dict | None:
+    rows = table[table["variant"] == variant] if len(table) else table
+    return None if rows is None or not len(rows) else rows.iloc[0].to_dict()
+
+
+def missing(variant: str) -> str:
+    return f"No data: variant '{variant}' is not in this run (not configured, or its run is missing)."
+
+
+def section(sid: str, title: str, sentences: list[str], numbers: dict | None = None) -> dict:
+    clean = {k: (None if nan(v) else v) for k, v in (numbers or {}).items()}
+    return {"id": sid, "title": title, "sentences": sentences, "numbers": clean}
+
+
+# --------------------------------------------------------------------------- KL analysis
+
+
+def fit_growth(steps, values) -> dict:
+    """Best of linear / quadratic / sqrt / exponential least-squares fits of ``values(steps)``,
+    by R^2, plus the log-log power-law exponent. Needs >= 4 finite points."""
+    t = np.asarray(steps, dtype=float)
+    y = np.asarray(values, dtype=float)
+    keep = np.isfinite(t) & np.isfinite(y)
+    t, y = t[keep], y[keep]
+    if len(t) < 4 or np.ptp(t) == 0:
+        return {"best": None, "r2": {}, "power": math.nan, "n": int(len(t)), "constant": False}
+    if np.ptp(y) <= 1e-12 * max(1.0, float(np.abs(y).max())):  # flat curve: no shape to name
+        return {"best": None, "r2": {}, "power": math.nan, "n": int(len(t)), "constant": True}
+    ss_tot = float(((y - y.mean()) ** 2).sum()) or 1e-30
+
+    def r2_linear_in(feature):
+        a, b = np.polyfit(feature, y, 1)
+        return 1 - float(((y - (a * feature + b)) ** 2).sum()) / ss_tot
+
+    r2 = {"linear": r2_linear_in(t), "quadratic": r2_linear_in(t**2),
+          "sqrt": r2_linear_in(np.sqrt(np.clip(t, 0, None)))}
+    pos = (y > 0) & (t > 0)
+    power = math.nan
+    if pos.all():
+        a, logb = np.polyfit(t, np.log(y), 1)
+        r2["exponential"] = 1 - float(((y - np.exp(logb + a * t)) ** 2).sum()) / ss_tot
+    if pos.sum() >= 4:
+        power = float(np.polyfit(np.log(t[pos]), np.log(y[pos]), 1)[0])
+    best = max(r2, key=r2.get)
+    return {"best": best, "r2": r2, "power": power, "n": int(len(t)), "constant": False}
+
+
+def kl_curve(metrics: pd.DataFrame, variant: str) -> tuple[str | None, pd.DataFrame]:
+    """(column used, frame of step/kl/val) for ``variant``: Eq. 8's log ratio, else k3."""
+    m = metrics[metrics["variant"] == variant] if len(metrics) else metrics
+    for col in ("kl/ref_log_ratio", "kl/ref_k3"):
+        if col in m.columns and m[col].notna().sum() >= 2:
+            val = m["reward/val_mean"] if "reward/val_mean" in m.columns else np.nan
+            return col, pd.DataFrame({"step": m["step"], "kl": m[col], "val": val}).sort_values("step")
+    return None, pd.DataFrame(columns=["step", "kl", "val"])
+
+
+def steepest_growth(df: pd.DataFrame, window: int = 5) -> tuple[int, float]:
+    d = df.dropna(subset=["kl"])
+    if len(d) < window + 1:
+        return -1, math.nan
+    smooth = d["kl"].rolling(window, min_periods=window).mean()
+    slope = smooth.diff() / d["step"].diff()
+    if slope.notna().sum() == 0:
+        return -1, math.nan
+    i = slope.idxmax()
+    return int(d.loc[i, "step"]), float(slope.loc[i])
+
+
+def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
+    title = "KL drift analysis (seed 000 Problem 6, seed 002 Problem 8)"
+    col, df = kl_curve(metrics, ref)
+    if col is None:
+        return section("kl", title, [f"No data: no KL-to-reference values for '{ref}'."])
+    fit = fit_growth(df["step"][df["step"] > 0], df["kl"][df["step"] > 0])
+    both = df.dropna(subset=["kl", "val"])
+    corr = float(np.corrcoef(both["kl"], both["val"])[0, 1]) if len(both) >= 3 and both["kl"].std() > 0 \
+        and both["val"].std() > 0 else math.nan
+    step, slope = steepest_growth(df)
+    s = []
+    if fit["best"]:
+        r2 = ", ".join(f"{k} {v:.3f}" for k, v in fit["r2"].items())
+        power = "" if nan(fit["power"]) else f"; a power-law fit gives KL ~ t^{fit['power']:.2f}"
+        s.append(f"In '{ref}', KL to the reference ({col}) grows closest to {fit['best']} in the number of "
+                 f"steps (R^2: {r2}){power}.")
+    elif fit["constant"]:
+        s.append(f"In '{ref}', KL to the reference ({col}) stayed at {fnum(float(df['kl'].dropna().iloc[-1]))} "
+                 "over the run: the policy did not measurably move, so there is no growth shape to name.")
+    else:
+        s.append(f"Too few KL points ({fit['n']}) in '{ref}' to fit a growth shape.")
+    if not nan(corr):
+        sign = "higher" if corr > 0 else "lower"
+        s.append(f"Across the validation points, higher KL goes with {sign} validation reward "
+                 f"(Pearson r = {corr:.2f}, {len(both)} points).")
+    else:
+        s.append("Not enough validation points with KL to correlate KL with validation reward.")
+    if step >= 0:
+        before = df[(df["step"] <= step)]["val"].dropna()
+        after = df[(df["step"] > step)]["val"].dropna()
+        s.append(f"KL rises fastest around step {step} ({fnum(slope)} per step, 5-step average); validation "
+                 f"reward was {fnum(last(before))} before and {fnum(after.max() if len(after) else math.nan)} "
+                 "at best after it - a KL surge without a reward gain would be the sign of instability.")
+    pen = row_of(table, "kl_penalty")
+    base = row_of(table, ref)
+    if pen and base:
+        s.append(f"With the k3 penalty (kl_penalty) the final KL is {fnum(pen['kl_ref_final'])} vs "
+                 f"{fnum(base['kl_ref_final'])} without, and the final validation reward "
+                 f"{fnum(pen['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
+    nums = {"best_fit": fit["best"], "power": fit["power"], "corr_kl_val": corr, "steepest_step": step,
+            **{f"r2_{k}": v for k, v in fit["r2"].items()}}
+    return section("kl", title, s, nums)
+
+
+def last(series: pd.Series) -> float:
+    s = series.dropna()
+    return float(s.iloc[-1]) if len(s) else math.nan
+
+
+# --------------------------------------------------------------------------- systems sections
+
+STACK = ("generate", "score", "ref_logprobs", "update", "weight_sync", "validate", "other")
+
+
+def profiling_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
+    title = "Profiling: where the time goes (seed 000 Problem 5 and 7)"
+    r = row_of(table, ref)
+    if r is None:
+        return section("profiling", title, [missing(ref)])
+    secs = {p: r.get(f"time_{p}_s", math.nan) for p in STACK}
+    shares = {p: r.get(f"share_{p}", math.nan) for p in STACK}
+    known = {p: v for p, v in secs.items() if not nan(v) and p not in ("other", "validate")}
+    if not known or sum(known.values()) <= 0:
+        return section("profiling", title, [f"No data: no phase timings recorded for '{ref}'."])
+    top = max(known, key=known.get)
+    parts = ", ".join(f"{p} {fsec(secs[p])} ({fpct(shares[p])})" for p in STACK if not nan(secs[p]) and secs[p] > 0)
+    m = metrics[metrics["variant"] == ref] if len(metrics) else metrics
+    tokens = m["response/length_mean"].mean() if "response/length_mean" in m.columns else math.nan
+    why = PHASE_WHY.get(top, "").format(tokens=fnum(tokens, 3))
+    val = "" if nan(secs["validate"]) else (f" Validation (not a training stage, every val_every steps) took "
+                                             f"{fsec(secs['validate'])}.")
+    s = [f"In '{ref}' ({fsec(r['wall_time_s'])} wall time): {parts}.",
+         f"{top} dominates" + (f", {known[top] / known['update']:.1f}x the update time" if known.get("update")
+                               and top != "update" else "") + (f": {why}." if why else ".") + val]
+    return section("profiling", title, s, {"dominant": top, **{f"share_{p}": shares[p] for p in STACK}})
+
+
+def rollouts_section(rollouts: pd.DataFrame, table: pd.DataFrame, ref: str) -> dict:
+    title = "Example rollouts (seed 000 Problem 5, seed 002 Problem 7)"
+    r = rollouts[rollouts["variant"] == ref] if len(rollouts) else rollouts
+    if not len(r):
+        return section("rollouts", title, [f"No data: no example rollouts logged for '{ref}'."])
+    first, final = int(r["step"].min()), int(r["step"].max())
+    a, b = r[r["step"] == first]["reward"], r[r["step"] == final]["reward"]
+    row = row_of(table, ref) or {}
+    s = [f"Of the example rollouts logged for '{ref}', {int((a > 0).sum())}/{len(a)} satisfy the keyword "
+         f"constraint at step {first} and {int((b > 0).sum())}/{len(b)} at step {final}; validation reward went "
+         f"from {fnum(row.get('val_reward_initial'))} (step 0) to {fnum(row.get('val_reward_final'))} "
+         f"(best {fnum(row.get('val_reward_best'))} at step {row.get('best_step', 'n/a')})."]
+    return section("rollouts", title, s, {"first_step_mean": float(a.mean()), "last_step_mean": float(b.mean())})
+
+
+# Colocated variants with equal samples do the same compute; a larger gap in its duration is noise.
+SAME_WORK_TOLERANCE = 0.05
+_WORK_PHASES = ("time_generate_s", "time_ref_logprobs_s", "time_update_s")
+
+
+def _same_work_ratio(r, base) -> float:
+    """Seconds of generation + reference + update of ``r`` over those of ``base`` (NaN if unknown)."""
+    a, b = (sum(x[c] for c in _WORK_PHASES) for x in (r, base))
+    return math.nan if nan(a) or nan(b) or b <= 0 or not r["equal_samples"] else a / b
+
+
+def kstep_section(table: pd.DataFrame, ref: str) -> dict:
+    title = "k steps per rollout batch: throughput and speedup (seed 000 Problem 7)"
+    base = row_of(table, ref)
+    ks = table[table["mode"] == "colocated_k"].sort_values("k") if len(table) else table
+    if base is None or not len(ks):
+        return section("kstep", title, [missing(ref) if base is None else "No data: no colocated_k variant ran."])
+    s, nums = [], {}
+    for _, r in ks.iterrows():
+        k = int(r["k"]) if not nan(r["k"]) else None
+        ideal = math.nan
+        if k and not nan(base["time_weight_sync_s"]):
+            ideal = base["wall_time_s"] / (base["wall_time_s"] - (1 - 1 / k) * base["time_weight_sync_s"])
+        same = "" if r["equal_samples"] else " (NOTE: different sample totals, so this is a throughput ratio)"
+        s.append(f"{r['variant']}: {fnum(r['samples_per_s'])} samples/s vs {fnum(base['samples_per_s'])} for "
+                 f"'{ref}', a speedup of {fx(r['speedup_vs_ref'])}{same}; {r['num_syncs']} weight syncs "
+                 f"instead of {base['num_syncs']}; removing those syncs alone would give {fx(ideal)}; "
+                 f"final validation reward {fnum(r['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
+        nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
+        nums[f"ideal_{r['variant']}"] = ideal
+        work = _same_work_ratio(r, base)
+        nums[f"work_ratio_{r['variant']}"] = work
+        if not nan(work) and abs(work - 1) > SAME_WORK_TOLERANCE:
+            s.append(f"{r['variant']} did the same generation, reference and update work as '{ref}', yet "
+                     f"those phases took {fpct(abs(work - 1))} {'less' if work < 1 else 'more'} time: that "
+                     "part of the gap is the machine's speed during the run (noise), not the schedule.")
+    s.append("Why: generating k batches per policy version only saves weight syncs (here "
+             f"{fpct(base['share_weight_sync'])} "
+             f"of the phase time of '{ref}'); generation and the update still run back to back on one device, "
+             "so the gain is bounded by the sync share, while the extra off-policy steps can cost reward.")
+    return section("kstep", title, s, nums)
+
+
+def disagg_section(table: pd.DataFrame, ref: str) -> dict:
+    title = "Colocated vs disaggregated: wall time and GPU-hours (seed 000 Problem 8, seed 002 Problem 10)"
+    base = row_of(table, ref)
+    dis = table[table["mode"] == "disaggregated"] if len(table) else table
+    if base is None or not len(dis):
+        return section("disagg", title, [missing(ref) if base is None else "No data: no disaggregated variant ran."])
+    unit = "GPU-hours" if base.get("device_type") == "cuda" else "device-hours (CPU runs: wall x devices)"
+    rows = [base] + [r for _, r in table[table["mode"] == "colocated_k"].iterrows()] + [r for _, r in dis.iterrows()]
+    s = ["Wall time and " + unit + ": " + "; ".join(
+        f"{r['variant']} {fsec(r['wall_time_s'])} x {fnum(r['devices'])} = {fnum(r['device_hours'], 3)}"
+        for r in rows) + "."]
+    nums = {}
+    for _, r in dis.iterrows():
+        s.append(f"{r['variant']}: speedup {fx(r['speedup_vs_ref'])} over '{ref}' with {fnum(r['devices'])} devices, "
+                 f"so {fx(r['device_hours'] / base['device_hours'] if base['device_hours'] else math.nan)} its "
+                 f"{unit.split(' ')[0]}. Measured T_gen = {fsec(r['t_gen_s'])}, T_train = {fsec(r['t_train_s'])}: "
+                 f"perfect overlap could give at most {fx(r['overlap_bound'])}; the run overlapped "
+                 f"{fx(r['overlap_achieved'])} of work per wall second and reached {fpct(r['bound_fraction'])} "
+                 "of the bound.")
+        if not nan(r["bound_fraction"]) and r["bound_fraction"] > 1:
+            work = ("generate", "score", "ref_logprobs", "update")
+            outside = lambda x: x["wall_time_s"] - sum(  # noqa: E731
+                0.0 if nan(x[f"time_{p}_s"]) else x[f"time_{p}_s"] for p in work)
+            s.append(f"The speedup exceeds the overlap bound, so overlap alone does not explain it: '{ref}' spent "
+                     f"{fsec(outside(base))} of its wall time outside generation and training (validation "
+                     f"{fsec(base['time_validate_s'])}, weight sync {fsec(base['time_weight_sync_s'])}), "
+                     f"{r['variant']} {fsec(outside(r))}.")
+        nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
+        nums[f"bound_{r['variant']}"] = r["overlap_bound"]
+    s.append("Why: overlap hides the shorter side behind the longer one, so the bound is (T_gen + T_train) / "
+             "max(T_gen, T_train) and approaches 2x only when both sides take equal time; weight syncs "
+             "between processes, the one-version-behind wait, and (on CPU) the driver and Ray processes sharing the "
+             "actors' cores eat "
+             "into it, while every device is billed for the whole run.")
+    return section("disagg", title, s, nums)
+
+
+def _transport_groups(sync: pd.DataFrame):
+    """(description, {transport: median s}) per comparable group: same source, payload and
+    placement (the bench labels runs ``transport@placement``)."""
+    rows = sync[sync["median_s"].notna()].copy() if len(sync) else sync
+    if not len(rows):
+        return []
+    rows["transport"] = [str(x).split("@")[0] for x in rows["label"]]
+    rows["placement"] = [str(x).split("@")[1] if "@" in str(x) else "" for x in rows["label"]]
+    payload = rows["payload"].astype(str) if "payload" in rows.columns else ""
+    rows["payload"] = payload
+    out = []
+    for (source, pay, place), g in rows.groupby(["source", "payload", "placement"], sort=False):
+        what = "in the training runs" if source == "run" else f"in the benchmark ({pay or 'payload'}"
+        what += f", {place})" if source != "run" and place else (")" if source != "run" else "")
+        out.append((source, what, g.groupby("transport")["median_s"].median()))
+    return out
+
+
+def rdt_section(sync: pd.DataFrame) -> dict:
+    title = "Weight-sync latency: object store vs RDT (seed 000 Problem 9, seed 002 Problem 12)"
+    s, nums = [], {}
+    for source, what, by in _transport_groups(sync):
+        s.append(f"Median sync latency {what}: " + ", ".join(f"{k} {fsec(v)}" for k, v in by.items()) + ".")
+        rdt = {k: v for k, v in by.items() if str(k).startswith("rdt")}
+        if "object_store" in by and rdt:
+            best = min(rdt, key=rdt.get)
+            ratio = by["object_store"] / rdt[best]
+            verdict = "faster" if ratio > 1 else "slower"
+            s.append(f"{best} is {fnum(ratio if ratio > 1 else 1 / ratio)}x {verdict} than the object store {what}.")
+            nums.setdefault(f"rdt_gain_{source}", ratio)
+    if not s:
+        return section("rdt", title, ["No data: no weight-sync latency was measured (no disaggregated run "
+                                      "and no readable results/bench/weight_sync.json)."])
+    skipped = sync[sync["note"].astype(str) != ""] if len(sync) else sync
+    for _, r in skipped.iterrows():
+        s.append(f"Benchmark {r['label']} not measured: {r['note']}.")
+    return section("rdt", title, s, nums)
+
+
+def versions_section(table: pd.DataFrame, versions: pd.DataFrame) -> dict:
+    title = "Version logging: one-version-behind (seed 002 Problem 10)"
+    dis = table[table["mode"] == "disaggregated"] if len(table) else table
+    if not len(dis):
+        return section("versions", title, ["No data: no disaggregated variant ran."])
+    s, nums = [], {}
+    for _, r in dis.iterrows():
+        v = versions[versions["variant"] == r["variant"]] if len(versions) else versions
+        lag = max_version_lag(v)
+        n_gen, n_learn = int((v["who"] == "generator").sum()), int((v["who"] == "learner").sum())
+        s.append(f"{r['variant']}: {n_learn} learner and {n_gen} generator version events logged; the generator's "
+                 f"weights were at most {fnum(lag)} version(s) behind the learner's at any time (max staleness of "
+                 f"the samples trained on: {fnum(r['staleness_max'])}).")
+        nums[f"lag_{r['variant']}"] = lag
+    return section("versions", title, s, nums)
+
+
+def max_version_lag(versions: pd.DataFrame) -> float:
+    """Largest gap, at any moment, between the learner's policy version and the one the
+    generator holds (both sides' version logs replayed in time order; each starts at 0)."""
+    if not len(versions) or not {"learner", "generator"} <= set(versions["who"]):
+        return math.nan
+    held = {"learner": 0, "generator": 0}
+    lag = 0
+    for _, e in versions.sort_values("wall_time", kind="stable").iterrows():
+        held[e["who"]] = int(e["version"])
+        lag = max(lag, held["learner"] - held["generator"])
+    return float(lag)
+
+
+def replay_section(table: pd.DataFrame) -> dict:
+    title = "Replay buffer vs the standard disaggregated run (seed 002 Problem 11)"
+    rep, base = row_of(table, "replay"), row_of(table, "disagg")
+    if rep is None:
+        return section("replay", title, [missing("replay")])
+    s = [f"replay reused each stored group {fnum(rep['replay_reuse_mean'])} times on average with a mean "
+         f"sample age of {fnum(rep['replay_age_mean'])} policy versions (max staleness {fnum(rep['staleness_max'])})."]
+    if base is not None:
+        s.append(f"Final / best validation reward: replay {fnum(rep['val_reward_final'])} / "
+                 f"{fnum(rep['val_reward_best'])} "
+                 f"vs disagg {fnum(base['val_reward_final'])} / {fnum(base['val_reward_best'])}; throughput "
+                 f"{fnum(rep['samples_per_s'])} vs {fnum(base['samples_per_s'])} samples/s.")
+    else:
+        s.append(missing("disagg") + " (the replay run's baseline)")
+    return section("replay", title, s, {"reuse": rep["replay_reuse_mean"], "age": rep["replay_age_mean"]})
+
+
+def bench_section(bench: dict) -> dict:
+    s = []
+    for name, data in sorted(bench.items()):
+        if name.startswith("weight_sync"):
+            continue  # reported in the weight-sync section
+        flat = {k: v for k, v in (data.items() if isinstance(data, dict) else [])
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if flat:
+            s.append(f"{name}: " + ", ".join(f"{k} = {fnum(float(v), 4)}" for k, v in flat.items()) + ".")
+        else:
+            s.append(f"{name}: see results/bench/{name}.json.")
+    return section("bench", "Benchmarks", s or ["No benchmark files were found."])
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFrame, sync: pd.DataFrame,
+               reference: str, bench: dict | None = None, rollouts: pd.DataFrame | None = None) -> dict:
+    rollouts = rollouts if rollouts is not None else pd.DataFrame(columns=["variant", "step", "reward"])
+    return {"reference": reference, "sections": [
+        profiling_section(table, metrics, reference),
+        rollouts_section(rollouts, table, reference),
+        kl_section(table, metrics, reference),
+        kstep_section(table, reference),
+        disagg_section(table, reference),
+        rdt_section(sync),
+        versions_section(table, versions),
+        replay_section(table),
+        bench_section(bench or {}),
+    ]}
+
+
+def render_html(disc: dict) -> str:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><style>body{font:14px sans-serif;"
+             "max-width:60em}h3{margin-bottom:.2em}</style></head><body>",
+             "<p><i>Every number on this page is computed by rlpipe.analysis.report_text from results/summary "
+             f"(reference variant: {html.escape(str(disc.get('reference')))}); none is typed by hand.</i></p>"]
+    for sec in disc["sections"]:
+        parts.append(f"<h3>{html.escape(sec['title'])}</h3>")
+        parts += [f"<p>{html.escape(s)}</p>" for s in sec["sentences"]]
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

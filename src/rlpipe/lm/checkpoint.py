@@ -1,0 +1,188 @@
+"""Model checkpoints: config + weights + tokenizer reference (+ optimizer state, + ``extra``).
+
+Seed 000's Learner "loads model/optimizer checkpoints" and its Generator "loads a pre-trained
+TransformerLM from a checkpoint"; the seeds leave the format open. rlpipe stores one ``torch.save``
+file holding only tensors, containers and primitives::
+
+    {"format": "rlpipe.lm.checkpoint", "version": 1, "model_config": {...}, "model": state_dict,
+     "tokenizer": "path/to/tokenizer.json" | None, "optimizer": state_dict | None, "extra": {...}}
+
+and loads it with ``torch.load(..., weights_only=True)``, so a checkpoint cannot execute code (a
+pickled object is refused). ``extra`` is checked at save time for the same reason: anything
+``weights_only`` could not load back (numpy arrays, custom classes) is an error naming its key,
+raised before the file is written, not a surprise at resume time. Weights are stored on CPU so a
+GPU checkpoint loads on a CPU-only machine. Writes are atomic (``rlpipe.io.torch_save``).
+Loading checks every parameter and reports all missing, unexpected and mis-shaped names at once.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlpipe.io import torch_save
+from rlpipe.lm.model import ModelConfig, TransformerLM
+
+FORMAT = "rlpipe.lm.checkpoint"
+VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is unreadable, unsafe, or does not match the model."""
+
+
+@dataclass
+class LoadedCheckpoint:
+    model: TransformerLM
+    model_config: ModelConfig
+    tokenizer: str | None
+    optimizer_state: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    # torch.compile wraps the module; its state-dict keys carry an "_orig_mod." prefix we don't want.
+    return getattr(model, "_orig_mod", model)
+
+
+_SAFE_SCALARS = (
+    type(None), bool, int, float, str, bytes, torch.Tensor, torch.dtype, torch.device, torch.Size,
+)
+
+
+def _check_loadable(obj: Any, where: str) -> None:
+    """Raise naming ``where`` if ``obj`` would not survive ``torch.load(weights_only=True)``."""
+    if isinstance(obj, _SAFE_SCALARS):
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            _check_loadable(item, f"{where}[{i}]")
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int, float, bool, type(None))):
+                raise TypeError(f"checkpoint {where} has a key of type {type(k).__name__}: {k!r}")
+            _check_loadable(v, f"{where}[{k!r}]")
+        return
+    raise TypeError(
+        f"checkpoint {where} holds a {type(obj).__module__}.{type(obj).__name__}, which weights-only "
+        "loading refuses; store tensors, numbers, strings, lists or dicts "
+        "(e.g. torch.from_numpy(a) or a.tolist())"
+    )
+
+
+def save_checkpoint(path, model: nn.Module, *, tokenizer, optimizer=None, extra: dict | None = None) -> None:
+    """Write ``model`` (a ``TransformerLM``), its config and ``tokenizer`` (a path/spec string or a
+    ``Tokenizer``, whose ``.spec`` is stored) to ``path`` atomically."""
+    model = _unwrap(model)
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        raise TypeError(
+            f"save_checkpoint needs a TransformerLM (with a ModelConfig .config), got {type(model).__name__}"
+        )
+    tok_ref = getattr(tokenizer, "spec", tokenizer)
+    if tok_ref is not None and not isinstance(tok_ref, (str, os.PathLike)):
+        raise TypeError(
+            f"tokenizer must be a path string, a Tokenizer or None, got {type(tokenizer).__name__}"
+        )
+    extra = dict(extra or {})
+    _check_loadable(extra, "extra")
+    opt_state = optimizer.state_dict() if optimizer is not None else None
+    if opt_state is not None:
+        _check_loadable(opt_state, "optimizer")
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model_config": config.to_dict(),
+        "model": {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()},
+        "tokenizer": None if tok_ref is None else str(tok_ref),
+        "optimizer": opt_state,
+        "extra": extra,
+    }
+    torch_save(path, payload)
+
+
+def _read(path, device) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"checkpoint {path} was refused by weights-only loading (it holds pickled objects): {e}"
+        ) from e
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an rlpipe checkpoint (no format={FORMAT!r} marker)")
+    if payload.get("version") != VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has version {payload.get('version')!r}; this rlpipe reads {VERSION}"
+        )
+    missing = [k for k in ("model_config", "model") if k not in payload]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks {missing}")
+    return payload
+
+
+def check_state_dict(model: nn.Module, state: dict, source: str = "checkpoint") -> None:
+    """Raise ``CheckpointError`` listing every missing, unexpected and mis-shaped parameter."""
+    expected = {k: tuple(v.shape) for k, v in _unwrap(model).state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    shapes = [
+        f"{k}: model {expected[k]} vs {source} {got[k]}"
+        for k in sorted(set(expected) & set(got))
+        if expected[k] != got[k]
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing}")
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected}")
+        if shapes:
+            parts.append("shape mismatches [" + "; ".join(shapes) + "]")
+        raise CheckpointError(f"{source} does not match the model: " + ", ".join(parts))
+
+
+def load_checkpoint(path, device="cpu") -> LoadedCheckpoint:
+    """Rebuild the ``TransformerLM`` saved at ``path`` on ``device``."""
+    payload = _read(path, device)
+    try:
+        config = ModelConfig.from_dict(payload["model_config"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} has an invalid model_config: {e}") from e
+    with torch.device("meta"):
+        model = TransformerLM(config)  # no init work: every tensor is replaced by the checkpoint's
+    check_state_dict(model, payload["model"], source=f"checkpoint {path}")
+    model.load_state_dict(payload["model"], strict=True, assign=True)
+    return LoadedCheckpoint(
+        model=model.to(device),
+        model_config=config,
+        tokenizer=payload.get("tokenizer"),
+        optimizer_state=payload.get("optimizer"),
+        extra=payload.get("extra") or {},
+    )
+
+
+def load_model_state(model: nn.Module, path) -> dict:
+    """Copy the weights at ``path`` into an existing ``model`` in place (its device and dtype kept);
+    return the checkpoint's ``extra``. The checkpoint's config must equal the model's."""
+    payload = _read(path, "cpu")
+    config = getattr(_unwrap(model), "config", None)
+    if isinstance(config, ModelConfig) and payload["model_config"] != config.to_dict():
+        saved = payload["model_config"]
+        diff = {k: (v, saved.get(k)) for k, v in config.to_dict().items() if saved.get(k) != v}
+        raise CheckpointError(
+            f"checkpoint {path} config differs from the model's: {{field: (model, checkpoint)}} = {diff}"
+        )
+    check_state_dict(model, payload["model"], source=f"checkpoint {path}")
+    _unwrap(model).load_state_dict(payload["model"], strict=True)
+    return payload.get("extra") or {}

@@ -1,0 +1,101 @@
+"""Generator role: its own copy of the policy weights, producing G responses per prompt.
+
+As in seed 000 §3.1.1 the Generator keeps a second copy of the model (the way vLLM-backed RL
+systems do) and only changes weights through ``load_weights``. It records the policy version it
+holds, stamps every rollout batch with it, and logs each version change and each sampling start
+(who, version, wall time) so the one-version-behind bound can be checked after a run.
+
+Sampling seeds are a function of (run seed, the first optimizer step that trains on the batch),
+not of call order, so colocated
+``k=1`` reproduces Variant A exactly and a resumed run samples what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlpipe.lm.device import autocast, resolve_device, setup_process
+from rlpipe.trainer.profiling import Profiler
+from rlpipe.rl.records import RolloutBatch, VersionEvent
+from rlpipe.tasks import Example
+
+
+def sample_seed(run_seed: int, step: int) -> int:
+    return (run_seed * 1_000_003 + step * 7_919 + 17) % (2**31 - 1)
+
+
+class Generator:
+    def __init__(self, checkpoint: str, train_cfg, *, stop: tuple[str, ...] = (), threads: int = 1,
+                 profiler: Profiler | None = None):
+        from rlpipe.lm.checkpoint import load_checkpoint
+        from rlpipe.lm.tokenizer import load_tokenizer
+
+        setup_process(threads, train_cfg.seed)
+        self.cfg = train_cfg
+        self.device = resolve_device(train_cfg.device)
+        ckpt = load_checkpoint(checkpoint, device=self.device)
+        self.model = ckpt.model.eval()
+        self.tokenizer = load_tokenizer(ckpt.tokenizer)
+        self.stop = tuple(stop)
+        self.version = 0
+        self.prof = profiler or Profiler("generator")
+        self.version_log: list[VersionEvent] = [VersionEvent("generator", 0, time.time(), "init")]
+
+    # -- sampling -----------------------------------------------------------------------------
+    def _sampling_params(self, n: int, seed: int):
+        from rlpipe.lm.sampler import SamplingParams
+
+        c = self.cfg
+        return SamplingParams(n=n, temperature=c.sampling_temperature, top_p=c.sampling_top_p,
+                              max_tokens=c.sampling_max_tokens, min_tokens=c.sampling_min_tokens,
+                              stop=self.stop, seed=seed)
+
+    @torch.inference_mode()
+    def _sample(self, examples: list[Example], n: int, seed: int):
+        from rlpipe.lm.sampler import generate
+
+        with autocast(self.device, self.cfg.dtype):
+            return generate(self.model, self.tokenizer, [e.prompt for e in examples],
+                            self._sampling_params(n, seed), device=self.device)
+
+    def generate(self, examples: list[Example], step: int) -> RolloutBatch:
+        """G responses for each prompt, sampled with the weights of ``self.version``; ``step`` is
+        the first optimizer step that will train on the batch (events and seeds are keyed by it)."""
+        g = self.cfg.group_size
+        version = self.version
+        self.version_log.append(VersionEvent("generator", version, time.time(), "sample_start"))
+        with self.prof.phase("generate", step, version):
+            out = self._sample(examples, g, sample_seed(self.cfg.seed, step))
+        return RolloutBatch(
+            prompts=[e.prompt for e in examples for _ in range(g)],
+            ground_truths=[e.ground_truth for e in examples for _ in range(g)],
+            prompt_ids=out.prompt_ids,
+            response_ids=out.response_ids,
+            responses=out.response_text,
+            behaviour_logprobs=[lp.detach().float().cpu() for lp in out.logprobs],
+            finish_reasons=out.finish_reason,
+            policy_version=version,
+            group_size=g,
+        )
+
+    def validate(self, examples: list[Example], reward_fn, step: int) -> tuple[float, list[dict]]:
+        """Mean reward of one response per validation prompt, sampled with the fixed validation
+        seed at the training temperature; also returns a few scored examples."""
+        with self.prof.phase("validate", step, self.version):
+            responses = self._sample(examples, 1, self.cfg.val_seed).response_text
+            rewards = [reward_fn(r, e.ground_truth)["reward"] for r, e in zip(responses, examples)]
+        shown = [{"prompt": e.prompt, "response": r, "reward": w, "ground_truth": e.ground_truth}
+                 for e, r, w in list(zip(examples, responses, rewards))[:4]]
+        return float(sum(rewards) / max(1, len(rewards))), shown
+
+    # -- weights ------------------------------------------------------------------------------
+    def mark_loaded(self, version: int) -> None:
+        """Record that a weight sync of learner ``version`` has been copied into ``self.model``."""
+        self.version = int(version)
+        self.version_log.append(VersionEvent("generator", self.version, time.time(), "load_weights"))
+
+    def drain_logs(self):
+        events, self.version_log = self.version_log, []
+        return self.prof.drain(), events

@@ -1,0 +1,207 @@
+"""Learner role: the training copy of the weights, the optimizer and the policy version.
+
+One ``train_step`` call is one optimizer step over one train batch (``train_batch_size`` rows,
+whole groups), split into ``gradient_accumulation_steps`` microbatches that each go through
+``rlpipe.rl.grpo.grpo_microbatch_train_step``; then gradient clipping (max-norm 1.0) and AdamW.
+The version counter increments on every optimizer step.
+
+How this departs from the seed skeleton, and why:
+- The seed's ``update_policy`` re-tokenizes prompt + response text. We pack the *sampled token ids*
+  instead (``rlpipe.rl.grpo.pack_token_ids``): decoding then re-encoding can change the token
+  sequence, and the importance ratio must compare log-probs of the very tokens that were sampled.
+- The learner scores the same tempered distribution the sampler drew from (logits / T), so on the
+  first epoch of an on-policy step the ratio is 1 up to float error and the clip anchors to the
+  behaviour policy's log-probs recorded at sampling (never recomputed by the learner).
+- KL monitoring (seed 000 §3.2) costs one extra ``no_grad`` forward after the step: with the
+  pre-step log-probs of the training forward (pi_{t-1}) and the reference log-probs, it gives
+  KL(pi_t || pi_ref) and KL(pi_t || pi_{t-1}) on this step's response tokens, with the seed's
+  sample estimates (Eq. 8; ``kl/*_k3`` is the low-variance k3 variant). The tokens were sampled by
+  the behaviour policy b, not pi_t, so each token's term is weighted by min(pi_t / b, 10)
+  (``grpo.kl_importance_weights``). On-policy the weights are ~1 and change nothing; on replayed
+  batches several versions old, unweighted k3 read 147 where the log-ratio estimate read 9.4,
+  because exp(log pi_ref/pi_t) is huge on old tokens that pi_t has since learned to avoid.
+- Staleness per row = learner version when the row is trained - version that generated it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rlpipe.lm.device import autocast, resolve_device, setup_process
+from rlpipe.trainer.profiling import Profiler
+from rlpipe.rl.records import RolloutBatch, UpdateResult, VersionEvent
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+@dataclass
+class TrainTensors:
+    input_ids: torch.Tensor  # (B, T)
+    labels: torch.Tensor  # (B, T)
+    response_mask: torch.Tensor  # (B, T) bool
+    old_log_probs: torch.Tensor  # (B, T) behaviour log-probs at response positions, 0 elsewhere
+    raw_rewards: torch.Tensor  # (B, 1)
+    advantages: torch.Tensor  # (B, 1)
+
+    def to(self, device: torch.device) -> "TrainTensors":
+        return TrainTensors(*(t.to(device) for t in vars(self).values()))
+
+    def rows(self, sl: slice) -> "TrainTensors":
+        return TrainTensors(*(t[sl] for t in vars(self).values()))
+
+
+def build_train_tensors(batch: RolloutBatch, pad_id: int) -> TrainTensors:
+    from rlpipe.rl.grpo import pack_token_ids
+
+    packed = pack_token_ids(batch.prompt_ids, batch.response_ids, pad_id)
+    mask = packed["response_mask"].bool()  # (B, T)
+    old = torch.zeros(mask.shape, dtype=torch.float32)  # (B, T)
+    # Row-major boolean assignment fills each row's response positions in order.
+    old[mask] = torch.cat([lp.float() for lp in batch.behaviour_logprobs])
+    if batch.rewards is None or batch.advantages is None:
+        raise ValueError("learner got an unscored rollout batch (rewards/advantages missing)")
+    return TrainTensors(packed["input_ids"], packed["labels"], mask, old,
+                        batch.rewards.float()[:, None], batch.advantages.float()[:, None])
+
+
+def response_log_probs(model, t: TrainTensors, temperature: float, entropy: bool = False) -> dict:
+    from rlpipe.rl.grpo import get_response_log_probs
+
+    return get_response_log_probs(model, t.input_ids, t.labels, return_token_entropy=entropy,
+                                  temperature=temperature)
+
+
+class Learner:
+    def __init__(self, checkpoint: str, train_cfg, *, threads: int = 1, profiler: Profiler | None = None):
+        from rlpipe.lm.checkpoint import load_checkpoint
+        from rlpipe.lm.tokenizer import load_tokenizer
+
+        setup_process(threads, train_cfg.seed)
+        self.cfg = train_cfg
+        self.sizes = train_cfg.derived()
+        self.device = resolve_device(train_cfg.device)
+        ckpt = load_checkpoint(checkpoint, device=self.device)
+        self.model = ckpt.model.train()
+        self.tokenizer_ref = ckpt.tokenizer
+        self.pad_id = load_tokenizer(ckpt.tokenizer).pad_token_id
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=train_cfg.learning_rate,
+                                     weight_decay=train_cfg.weight_decay, betas=tuple(train_cfg.betas))
+        self.version = 0
+        self.prof = profiler or Profiler("learner")
+        self.version_log: list[VersionEvent] = [VersionEvent("learner", 0, time.time(), "init")]
+
+    # -- one optimizer step ---------------------------------------------------------------------
+    def train_step(self, batch: RolloutBatch, ref_log_probs: torch.Tensor | None, step: int) -> UpdateResult:
+        """One optimizer step on ``batch`` (``train_batch_size`` rows). ``ref_log_probs`` (B, T)."""
+        if len(batch) != self.cfg.train_batch_size:
+            raise ValueError(f"train_step got {len(batch)} rows, expected train.train_batch_size="
+                             f"{self.cfg.train_batch_size}")
+        with self.prof.phase("update", step, self.version):
+            t = build_train_tensors(batch, self.pad_id).to(self.device)
+            ref = None if ref_log_probs is None else ref_log_probs.to(self.device)
+            staleness = (self.version - batch.versions()).float()  # (B,)
+            metrics, pre_lp = self._accumulate_gradients(t, ref)
+            metrics["optim/grad_norm"] = self._optimizer_step(step)
+            metrics.update(self._kl_metrics(t, pre_lp, ref))
+        metrics["staleness/mean"] = float(staleness.mean())
+        metrics["staleness/max"] = float(staleness.max())
+        return UpdateResult(self.version, metrics, len(batch), int(t.response_mask.sum()))
+
+    def _accumulate_gradients(self, t: TrainTensors, ref: torch.Tensor | None):
+        from rlpipe.rl.grpo import grpo_microbatch_train_step, masked_mean
+
+        c, mb = self.cfg, self.sizes.micro_train_batch_size
+        gas = c.gradient_accumulation_steps
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        pre_lp = torch.zeros_like(t.old_log_probs)  # (B, T)
+        sums = {"loss/policy": 0.0, "loss/clip_frac": 0.0, "policy/entropy": 0.0}
+        for s in range(0, t.input_ids.shape[0], mb):
+            sl, m = slice(s, s + mb), t.rows(slice(s, s + mb))
+            with autocast(self.device, c.dtype):
+                out = response_log_probs(self.model, m, c.sampling_temperature, entropy=True)
+            lp = out["log_probs"].float()  # (mb, T)
+            loss, md = grpo_microbatch_train_step(
+                lp, m.response_mask, gas, c.loss_type, raw_rewards=m.raw_rewards, advantages=m.advantages,
+                old_log_probs=m.old_log_probs, cliprange=c.cliprange,
+                length_normalization=c.length_normalization,
+                normalize_constant=c.normalize_constant or float(c.sampling_max_tokens),
+                ref_log_probs=None if ref is None else ref[sl], kl_coef=c.kl_coef)
+            if not torch.isfinite(loss):
+                raise NonFiniteLossError(f"non-finite loss {float(loss)} at learner version {self.version}; "
+                                         "weights were not updated (last good checkpoint kept)")
+            pre_lp[sl] = lp.detach()
+            sums["loss/policy"] += float(loss)
+            sums["loss/clip_frac"] += float(md.get("loss/clip_frac", 0.0)) / gas
+            sums["policy/entropy"] += float(masked_mean(out["token_entropy"].float(), m.response_mask)) / gas
+        return sums, pre_lp
+
+    def _optimizer_step(self, step: int) -> float:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            self.opt.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"non-finite gradient norm at learner version {self.version}; "
+                                     "weights were not updated (last good checkpoint kept)")
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.version += 1
+        self.version_log.append(VersionEvent("learner", self.version, time.time(), "optimizer_step"))
+        return grad_norm
+
+    @torch.no_grad()
+    def _kl_metrics(self, t: TrainTensors, pre_lp: torch.Tensor, ref: torch.Tensor | None) -> dict[str, float]:
+        from rlpipe.rl.grpo import kl_importance_weights, masked_kl
+
+        self.model.eval()
+        with autocast(self.device, self.cfg.dtype):
+            post = response_log_probs(self.model, t, self.cfg.sampling_temperature)["log_probs"].float()
+        self.model.train()
+        w = kl_importance_weights(post, t.old_log_probs)  # (B, T)
+        out = {}
+        for est in ("log_ratio", "k3"):
+            out[f"kl/prev_{est}"] = float(masked_kl(post, pre_lp, t.response_mask, est, weights=w))
+            if ref is not None:
+                out[f"kl/ref_{est}"] = float(masked_kl(post, ref, t.response_mask, est, weights=w))
+        return out
+
+    def kl_to_reference_before_training(self, batch: RolloutBatch, ref_log_probs: torch.Tensor) -> dict:
+        """KL(pi_version || pi_ref) on ``batch`` with the current weights (the step-0 value)."""
+        from rlpipe.rl.grpo import masked_kl
+
+        t = build_train_tensors(batch, self.pad_id).to(self.device)
+        with torch.no_grad(), autocast(self.device, self.cfg.dtype):
+            lp = response_log_probs(self.model, t, self.cfg.sampling_temperature)["log_probs"].float()
+        ref = ref_log_probs.to(self.device)
+        return {f"kl/ref_{e}": float(masked_kl(lp, ref, t.response_mask, e)) for e in ("log_ratio", "k3")}
+
+    # -- weights and state ---------------------------------------------------------------------
+    def state_for_sync(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def save(self, path: str, extra: dict) -> None:
+        from rlpipe.lm.checkpoint import save_checkpoint
+
+        extra = dict(extra, version=self.version, torch_rng=torch.get_rng_state())
+        save_checkpoint(path, self.model, tokenizer=self.tokenizer_ref, optimizer=self.opt, extra=extra)
+
+    def restore(self, path: str) -> dict:
+        from rlpipe.lm.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(path, device=self.device)
+        self.model.load_state_dict(ckpt.model.state_dict())
+        if ckpt.optimizer_state is not None:
+            self.opt.load_state_dict(ckpt.optimizer_state)
+        self.version = int(ckpt.extra["version"])
+        if "torch_rng" in ckpt.extra:
+            torch.set_rng_state(ckpt.extra["torch_rng"])
+        return dict(ckpt.extra)
+
+    def drain_logs(self):
+        events, self.version_log = self.version_log, []
+        return self.prof.drain(), events

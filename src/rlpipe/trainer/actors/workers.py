@@ -1,0 +1,143 @@
+"""Placement classes: which roles share one Ray actor (one process, one device).
+
+- ``ColocatedWorker``: Generator + Learner + ReferenceModel on one device (seed 000 §3.1-3.3).
+  Weight sync is an in-process copy from the learner's model into the generator's model.
+- ``LearnerWorker``: Learner + ReferenceModel (the training side of the disaggregated setup), a
+  weight *sender*.
+- ``GeneratorWorker``: the Generator alone (the rollout side), a weight *receiver*.
+- ``Scorer``: reward scoring in its own process (the seed-000 Generator -> Scorer -> Learner flow).
+
+These classes only compose roles and forward calls; the roles hold the logic. Each is turned into
+a Ray actor by the driver with resources from the config.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rlpipe.trainer.actors.generator import Generator
+from rlpipe.trainer.actors.learner import Learner
+from rlpipe.trainer.actors.reference import ReferenceModel
+from rlpipe.trainer.profiling import Profiler
+from rlpipe.rl.records import RolloutBatch, UpdateResult
+from rlpipe.rl.scoring import score_batch
+from rlpipe.tasks import make_task
+from rlpipe.trainer.weight_sync import SyncStats, WeightReceiver, WeightSender, copy_weights
+
+
+class ColocatedWorker:
+    def __init__(self, checkpoint: str, train_cfg, dataset_dir: str | None, threads: int):
+        self.cfg = train_cfg
+        self.task = make_task(train_cfg.task, dataset_dir)
+        self.prof = Profiler("colocated")
+        self.generator = Generator(checkpoint, train_cfg, stop=self.task.stop, threads=threads, profiler=self.prof)
+        self.learner = Learner(checkpoint, train_cfg, threads=threads, profiler=self.prof)
+        self.reference = ReferenceModel(checkpoint, train_cfg, profiler=self.prof)
+
+    def rollout(self, batch_index: int, step: int) -> RolloutBatch:
+        n = self.cfg.derived().n_prompts_per_rollout_batch
+        examples = self.task.prompts_for_batch(batch_index, n, self.cfg.seed)
+        batch = self.generator.generate(examples, step)
+        with self.prof.phase("score", step, batch.policy_version):
+            return score_batch(batch, self.task, self.cfg)
+
+    def update(self, batch: RolloutBatch, step: int) -> UpdateResult:
+        ref = self.reference.log_probs(batch, step, self.learner.version)
+        return self.learner.train_step(batch, ref, step)
+
+    def initial_kl(self, batch: RolloutBatch) -> dict[str, float]:
+        return self.learner.kl_to_reference_before_training(batch, self.reference.log_probs(batch, 0, 0))
+
+    def sync_weights(self, step: int) -> SyncStats:
+        with self.prof.phase("weight_sync", step, self.learner.version):
+            stats = copy_weights(self.learner.model, self.generator.model, version=self.learner.version)
+            self.generator.mark_loaded(self.learner.version)
+        return stats
+
+    def validate(self, step: int) -> tuple[float, list[dict]]:
+        examples = self.task.val_examples()[: self.cfg.val_size]
+        return self.generator.validate(examples, self.task.reward, step)
+
+    def save(self, path: str, extra: dict) -> None:
+        self.learner.save(path, extra)
+
+    def restore(self, path: str) -> dict:
+        extra = self.learner.restore(path)
+        copy_weights(self.learner.model, self.generator.model, version=self.learner.version)
+        self.generator.mark_loaded(self.learner.version)
+        return extra
+
+    def drain_logs(self):
+        return self.prof.drain(), self.generator.drain_logs()[1] + self.learner.drain_logs()[1]
+
+
+class LearnerWorker(WeightSender):
+    def __init__(self, checkpoint: str, train_cfg, threads: int):
+        self.cfg = train_cfg
+        self.prof = Profiler("learner")
+        self.learner = Learner(checkpoint, train_cfg, threads=threads, profiler=self.prof)
+        self.reference = ReferenceModel(checkpoint, train_cfg, profiler=self.prof)
+
+    def update(self, batch: RolloutBatch, step: int) -> UpdateResult:
+        ref = self.reference.log_probs(batch, step, self.learner.version)
+        return self.learner.train_step(batch, ref, step)
+
+    def initial_kl(self, batch: RolloutBatch) -> dict[str, float]:
+        return self.learner.kl_to_reference_before_training(batch, self.reference.log_probs(batch, 0, 0))
+
+    @property
+    def model(self):  # what WeightSender exports
+        return self.learner.model
+
+    def save(self, path: str, extra: dict) -> None:
+        self.learner.save(path, extra)
+
+    def restore(self, path: str) -> dict:
+        return self.learner.restore(path)
+
+    def drain_logs(self):
+        return self.prof.drain(), self.learner.drain_logs()[1]
+
+
+class GeneratorWorker(WeightReceiver):
+    def __init__(self, checkpoint: str, train_cfg, dataset_dir: str | None, threads: int):
+        self.cfg = train_cfg
+        self.task = make_task(train_cfg.task, dataset_dir)
+        self.generator = Generator(checkpoint, train_cfg, stop=self.task.stop, threads=threads)
+
+    def rollout(self, batch_index: int, step: int) -> RolloutBatch:
+        n = self.cfg.derived().n_prompts_per_rollout_batch
+        return self.generator.generate(self.task.prompts_for_batch(batch_index, n, self.cfg.seed), step)
+
+    @property
+    def model(self):  # what WeightReceiver loads into
+        return self.generator.model
+
+    def load_weights(self, state, version: int, checksum: bool = False):
+        ack = super().load_weights(state, version, checksum)
+        self.generator.mark_loaded(version)
+        return ack
+
+    def validate(self, step: int) -> tuple[float, list[dict]]:
+        examples = self.task.val_examples()[: self.cfg.val_size]
+        return self.generator.validate(examples, self.task.reward, step)
+
+    def ping(self) -> float:
+        return time.time()
+
+    def drain_logs(self):
+        return self.generator.drain_logs()
+
+
+class Scorer:
+    def __init__(self, train_cfg, dataset_dir: str | None):
+        self.cfg = train_cfg
+        self.task = make_task(train_cfg.task, dataset_dir)
+        self.prof = Profiler("scorer")
+
+    def score(self, batch: RolloutBatch, step: int) -> RolloutBatch:
+        with self.prof.phase("score", step, batch.policy_version):
+            return score_batch(batch, self.task, self.cfg)
+
+    def drain_logs(self):
+        return self.prof.drain(), []

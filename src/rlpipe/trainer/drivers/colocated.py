@@ -1,0 +1,48 @@
+"""Colocated driver: Generator, Learner and ReferenceModel in one ``ColocatedWorker`` actor.
+
+Seed 000 §3.3 Variant A (``colocated_sync``) and Variant B (``colocated_k``) are one loop: a round
+generates ``k`` rollout batches with policy version v (their old log-probs are the behaviour
+log-probs recorded at sampling, version v), then takes one optimizer step per train batch of
+each (k steps with the on-policy batch knobs; seed 001's ``epochs_per_rollout_batch`` and
+``train_batch_size`` multiply that), then syncs weights. ``colocated_sync`` is the loop with
+k = 1, so the two modes cannot drift apart; a test checks that a ``colocated_k`` run with k = 1
+reproduces a ``colocated_sync`` run bit for bit.
+"""
+
+from __future__ import annotations
+
+from rlpipe.trainer.actors.workers import ColocatedWorker
+from rlpipe.trainer.drivers.common import RunContext, train_batches
+
+
+def run_colocated(ctx: RunContext, gpus: int) -> dict:
+    t = ctx.train
+    k, spb = t.k, ctx.sizes.train_steps_per_rollout_batch
+    worker = ctx.actor(ColocatedWorker, gpus=min(gpus, 1), cpus=ctx.threads,
+                       checkpoint=ctx.base_checkpoint, train_cfg=t, dataset_dir=ctx.dataset_dir,
+                       threads=ctx.threads)
+    next_batch, step = ctx.restore(worker)
+    if step == 0:
+        ctx.begin(worker)
+    for round_start in range(next_batch, t.n_grpo_steps, k):
+        first_step = step + 1
+        batches = [ctx.wait_get(worker.rollout.remote(b, b * spb + 1), f"rollout batch {b}", b * spb + 1, step)
+                   for b in range(round_start, round_start + k)]
+        if step == 0:
+            ctx.writer.update_row(0, ctx.get(worker.initial_kl.remote(batches[0]), "initial KL"))
+        for b, batch in zip(range(round_start, round_start + k), batches):
+            for sub in train_batches(batch, t, b):
+                step += 1
+                ctx.log_update(step, ctx.get(worker.update.remote(sub, step), f"update step {step}"), sub)
+        ctx.log_sync(step, ctx.get(worker.sync_weights.remote(step), f"weight sync after step {step}"))
+        ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
+        if ctx.validation_due(first_step, step):
+            ctx.submit_validation(worker, step)
+        if ctx.checkpoint_due(first_step, step):
+            ctx.save_checkpoint(worker, step, round_start + k)
+        else:
+            ctx.collect_validation()
+            ctx.writer.flush()
+    ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
+    ctx.collect_validation()
+    return ctx.run_info(devices=max(1, min(gpus, 1)), device_type="gpu" if gpus else "cpu")

@@ -1,0 +1,192 @@
+"""What every driver loop shares: Ray start-up, guarded ``ray.get``, step logging, validation,
+checkpoints and resume.
+
+Driver-side conventions (the metrics are only comparable across variants because of these):
+- ``step`` counts optimizer steps (1-based); row 0 is the initial validation (version 0).
+- Phase events are keyed by optimizer step: a rollout batch's generation and scoring are charged
+  to the first step that trains on it, a weight sync to the step after which it happens.
+- ``time/wait`` is the time the driver is blocked on a rollout batch that is not ready yet: in a
+  colocated run that is the whole generation; in a disaggregated run, the generation time that
+  training did not hide. It overlaps actor phases and is not part of the phase stack.
+- Validation runs on the generator, so it measures exactly the weights the generator holds: in
+  colocated k-step runs that is at round ends (the first round end at or after each multiple of
+  ``val_every``), plus step 0 and the final step.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+
+from rlpipe.config import PipelineConfig, TrainConfig, to_dict
+from rlpipe.trainer.profiling import seconds_by_phase
+from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult
+from rlpipe.trainer.run_writer import RunWriter
+
+
+class ActorFailure(RuntimeError):
+    pass
+
+
+@dataclass
+class RunContext:
+    cfg: PipelineConfig
+    train: TrainConfig
+    variant: str
+    base_checkpoint: str
+    dataset_dir: str | None
+    out_dir: Path
+    threads: int
+    resume: bool
+    writer: RunWriter = field(init=False)
+    samples: int = 0
+    tokens: int = 0
+    pending_val: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.writer = RunWriter(self.out_dir)
+        self.sizes = self.train.derived()
+        self.driver_events: list[PhaseEvent] = []
+
+    # -- Ray --------------------------------------------------------------------------------------
+    def get(self, ref, what: str):
+        """``ray.get`` with the configured timeout; a dead or stuck actor becomes a clear error."""
+        try:
+            return ray.get(ref, timeout=self.train.ray_timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise ActorFailure(f"{what}: no answer within train.ray_timeout_s={self.train.ray_timeout_s}s "
+                               "(actor stuck or overloaded)") from e
+        except ray.exceptions.RayActorError as e:
+            raise ActorFailure(f"{what}: the actor died ({type(e).__name__}); see the Ray logs above. "
+                               "Rerun with --resume to continue from the last checkpoint") from e
+
+    def wait_get(self, ref, what: str, step: int, version: int):
+        start = time.time()
+        out = self.get(ref, what)
+        self.driver_events.append(PhaseEvent("wait", "driver", start, time.time(), step, version))
+        return out
+
+    def actor(self, cls, *, gpus: float, cpus: float, transport: str = "local", **kwargs):
+        from rlpipe.trainer.weight_sync import ray_actor_class
+
+        # named "<variant>/<class>" so operators (and tests) can find the actors of a run
+        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": f"{self.variant}/{cls.__name__}"}
+        return ray_actor_class(cls, transport).options(**opts).remote(**kwargs)
+
+    # -- logging ----------------------------------------------------------------------------------
+    def log_update(self, step: int, res: UpdateResult, batch: RolloutBatch) -> None:
+        self.samples += res.samples
+        self.tokens += res.tokens
+        self.writer.add_row({"step": step, "policy_version": res.version,
+                             "wall_time": self.writer.rel(time.time()), "samples": self.samples,
+                             "_tokens": res.tokens, **batch.reward_metrics, **res.metrics})
+        if step == 1 or step % self.train.log_rollouts_every == 0 or step == self.sizes.total_optimizer_steps:
+            items = [{"prompt": p, "response": r, "reward": float(w), "ground_truth": g}
+                     for p, r, w, g in list(zip(batch.prompts, batch.responses, batch.rewards.tolist(),
+                                                batch.ground_truths))[:: batch.group_size][:4]]
+            self.writer.add_rollouts(step, res.version, items)
+
+    def log_sync(self, step: int, stats) -> None:
+        self.writer.update_row(step, {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds,
+                                      "sync/gbps": stats.gbps})
+
+    def finalize_steps(self, logs: list) -> None:
+        """Attach phase seconds and throughput to rows; ``logs`` are actors' drained logs."""
+        events = self.driver_events
+        self.driver_events = []
+        for phase_events, version_events in logs:
+            events = events + list(phase_events)
+            self.writer.add_versions(version_events)
+        self.writer.add_events(events)
+        by_step: dict[int, list[PhaseEvent]] = {}
+        for e in events:
+            by_step.setdefault(e.step, []).append(e)
+        rows = sorted(self.writer.rows, key=lambda r: r["step"])
+        for prev, row in zip(rows, rows[1:]):
+            if "_tokens" not in row:
+                continue
+            row.update(seconds_by_phase(by_step.get(int(row["step"]), [])))
+            dt = max(row["wall_time"] - prev["wall_time"], 1e-9)
+            row["perf/samples_per_s"] = (row["samples"] - prev["samples"]) / dt
+            row["perf/tokens_per_s"] = row.pop("_tokens") / dt
+
+    # -- validation -------------------------------------------------------------------------------
+    def validation_due(self, first_step: int, last_step: int) -> bool:
+        every = self.train.val_every
+        crossed = any(s % every == 0 for s in range(first_step, last_step + 1))
+        return crossed or last_step == self.sizes.total_optimizer_steps
+
+    def submit_validation(self, generator, step: int) -> None:
+        self.pending_val.append((step, generator.validate.remote(step)))
+
+    def collect_validation(self) -> None:
+        for step, ref in self.pending_val:
+            mean, shown = self.get(ref, f"validation at step {step}")
+            self.writer.update_row(step, {"reward/val_mean": mean})
+        self.pending_val = []
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out_dir / "checkpoints" / "last.pt"
+
+    def checkpoint_due(self, first_step: int, last_step: int) -> bool:
+        every = self.train.checkpoint_every
+        return any(s % every == 0 for s in range(first_step, last_step + 1)) or \
+            last_step == self.sizes.total_optimizer_steps
+
+    def save_checkpoint(self, learner, step: int, next_batch: int) -> None:
+        self.collect_validation()
+        self.writer.flush(snapshot=True)
+        self.get(learner.save.remote(str(self.checkpoint_path),
+                                     {"step": step, "next_batch": next_batch, "samples": self.samples,
+                                      "wall_time": self.writer.rel(time.time())}), "checkpoint")
+
+    def restore(self, learner) -> tuple[int, int]:
+        """(next rollout batch, last optimizer step) to continue from; (0, 0) on a fresh run."""
+        if not (self.resume and self.checkpoint_path.exists()):
+            return 0, 0
+        extra = self.get(learner.restore.remote(str(self.checkpoint_path)), "restore checkpoint")
+        step = int(extra["step"])
+        self.writer.resume_from(step)
+        self.samples = int(extra["samples"])
+        return int(extra["next_batch"]), step
+
+    def begin(self, generator) -> None:
+        """Row 0 with the initial validation; the run's clock starts after it, so wall times and
+        throughput measure training, not Ray start-up and model loading."""
+        self.writer.add_row({"step": 0, "policy_version": 0, "wall_time": 0.0, "samples": 0})
+        self.submit_validation(generator, 0)
+        self.collect_validation()
+        self.writer.t0 = time.time()
+
+    def run_info(self, devices: int, device_type: str) -> dict:
+        ws = self.train.weight_sync
+        return {"variant": self.variant, "mode": self.train.mode, "devices": devices,
+                "device_type": device_type, "threads": self.threads, "total_samples": self.samples,
+                "total_optimizer_steps": self.sizes.total_optimizer_steps,
+                "transport": "local" if self.train.mode != "disaggregated" else ws.transport,
+                "backend": ws.backend if ws.transport == "rdt" else None, "k": self.train.k,
+                "replay": self.train.replay.enabled, "config": to_dict(self.train)}
+
+
+def train_batches(batch: RolloutBatch, train_cfg: TrainConfig, batch_index: int) -> list[RolloutBatch]:
+    """Split a rollout batch into optimizer-step batches of whole groups, ``epochs`` times.
+
+    The on-policy default (one epoch, train_batch_size == rollout_batch_size) returns the batch
+    itself; otherwise groups are shuffled per epoch with a seed derived from the batch index."""
+    groups_per_step = train_cfg.train_batch_size // train_cfg.group_size
+    if train_cfg.epochs_per_rollout_batch == 1 and len(batch) == train_cfg.train_batch_size:
+        return [batch]
+    out = []
+    for epoch in range(train_cfg.epochs_per_rollout_batch):
+        order = list(range(batch.num_groups))
+        random.Random(train_cfg.seed * 7919 + batch_index * 31 + epoch).shuffle(order)
+        for s in range(0, len(order), groups_per_step):
+            out.append(batch.select_groups(order[s:s + groups_per_step]))
+    return out
+

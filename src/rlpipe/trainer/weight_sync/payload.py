@@ -1,0 +1,184 @@
+"""Weight payloads: flattening, packing into one buffer per dtype, in-place loading, checksums, sync stats."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from rlpipe.trainer.weight_sync.errors import WeightSyncError
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+def flat_weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's state dict with tensors that share storage (tied weights) listed once."""
+    seen: set[tuple] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in module.state_dict().items():
+        if t.numel() > 0:  # empty tensors may all report data_ptr 0: never treat them as tied
+            key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                   tuple(t.stride()), t.dtype)
+            if key in seen:
+                continue
+            seen.add(key)
+        out[name] = t
+    return out
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def weights_checksum(state: dict[str, torch.Tensor] | nn.Module) -> str:
+    """blake2b over names, dtypes, shapes and raw bytes: equal iff the weights are bit-identical."""
+    if isinstance(state, nn.Module):
+        state = flat_weights(state)
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(state):
+        t = state[name].detach()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+LAYOUT_KEY = "__layout__"  # in a packed payload: (1,) int64 fingerprint of names/dtypes/shapes
+
+
+def layout_fingerprint(flat: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> torch.Tensor:
+    """(1,) int64 hash of the names, dtypes and shapes in order: a packed payload carries no names,
+    so sender and receiver prove with this that they cut the buffers the same way."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, t in flat.items():
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)};".encode())
+    return torch.tensor([int.from_bytes(h.digest(), "little", signed=True)], dtype=torch.int64, device=device)
+
+
+def pack_weights(flat: dict[str, torch.Tensor], device: torch.device | str,
+                 into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """One contiguous 1-D buffer per dtype (in ``flat`` order) on ``device``, plus the layout.
+
+    A copy, never a view of the model; ``into`` (a previous pack of the same layout that no
+    transfer references any more) is refilled instead of allocating. RDT moves each tensor
+    separately, and gloo costs ~2.7 ms per tensor on the 2-core dev machine: a 52-tensor 5.5 MB
+    model took 142 ms unpacked and 13 ms packed."""
+    sizes: dict[torch.dtype, int] = {}
+    for t in flat.values():
+        sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+    if into is not None:
+        bufs = {dt: into[str(dt)] for dt in sizes}
+    else:
+        bufs = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()}
+    offsets = dict.fromkeys(sizes, 0)
+    with torch.no_grad():
+        for t in flat.values():
+            o, n = offsets[t.dtype], t.numel()
+            bufs[t.dtype][o:o + n].copy_(t.detach().reshape(-1))  # one copy, device to device
+            offsets[t.dtype] = o + n
+    out = {str(dt): b for dt, b in bufs.items()}  # keys like "torch.float32"
+    out[LAYOUT_KEY] = into[LAYOUT_KEY] if into is not None else layout_fingerprint(flat, device)
+    return out
+
+
+def _reusable(payload: dict[str, torch.Tensor] | None, flat: dict[str, torch.Tensor], device: Any,
+              wait_s: float) -> bool:
+    """Whether a previous RDT pack may be refilled: same layout and device, and Ray has released
+    it (every ObjectRef gone, ``wait_tensor_freed``), so no receiver can still be reading it."""
+    if payload is None or payload[LAYOUT_KEY].device != torch.device(device):
+        return False
+    if int(payload[LAYOUT_KEY].item()) != int(layout_fingerprint(flat).item()):
+        return False
+    import ray
+
+    if not ray.is_initialized():  # called outside Ray: the caller may still hold the last pack
+        return False
+    from ray.experimental import wait_tensor_freed
+
+    try:
+        for t in payload.values():
+            wait_tensor_freed(t, timeout=wait_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _unpack(dst: dict[str, torch.Tensor], payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Views of a packed payload shaped like ``dst`` (after checking the layout fingerprint)."""
+    if int(payload[LAYOUT_KEY].item()) != int(layout_fingerprint(dst).item()):
+        raise WeightSyncError("packed weights have another layout than the receiver's model (names, dtypes or "
+                              "shapes differ): sender and receiver must build the same architecture")
+    offsets: dict[str, int] = {}
+    out = {}
+    for name, d in dst.items():
+        key = str(d.dtype)
+        o, n = offsets.get(key, 0), d.numel()
+        out[name] = payload[key][o:o + n].view(d.shape)
+        offsets[key] = o + n
+    return out
+
+
+def _load_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> int:
+    """Copy ``src`` (named tensors, or a ``pack_weights`` payload) into ``dst`` in place; names,
+    shapes and dtypes must match exactly. Returns the payload bytes."""
+    nbytes = state_bytes({k: v for k, v in src.items() if k != LAYOUT_KEY})
+    if LAYOUT_KEY in src:
+        src = _unpack(dst, src)
+    if dst.keys() != src.keys():
+        missing, extra = sorted(dst.keys() - src.keys()), sorted(src.keys() - dst.keys())
+        raise WeightSyncError(f"received weights do not match the receiver's model: missing {missing[:5]}, "
+                              f"unexpected {extra[:5]}")
+    with torch.no_grad():
+        for name, d in dst.items():
+            s = src[name]
+            if s.shape != d.shape or s.dtype != d.dtype:
+                raise WeightSyncError(f"weight {name!r}: received {s.dtype}{tuple(s.shape)}, "
+                                      f"model has {d.dtype}{tuple(d.shape)}")
+            d.copy_(s)
+    if any(d.is_cuda for d in dst.values()):
+        torch.cuda.synchronize()  # the ack's timing is real, and IPC/NCCL buffers may be released
+    return nbytes
+
+
+@dataclass
+class SyncStats:
+    """One weight sync, measured on the driver (``copy_weights``: in-process)."""
+
+    transport: str  # local | object_store | rdt
+    backend: str | None  # rdt backend, None otherwise
+    version: int  # policy version the receivers hold afterwards
+    bytes: int  # payload bytes per receiver
+    num_receivers: int
+    seconds: float  # wall time of the whole sync: export + transfer + in-place load + acks
+    gbps: float  # bytes * num_receivers / seconds / 1e9
+    start_time: float  # time.time() wall clock
+    end_time: float
+    checksums: list[str] | None = None  # receivers' checksums, when requested
+
+    @property
+    def label(self) -> str:
+        return self.transport if self.backend is None else f"{self.transport}/{self.backend}"
+
+    def metrics(self) -> dict[str, float]:
+        """The run's ``sync/*`` metric columns (``rlpipe.trainer.run_writer``)."""
+        return {"sync/bytes": float(self.bytes), "sync/seconds": self.seconds, "sync/gbps": self.gbps}
+
+
+def _stats(transport: str, backend: str | None, version: int, nbytes: int, n: int, start: float,
+           t0: float, checksums: list[str] | None = None) -> SyncStats:
+    seconds = time.perf_counter() - t0
+    stats = SyncStats(transport, backend, version, nbytes, n, seconds,
+                      nbytes * n / max(seconds, 1e-12) / 1e9, start, start + seconds, checksums)
+    log.info("weight sync %s v%d: %.1f MB x %d in %.4f s (%.2f GB/s)", stats.label, version,
+             nbytes / 1e6, n, seconds, stats.gbps)
+    return stats
+
+
+def copy_weights(src: nn.Module, dst: nn.Module, version: int = -1) -> SyncStats:
+    """In-process weight copy ``src -> dst`` (the ColocatedWorker's sync), timed, bytes counted."""
+    start, t0 = time.time(), time.perf_counter()
+    nbytes = _load_into(flat_weights(dst), flat_weights(src))
+    return _stats("local", None, version, nbytes, 1, start, t0)

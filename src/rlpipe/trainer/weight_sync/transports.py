@@ -1,0 +1,234 @@
+"""The driver side of weight sync: ``Transport`` classes and ``make_transport``."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from rlpipe.trainer.weight_sync.actor_side import ActorProbe, LoadAck, WeightReceiver
+from rlpipe.trainer.weight_sync.backends import RDT_BACKENDS, check_backend
+from rlpipe.trainer.weight_sync.errors import (
+    RDT_TIMEOUT_ENV,
+    BackendUnavailableError,
+    WeightSyncError,
+    WeightSyncTimeout,
+)
+from rlpipe.trainer.weight_sync.payload import (
+    SyncStats,
+    _load_into,
+    _stats,
+    flat_weights,
+    weights_checksum,
+)
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+class Transport(ABC):
+    """Driver-side weight sync. ``sender``/``receivers`` are actor handles (objects for local)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, timeout_s: float, backend: str | None = None):
+        if timeout_s <= 0:
+            raise ValueError(f"train.weight_sync.timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self.backend = backend
+        self._broken = False  # set after a failed sync: teardown must not wait on stuck actors
+
+    @property
+    def label(self) -> str:
+        return self.name if self.backend is None else f"{self.name}/{self.backend}"
+
+    def setup(self, sender: Any, receivers: Sequence[Any]) -> None:
+        """Validate (and connect) the actors; raises before training when this cannot work."""
+        if not receivers:
+            raise ValueError(f"weight sync {self.label}: no receivers")
+
+    @abstractmethod
+    def sync(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool = False) -> SyncStats:
+        ...
+
+    def teardown(self) -> None:
+        pass
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+
+class LocalTransport(Transport):
+    """In-process copy; ``sender``/``receivers`` are modules or objects holding ``.model``."""
+
+    name = "local"
+
+    def setup(self, sender: Any, receivers: Sequence[Any]) -> None:
+        super().setup(sender, receivers)
+        for obj in (sender, *receivers):
+            if not isinstance(obj, nn.Module) and not isinstance(getattr(obj, "model", None), nn.Module):
+                raise BackendUnavailableError(
+                    f"transport 'local' copies in-process and needs modules (or objects with .model), got "
+                    f"{type(obj).__name__}; for separate actors use object_store or rdt")
+
+    def sync(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool = False) -> SyncStats:
+        def module(o: Any) -> nn.Module:
+            return o if isinstance(o, nn.Module) else o.model
+
+        start, t0 = time.time(), time.perf_counter()
+        nbytes = 0
+        for r in receivers:
+            nbytes = _load_into(flat_weights(module(r)), flat_weights(module(sender)))
+            if isinstance(r, WeightReceiver):
+                r.weights_version = version
+        sums = [weights_checksum(module(r)) for r in receivers] if checksum else None
+        return _stats(self.name, None, version, nbytes, len(receivers), start, t0, sums)
+
+
+class _RayTransport(Transport):
+    """Shared by object_store and rdt: export on the sender, load on each receiver, bounded wait."""
+
+    def _export(self, sender: Any, receivers: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def _hint(self) -> str:
+        return "raise train.weight_sync.timeout_s if the model is simply large"
+
+    def sync(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool = False) -> SyncStats:
+        import ray
+
+        start, t0 = time.time(), time.perf_counter()
+        ref = self._export(sender, receivers)
+        acks = [r.load_weights.remote(ref, version, checksum) for r in receivers]
+        del ref  # the driver's reference must not outlive the sync (frees the sender's RDT copy)
+        try:
+            results: list[LoadAck] = ray.get(acks, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            self._broken = True
+            raise WeightSyncTimeout(f"weight sync {self.label} (version {version}) did not finish within "
+                                    f"timeout_s={self.timeout_s:g} s; {self._hint()}") from e
+        except ray.exceptions.RayError as e:
+            raise WeightSyncError(f"weight sync {self.label} (version {version}) failed: {e}") from e
+        sums = [a.checksum for a in results] if checksum else None
+        return _stats(self.name, self.backend, version, results[0].bytes, len(results), start, t0, sums)
+
+
+class ObjectStoreTransport(_RayTransport):
+    name = "object_store"
+
+    def _export(self, sender: Any, receivers: Sequence[Any]) -> Any:
+        # no clone: returning the tensors serialises (copies) them into the object store
+        return sender.export_weights.remote("cpu", False)  # named tensors: packing would add a copy
+
+
+class RdtTransport(_RayTransport):
+    name = "rdt"
+
+    def __init__(self, timeout_s: float, backend: str | None = None):
+        if backend not in RDT_BACKENDS:
+            raise ValueError(f"train.weight_sync.backend: {backend!r} is not one of {list(RDT_BACKENDS)}")
+        super().__init__(timeout_s, backend)
+        self.spec = RDT_BACKENDS[backend]
+        self._group: Any = None
+        self._actor_ids: list[Any] | None = None
+
+    def _hint(self) -> str:
+        return (f"is every receiver created with enable_tensor_transport=True (ray-project/ray#66264)? Ray "
+                f"gives up on an RDT fetch after {RDT_TIMEOUT_ENV} (default 60000); raise it together with "
+                "train.weight_sync.timeout_s for very large models")
+
+    def setup(self, sender: Any, receivers: Sequence[Any]) -> None:
+        import ray
+
+        super().setup(sender, receivers)
+        actors = [sender, *receivers]
+        for a in actors:
+            if not getattr(a, "_ray_enable_tensor_transport", False):
+                raise BackendUnavailableError(
+                    f"rdt/{self.backend}: actor {a} was not created with enable_tensor_transport=True; every "
+                    "sender AND receiver needs it (otherwise the transfer hangs, ray-project/ray#66264): create "
+                    "the class with weight_sync.ray_actor_class(cls, 'rdt') -- ActorClass.options() "
+                    "ignores enable_tensor_transport")
+        try:
+            probes = ray.get([a.weight_sync_probe.remote() for a in actors], timeout=self.timeout_s)
+        except AttributeError as e:
+            raise WeightSyncError(f"rdt/{self.backend}: the sender must inherit WeightSender and every receiver "
+                                  f"WeightReceiver (rlpipe.trainer.weight_sync): {e}") from e
+        except ray.exceptions.GetTimeoutError as e:
+            raise WeightSyncTimeout(f"rdt/{self.backend}: the actors did not answer the start-up probe within "
+                                    f"timeout_s={self.timeout_s:g} s") from e
+        check_backend(self.backend, probes)
+        self._actor_ids = [a._ray_actor_id for a in actors]
+        if self.spec.collective:
+            from ray.experimental.collective import create_collective_group
+
+            self._group = create_collective_group(actors, backend=self.backend,
+                                                  name=f"rlpipe-weight-sync-{uuid.uuid4().hex[:8]}")
+
+    def _export(self, sender: Any, receivers: Sequence[Any]) -> Any:
+        if self._actor_ids is None:
+            raise WeightSyncError(f"weight sync {self.label}: call setup(sender, receivers) before sync")
+        if sender._ray_actor_id != self._actor_ids[0] or any(
+                r._ray_actor_id not in self._actor_ids[1:] for r in receivers):
+            # a transfer to an actor outside the collective group would hang
+            raise WeightSyncError(f"weight sync {self.label}: sync() got actors that setup() did not see")
+        return sender.export_weights.options(tensor_transport=self.spec.ray_name).remote(
+            self.spec.export_device, True)  # packed: few large tensors, and a copy, not a view
+
+    def teardown(self) -> None:
+        if self._group is None:
+            return
+        group, self._group = self._group, None
+        if self._broken:  # a stuck actor could block the destroy task forever; the run is failing anyway
+            log.warning("weight sync %s: not destroying collective group %s after a failed sync",
+                        self.label, group.name)
+            return
+        from ray.experimental.collective import destroy_collective_group
+
+        destroy_collective_group(group)
+
+
+TRANSPORTS: dict[str, type[Transport]] = {
+    "local": LocalTransport,
+    "object_store": ObjectStoreTransport,
+    "rdt": RdtTransport,
+}
+
+
+def preflight(backend: str) -> None:
+    """Driver-side availability check of an rdt backend, before Ray or any actor starts.
+
+    It assumes the actors run on this host (the local-Ray case); ``setup`` repeats the checks
+    authoritatively inside the actors. Skip it (``make_transport(cfg, preflight_check=False)``)
+    when the driver attaches to a cluster whose GPUs it cannot see."""
+    if backend not in RDT_BACKENDS:
+        raise ValueError(f"train.weight_sync.backend: {backend!r} is not one of {list(RDT_BACKENDS)}")
+    cuda = torch.cuda.is_available()  # an NVML query: creates no CUDA context in the driver
+    probe = ActorProbe("the driver process", "cuda:0" if cuda else "cpu", cuda, None, None,
+                       importlib.util.find_spec("nixl") is not None,
+                       importlib.util.find_spec("cupy") is not None, False)
+    RDT_BACKENDS[backend].preflight([probe])
+    if backend == "nccl" and torch.cuda.device_count() < 2:
+        raise BackendUnavailableError("rdt/nccl needs two GPUs (one per actor) but this host has 1; "
+                                      "use rdt/cuda_ipc for actors sharing one GPU")
+
+
+def make_transport(cfg: Any, preflight_check: bool = True) -> Transport:
+    """The transport for ``cfg`` (a ``WeightSyncConfig``: transport, backend, timeout_s).
+
+    For rdt, ``preflight`` runs first, so an unavailable backend fails before Ray starts."""
+    if cfg.transport not in TRANSPORTS:
+        raise ValueError(f"train.weight_sync.transport: {cfg.transport!r} is not one of {list(TRANSPORTS)}")
+    backend = cfg.backend if cfg.transport == "rdt" else None
+    transport = TRANSPORTS[cfg.transport](timeout_s=cfg.timeout_s, backend=backend)
+    if cfg.transport == "rdt" and preflight_check:
+        preflight(backend)
+    return transport

@@ -18,7 +18,7 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"  # parses config with rlpipe.config: errors name the dotted key
 
 
-# The generated JSON schema (same dataclasses) for Snakemake's own tooling; parse_config above has
+# The generated JSON schema (same pydantic models) for Snakemake's own tooling; parse_config above has
 # already rejected anything it would, with friendlier messages ("did you mean ...?").
 validate(config, "workflow/schemas/config.schema.yaml")
 

@@ -1,4 +1,108 @@
+"""Fixtures shared by the test modules (tests never import each other: shared helpers live here).
+
+- ``ray_session``: one local Ray instance for every trainer test.
+- ``tiny_base``: a briefly trained micro TransformerLM and a keyword dataset (trainer tests).
+- ``write_config`` / ``make_dataset``: factories for trainer configs and keyword datasets.
+- ``make_runs``: synthetic ``results/runs/<variant>/`` directories with hand-computed numbers
+  (documented in tests/test_aggregate.py, whose expected values depend on them).
+- ``one_torch_thread``: one intra-op thread for a module of tiny-model tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pandas as pd
 import pytest
+import torch
+import yaml
+
+from rlpipe.analysis import contract
+
+WORDS = ["cat", "dog", "apple", "tree", "ball", "house", "moon", "fish", "bird", "cake", "boat", "hat"]
+
+
+def _make_tokenizer(path: Path):
+    from rlpipe.lm.tokenizer import train_bpe
+
+    rng = random.Random(0)
+    texts = []
+    for _ in range(300):
+        w = rng.sample(WORDS, 3)
+        texts.append(f"Write a story that includes the word: {w[0]}\nOnce upon a time a {w[1]} saw a {w[2]}. "
+                     f"The {w[0]} was happy.<|endoftext|>")
+    return train_bpe(texts, 400, path)
+
+
+def _make_base(tmp: Path, pretrain_steps: int = 300, **model_overrides) -> tuple[Path, Path]:
+    """(checkpoint path, tokenizer path) of a micro TransformerLM briefly trained on keyword
+    stories, so that its responses sometimes contain the keyword (rewards have variance and GRPO
+    has a gradient)."""
+    from rlpipe.lm.checkpoint import save_checkpoint
+    from rlpipe.lm.model import ModelConfig, TransformerLM
+
+    tok = _make_tokenizer(tmp / "tokenizer.json")
+    torch.manual_seed(0)
+    overrides = dict(vocab_size=tok.vocab_size, num_layers=2, d_model=32, num_heads=2, d_ff=64,
+                     context_length=128) | model_overrides
+    model = TransformerLM(ModelConfig.from_preset("cpu-tiny", **overrides))
+    rng = random.Random(1)
+    docs = []
+    for _ in range(200):
+        w = rng.sample(WORDS, 2)
+        hit = w[0] if rng.random() < 0.5 else w[1]
+        docs += tok.encode(f"Write a story that includes the word: {w[0]}\nThe {hit} was happy.") + [tok.eos_token_id]
+    data = torch.tensor(docs)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(pretrain_steps):
+        starts = torch.randint(0, len(data) - 33, (16,))
+        x = torch.stack([data[s:s + 33] for s in starts])  # (B, 33)
+        logits = model(x[:, :-1])  # (B, 32, V)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    save_checkpoint(tmp / "base.pt", model, tokenizer=str(tmp / "tokenizer.json"))
+    return tmp / "base.pt", tmp / "tokenizer.json"
+
+
+def _make_dataset(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for split, words in (("train", WORDS[:9]), ("val", WORDS[6:])):
+        with open(d / f"{split}.jsonl", "w") as f:
+            for w in words:
+                f.write(json.dumps({"prompt": f"Write a story that includes the word: {w}\n", "keywords": [w]}) + "\n")
+    return d
+
+
+BASE_TRAIN = {
+    "n_grpo_steps": 2, "rollout_batch_size": 8, "group_size": 4, "train_batch_size": 8,
+    "sampling_max_tokens": 8, "val_size": 3, "val_every": 1, "log_rollouts_every": 1,
+    "checkpoint_every": 1, "device": "cpu", "threads": 1, "learning_rate": 1e-2, "ray_timeout_s": 120.0,
+}
+
+VARIANTS = {
+    "onpolicy": {"mode": "colocated_sync"},
+    "k1": {"mode": "colocated_k", "k": 1},
+    "k2": {"mode": "colocated_k", "k": 2, "n_grpo_steps": 4},
+    "k4": {"mode": "colocated_k", "k": 4, "n_grpo_steps": 4},
+    "disagg": {"mode": "disaggregated", "n_grpo_steps": 6},
+    "disagg_rdt": {"mode": "disaggregated", "weight_sync.transport": "rdt", "n_grpo_steps": 3},
+    "replay": {"mode": "disaggregated", "replay.enabled": True, "replay.max_age": 2, "n_grpo_steps": 4},
+    "scorer": {"mode": "disaggregated", "scorer_actor": True, "n_grpo_steps": 2},
+    "kl_penalty": {"mode": "colocated_sync", "kl_coef": 0.1},
+}
+
+
+def _write_config(path: Path, train: dict | None = None, variants: dict | None = None, **sections) -> Path:
+    cfg = {"train": BASE_TRAIN | (train or {}), "variants": variants or VARIANTS,
+           "workflow": {"threads_per_variant": 2}} | sections
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
 
 
 @pytest.fixture(scope="session")
@@ -18,11 +122,9 @@ def ray_session():
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory):
     """(checkpoint, dataset dir) of a briefly trained micro TransformerLM, shared by trainer tests."""
-    from trainer_fixtures import make_base, make_dataset
-
     tmp = tmp_path_factory.mktemp("tiny_base")
-    base, _ = make_base(tmp)
-    return str(base), str(make_dataset(tmp / "data"))
+    base, _ = _make_base(tmp)
+    return str(base), str(_make_dataset(tmp / "data"))
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +137,101 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def write_config():
+    """``write_config(path, train=None, variants=None, **sections) -> path``: a trainer config with
+    tiny sizes (``BASE_TRAIN``) and the test variants (``VARIANTS``)."""
+    return _write_config
+
+
+@pytest.fixture(scope="session")
+def make_dataset():
+    """``make_dataset(dir) -> dir``: a 9-train / 6-val keyword dataset."""
+    return _make_dataset
+
+
+# --------------------------------------------------------------------------- synthetic runs
+
+SPECS = {
+    # variant: (mode, devices, wall, per-step {phase: seconds}, sync seconds per step, k)
+    "onpolicy": ("colocated_sync", 1, 40.0, {"generate": 6.0, "update": 2.0}, [0.5, 0.4, 0.6, 0.5], 1),
+    "k2": ("colocated_k", 1, 32.0, {"generate": 5.0, "update": 2.0}, [0.5, math.nan, 0.5, math.nan], 2),
+    "disagg": ("disaggregated", 2, 25.0, {"generate": 5.0, "update": 3.0, "ref_logprobs": 1.0},
+               [0.25, 0.25, 0.25, 0.25], 1),
+}
+VAL = {0: 0.1, 2: 0.5, 4: 0.4}
+
+
+def _metrics(variant: str, wall: float, phases: dict, sync: list[float]) -> pd.DataFrame:
+    rows = []
+    for step in range(5):
+        row = {c: math.nan for c in contract.METRIC_COLUMNS}
+        row.update(step=step, policy_version=step, wall_time=wall * step / 4, samples=8 * step)
+        row["reward/val_mean"] = VAL.get(step, math.nan)
+        if step:
+            row.update({"kl/ref_log_ratio": 0.01 * step**2, "kl/ref_k3": 0.008 * step**2,
+                        "kl/prev_log_ratio": 0.001 * step, "kl/prev_k3": 0.0008 * step,
+                        "sync/seconds": sync[step - 1], "sync/bytes": 1e6, "sync/gbps": 1e6 / 1e9 / 0.5,
+                        "response/length_mean": 20.0, "reward/train_mean": 0.1 * step,
+                        **{f"time/{p}": s for p, s in phases.items()}})
+            if variant == "disagg":
+                row.update({"staleness/max": 1.0, "staleness/mean": 1.0})
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=list(contract.METRIC_COLUMNS))
+    return df.astype({c: "int64" for c in contract.METRIC_INT_COLUMNS})
+
+
+def _events(mode: str, phases: dict, sync: list[float]) -> pd.DataFrame:
+    # step 0: initial validation before the clock starts (negative times); excluded from totals
+    rows, t = [("validate", "generator", -3.0, -1.0, 0, 0)], 0.0
+    for step in range(1, 5):
+        for phase, sec in phases.items():
+            actor = "worker" if mode != "disaggregated" else ("generator" if phase == "generate" else "learner")
+            rows.append((phase, actor, t, t + sec, step, step - 1))
+            if mode != "disaggregated":
+                t += sec
+        if not math.isnan(sync[step - 1]):
+            rows.append(("weight_sync", "learner", t, t + sync[step - 1], step, step))
+            t += sync[step - 1]
+        if mode == "colocated_sync":
+            rows.append(("wait", "driver", 0.0, phases["generate"], step, step - 1))
+        if step in (2, 4):
+            rows.append(("validate", "generator", t, t + 1.0, step, step))
+        if mode == "disaggregated":
+            t += 5.0
+    df = pd.DataFrame(rows, columns=list(contract.EVENT_COLUMNS))
+    return df.astype({c: "int64" for c in contract.EVENT_INT_COLUMNS})
+
+
+def _make_runs(root: Path, variants=("onpolicy", "k2", "disagg"), device_type: str = contract.DEVICE_CPU) -> Path:
+    """Write synthetic results/runs/<variant>/ directories following ``rlpipe.analysis.contract``."""
+    for v in variants:
+        mode, devices, wall, phases, sync, k = SPECS[v]
+        d = root / v
+        d.mkdir(parents=True, exist_ok=True)
+        _metrics(v, wall, phases, sync).to_parquet(d / contract.METRICS_FILE, index=False)
+        _events(mode, phases, sync).to_parquet(d / contract.EVENTS_FILE, index=False)
+        versions = pd.DataFrame(
+            [("learner", s, 5.0 * s, "optimizer_step") for s in range(1, 5)]
+            + [("generator", 0, 0.0, "init")] + [("generator", s, 5.0 * s + 0.1, "load_weights") for s in range(1, 4)],
+            columns=list(contract.VERSION_COLUMNS)).astype({c: "int64" for c in contract.VERSION_INT_COLUMNS})
+        versions.to_parquet(d / contract.VERSIONS_FILE, index=False)
+        with open(d / contract.ROLLOUTS_FILE, "w") as f:
+            for step, reward in ((1, 0.0), (1, 1.0), (4, 1.0), (4, 1.0)):
+                f.write(json.dumps({"step": step, "version": step, "prompt": "Write a story with: cat",
+                                    "response": "the cat sat" if reward else "a dog", "reward": reward,
+                                    "ground_truth": ["cat"]}) + "\n")
+        info = {"variant": v, "mode": mode, "devices": devices, "device_type": device_type, "threads": 2,
+                "wall_time_s": wall, "total_samples": 32, "total_optimizer_steps": 4, "k": k,
+                "transport": "object_store" if mode == "disaggregated" else "local", "backend": None,
+                "finished": True}
+        (d / contract.RUN_INFO_FILE).write_text(json.dumps(info))
+    return root
+
+
+@pytest.fixture(scope="session")
+def make_runs():
+    """``make_runs(root, variants=("onpolicy", "k2", "disagg"), device_type="cpu") -> root``."""
+    return _make_runs

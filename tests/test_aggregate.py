@@ -1,4 +1,4 @@
-"""Aggregation on synthetic run directories (the RUN OUTPUTS contract) with hand-computed values.
+"""Aggregation on synthetic run directories (``rlpipe.analysis.contract``) with hand-computed values.
 
 Three synthetic runs (``make_runs``), each consuming 32 samples in 4 optimizer steps:
 
@@ -9,7 +9,7 @@ Three synthetic runs (``make_runs``), each consuming 32 samples in 4 optimizer s
 - disagg (disaggregated, 2 devices): wall 25 s; generator generate 5 s/step, learner update
   3 s/step and ref_logprobs 1 s/step, so T_gen = 20, T_train = 16, bound 36/20 = 1.8.
 
-``make_runs`` is imported by tests/test_plots.py and tests/test_workflow_dryrun.py.
+``make_runs`` is a fixture of tests/conftest.py (shared with test_plots and test_workflow_dryrun).
 """
 
 from __future__ import annotations
@@ -17,103 +17,16 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import aggregate, report_text
-
-METRIC_COLUMNS = [
-    "step", "policy_version", "wall_time", "samples", "reward/train_mean", "reward/train_std",
-    "reward/zero_std_frac", "reward/val_mean", "loss/policy", "loss/clip_frac", "optim/grad_norm",
-    "policy/entropy", "kl/ref_log_ratio", "kl/ref_k3", "kl/prev_log_ratio", "kl/prev_k3",
-    "response/length_mean", "time/generate", "time/score", "time/ref_logprobs", "time/update",
-    "time/weight_sync", "time/wait", "perf/samples_per_s", "perf/tokens_per_s", "staleness/mean",
-    "staleness/max", "sync/bytes", "sync/seconds", "sync/gbps", "replay/size", "replay/age_mean",
-    "replay/age_max", "replay/reuse_mean",
-]
-
-SPECS = {
-    # variant: (mode, devices, wall, per-step {phase: seconds}, sync seconds per step, k)
-    "onpolicy": ("colocated_sync", 1, 40.0, {"generate": 6.0, "update": 2.0}, [0.5, 0.4, 0.6, 0.5], 1),
-    "k2": ("colocated_k", 1, 32.0, {"generate": 5.0, "update": 2.0}, [0.5, math.nan, 0.5, math.nan], 2),
-    "disagg": ("disaggregated", 2, 25.0, {"generate": 5.0, "update": 3.0, "ref_logprobs": 1.0},
-               [0.25, 0.25, 0.25, 0.25], 1),
-}
-VAL = {0: 0.1, 2: 0.5, 4: 0.4}
-
-
-def _metrics(variant: str, wall: float, phases: dict, sync: list[float]) -> pd.DataFrame:
-    rows = []
-    for step in range(5):
-        row = {c: math.nan for c in METRIC_COLUMNS}
-        row.update(step=step, policy_version=step, wall_time=wall * step / 4, samples=8 * step)
-        row["reward/val_mean"] = VAL.get(step, math.nan)
-        if step:
-            row.update({"kl/ref_log_ratio": 0.01 * step**2, "kl/ref_k3": 0.008 * step**2,
-                        "kl/prev_log_ratio": 0.001 * step, "kl/prev_k3": 0.0008 * step,
-                        "sync/seconds": sync[step - 1], "sync/bytes": 1e6, "sync/gbps": 1e6 / 1e9 / 0.5,
-                        "response/length_mean": 20.0, "reward/train_mean": 0.1 * step,
-                        **{f"time/{p}": s for p, s in phases.items()}})
-            if variant == "disagg":
-                row.update({"staleness/max": 1.0, "staleness/mean": 1.0})
-        rows.append(row)
-    df = pd.DataFrame(rows, columns=METRIC_COLUMNS)
-    return df.astype({"step": "int64", "policy_version": "int64", "samples": "int64"})
-
-
-def _events(mode: str, phases: dict, sync: list[float]) -> pd.DataFrame:
-    # step 0: initial validation before the clock starts (negative times); excluded from totals
-    rows, t = [("validate", "generator", -3.0, -1.0, 0, 0)], 0.0
-    for step in range(1, 5):
-        for phase, sec in phases.items():
-            actor = "worker" if mode != "disaggregated" else ("generator" if phase == "generate" else "learner")
-            rows.append((phase, actor, t, t + sec, step, step - 1))
-            if mode != "disaggregated":
-                t += sec
-        if not math.isnan(sync[step - 1]):
-            rows.append(("weight_sync", "learner", t, t + sync[step - 1], step, step))
-            t += sync[step - 1]
-        if mode == "colocated_sync":
-            rows.append(("wait", "driver", 0.0, phases["generate"], step, step - 1))
-        if step in (2, 4):
-            rows.append(("validate", "generator", t, t + 1.0, step, step))
-        if mode == "disaggregated":
-            t += 5.0
-    df = pd.DataFrame(rows, columns=aggregate.EVENT_COLUMNS)
-    return df.astype({"step": "int64", "version": "int64"})
-
-
-def make_runs(root: Path, variants=("onpolicy", "k2", "disagg")) -> Path:
-    """Write synthetic results/runs/<variant>/ directories following the RUN OUTPUTS contract."""
-    for v in variants:
-        mode, devices, wall, phases, sync, k = SPECS[v]
-        d = root / v
-        d.mkdir(parents=True, exist_ok=True)
-        _metrics(v, wall, phases, sync).to_parquet(d / "metrics.parquet", index=False)
-        _events(mode, phases, sync).to_parquet(d / "events.parquet", index=False)
-        versions = pd.DataFrame(
-            [("learner", s, 5.0 * s, "optimizer_step") for s in range(1, 5)]
-            + [("generator", 0, 0.0, "init")] + [("generator", s, 5.0 * s + 0.1, "load_weights") for s in range(1, 4)],
-            columns=aggregate.VERSION_COLUMNS).astype({"version": "int64"})
-        versions.to_parquet(d / "versions.parquet", index=False)
-        with open(d / "rollouts.jsonl", "w") as f:
-            for step, reward in ((1, 0.0), (1, 1.0), (4, 1.0), (4, 1.0)):
-                f.write(json.dumps({"step": step, "version": step, "prompt": "Write a story with: cat",
-                                    "response": "the cat sat" if reward else "a dog", "reward": reward,
-                                    "ground_truth": ["cat"]}) + "\n")
-        info = {"variant": v, "mode": mode, "devices": devices, "device_type": "cpu", "threads": 2,
-                "wall_time_s": wall, "total_samples": 32, "total_optimizer_steps": 4, "k": k,
-                "transport": "object_store" if mode == "disaggregated" else "local", "backend": None,
-                "finished": True}
-        (d / "run_info.json").write_text(json.dumps(info))
-    return root
+from rlpipe.analysis import aggregate, contract, frames, report_text
 
 
 @pytest.fixture
-def runs(tmp_path):
+def runs(tmp_path, make_runs):
     return aggregate.load_runs(make_runs(tmp_path / "runs"))
 
 
@@ -147,7 +60,7 @@ def test_device_hours_and_phase_shares(runs):
     assert on["share_generate"] == pytest.approx(24 / 40)
     assert on["share_update"] == pytest.approx(8 / 40)
     assert on["share_other"] == pytest.approx(4 / 40)
-    shares = sum(on[f"share_{p}"] for p in aggregate.STACK_PHASES) + on["share_other"]
+    shares = sum(on[contract.phase_share_column(p)] for p in contract.STACK_PHASES) + on["share_other"]
     assert shares == pytest.approx(1.0)
     assert math.isnan(t["disagg"]["time_other_s"])  # phases overlap: no "other"
 
@@ -172,9 +85,9 @@ def test_missing_reference_gives_nan_speedup(runs):
     assert table["speedup_vs_ref"].isna().all()
 
 
-def test_phases_fall_back_to_metrics_without_events(tmp_path):
+def test_phases_fall_back_to_metrics_without_events(tmp_path, make_runs):
     make_runs(tmp_path, ["onpolicy"])
-    (tmp_path / "onpolicy" / "events.parquet").unlink()
+    (tmp_path / "onpolicy" / contract.EVENTS_FILE).unlink()
     run = aggregate.load_run(tmp_path / "onpolicy")
     phases = aggregate.phase_seconds(run)
     assert phases["generate"] == pytest.approx(24) and phases["update"] == pytest.approx(8)
@@ -231,7 +144,7 @@ def test_bench_error_record_is_kept_with_reason(tmp_path):
     assert df["note"][0] == "needs 2 GPUs"
 
 
-def test_main_writes_every_output(tmp_path):
+def test_main_writes_every_output(tmp_path, make_runs):
     make_runs(tmp_path / "runs")
     bench = tmp_path / "weight_sync.json"
     bench.write_text(json.dumps([{"transport": "object_store", "median_s": 0.2},
@@ -239,9 +152,10 @@ def test_main_writes_every_output(tmp_path):
     out = tmp_path / "summary"
     assert aggregate.main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--variants", "onpolicy",
                            "disagg", "--bench", str(bench), str(tmp_path / "missing.json")]) == 0
-    for name in ("metrics.parquet", "events.parquet", "versions.parquet", "rollouts.parquet", "runs.parquet",
-                 "weight_sync.parquet", "summary.csv", "summary.html", "discussion.json", "discussion.html"):
+    for name in (*contract.SUMMARY_FILES.values(), *contract.SUMMARY_REPORT_FILES.values()):
         assert (out / name).stat().st_size > 0, name
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*contract.SUMMARY_FILES.values(), *contract.SUMMARY_REPORT_FILES.values()])
     m = pd.read_parquet(out / "metrics.parquet")
     assert list(m.columns)[0] == "variant" and set(m["variant"]) == {"onpolicy", "disagg"}
     html = (out / "summary.html").read_text()
@@ -304,3 +218,23 @@ def test_discussion_numbers_and_missing_variants(runs):
     assert "1/2" in sec["rollouts"]["sentences"][0] and "2/2" in sec["rollouts"]["sentences"][0]
     assert not re.search(r"\bnan\b", json.dumps(disc), re.IGNORECASE)
     assert "<h3>" in report_text.render_html(disc)
+
+
+@pytest.mark.parametrize("device_type,unit", [("gpu", "GPU-hours"), ("cpu", "device-hours")])
+def test_device_hours_unit_follows_the_drivers_device_type(tmp_path, device_type, unit, make_runs):
+    """The drivers write ``device_type: "gpu"`` (rlpipe.analysis.contract.DEVICE_GPU, not torch's
+    "cuda") into run_info.json: such a run is billed in GPU-hours by the discussion and the table."""
+    runs = aggregate.load_runs(make_runs(tmp_path / "runs", device_type=device_type))
+    table = aggregate.summarize(runs, "onpolicy")
+    sentences = report_text.disagg_section(table, "onpolicy")["sentences"]
+    assert sentences[0].startswith(f"Wall time and {unit}")
+    assert f"its {unit}." in sentences[1]
+    assert ("GPU-hours" in " ".join(sentences)) == (device_type == "gpu")
+    assert f"<th>{unit}</th>" in aggregate.table_html(table)
+
+
+def test_last_valid_skips_trailing_nans():
+    assert frames.last_valid(pd.Series([1.0, 2.0, np.nan])) == 2.0
+    assert math.isnan(frames.last_valid(pd.Series([np.nan], dtype=float)))
+    assert frames.col(pd.DataFrame({"a": ["1", "x"]}), "a").tolist()[0] == 1.0
+    assert frames.col(pd.DataFrame({"a": [1]}), "missing").isna().all()

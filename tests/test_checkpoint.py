@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from rlpipe.io import torch_save
+from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from rlpipe.lm.model import ModelConfig, TransformerLM
 
 CFG = ModelConfig(vocab_size=50, context_length=32, num_layers=2, d_model=16, num_heads=2, d_ff=32, rope_theta=500.0)
@@ -36,7 +36,7 @@ def test_round_trip_restores_weights_config_optimizer_and_extra(tmp_path):
 
     ck = load_checkpoint(path)
     assert ck.model_config == CFG and ck.tokenizer == "runs/tok/tokenizer.json"
-    for (k, a), (k2, b) in zip(model.state_dict().items(), ck.model.state_dict().items()):
+    for (k, a), (k2, b) in zip(model.state_dict().items(), ck.model.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(a, b)
     assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in ck.model.parameters())
     x = torch.randint(0, 50, (1, 6))
@@ -58,7 +58,7 @@ def test_load_model_state_into_existing_model(tmp_path):
     save_checkpoint(tmp_path / "ck.pt", model, tokenizer=None, extra={"version": 5})
     other = TransformerLM(CFG)
     assert load_model_state(other, tmp_path / "ck.pt") == {"version": 5}
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters(), strict=True))
     with pytest.raises(CheckpointError, match="d_ff"):
         load_model_state(TransformerLM(CFG.replace(d_ff=48)), tmp_path / "ck.pt")
 

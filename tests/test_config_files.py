@@ -31,8 +31,7 @@ def test_checked_in_schema_is_generated():
     on_disk = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     assert on_disk == json_schema(), (
         "workflow/schemas/config.schema.yaml is stale; regenerate it with\n"
-        "python -c 'import yaml,rlpipe.config as c; print(yaml.safe_dump(c.json_schema()))' "
-        "> workflow/schemas/config.schema.yaml")
+        "rlpipe schema > workflow/schemas/config.schema.yaml")
 
 
 def test_default_config_is_the_scaled_down_cpu_run():

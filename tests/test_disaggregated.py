@@ -9,13 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from trainer_fixtures import write_config
-
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, ray_session, tiny_base):
+def env(tmp_path_factory, ray_session, tiny_base, write_config):
     tmp = tmp_path_factory.mktemp("disagg")
     return {"tmp": tmp, "base": tiny_base[0], "data": tiny_base[1], "cfg": str(write_config(tmp / "config.yaml"))}
 
@@ -92,7 +90,7 @@ def test_scorer_actor_variant(env):
     assert "scorer" in set(ev[ev.phase == "score"].actor)
 
 
-def test_killing_the_generator_gives_a_clear_error(env, tmp_path):
+def test_killing_the_generator_gives_a_clear_error(env, tmp_path, write_config):
     """The driver must fail fast with a message, not stall, when an actor dies mid-run."""
     import ray
 

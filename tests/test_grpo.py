@@ -21,6 +21,7 @@ from rlpipe.grpo import (
     grpo_microbatch_train_step,
     masked_kl,
     masked_mean,
+    masked_mean_or_zero,
     masked_normalize,
     pack_response_values,
     pack_token_ids,
@@ -30,9 +31,9 @@ from rlpipe.grpo import (
 LN = math.log
 
 
-def close(actual, expected, atol=1e-5):
+def close(actual, expected, atol=1e-5, equal_nan=False):
     torch.testing.assert_close(torch.as_tensor(actual).float(), torch.as_tensor(expected).float(),
-                               atol=atol, rtol=1e-5)
+                               atol=atol, rtol=1e-5, equal_nan=equal_nan)
 
 
 # --------------------------------------------------------------------------- seed-004 worked example
@@ -235,12 +236,71 @@ T6 = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 M6 = torch.tensor([[1, 1, 0], [0, 0, 0]])
 
 
+NAN = float("nan")
+
+
 def test_masked_mean_hand_values_and_empty_rows():
-    close(masked_mean(T6, M6, dim=1), [1.5, 0.0])  # the all-masked row gives 0, not NaN
-    close(masked_mean(T6, M6, dim=0), [1.0, 2.0, 0.0])
+    # Seed 001 Problem 6: tensor.mean(dim) semantics, so a slice with nothing selected is NaN,
+    # like torch's mean of an empty set.
+    close(masked_mean(T6, M6, dim=1), [1.5, NAN], equal_nan=True)  # (1 + 2) / 2; row 1 selects nothing
+    close(masked_mean(T6, M6, dim=0), [1.0, 2.0, NAN], equal_nan=True)  # column 2 selects nothing
+    close(masked_mean(T6, M6, dim=-1), [1.5, NAN], equal_nan=True)
     close(masked_mean(T6, M6), 1.5)
     close(masked_mean(T6, M6.bool()), 1.5)
-    close(masked_mean(T6, torch.zeros(2, 3)), 0.0)
+    assert torch.isnan(masked_mean(T6, torch.zeros(2, 3)))
+    assert torch.isnan(torch.empty(0).mean())  # the semantics it follows
+    # Shapes are those of tensor.mean(dim); with every element selected it *is* tensor.mean(dim).
+    ones = torch.ones(2, 3)
+    for dim in (None, 0, 1):
+        close(masked_mean(T6, ones, dim), T6.mean() if dim is None else T6.mean(dim))
+        assert masked_mean(T6, M6, dim).shape == (T6.mean() if dim is None else T6.mean(dim)).shape
+
+
+def test_masked_mean_empty_row_keeps_other_rows_gradient_finite():
+    x = T6.clone().requires_grad_(True)
+    out = masked_mean(x, M6, dim=1)
+    out[0].backward()  # the NaN of the empty row does not leak into the selected row's gradient
+    close(x.grad, [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_masked_mean_or_zero_hand_values():
+    # The loss-safe variant: the same where something is selected, 0 (not NaN) where nothing is.
+    close(masked_mean_or_zero(T6, M6, dim=1), [1.5, 0.0])
+    close(masked_mean_or_zero(T6, M6, dim=0), [1.0, 2.0, 0.0])
+    close(masked_mean_or_zero(T6, M6), 1.5)
+    close(masked_mean_or_zero(T6, torch.zeros(2, 3)), 0.0)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        masked_mean_or_zero(T6, torch.ones(4))
+
+
+def test_masked_mean_or_zero_all_masked_row_contributes_zero_and_finite_grad():
+    poisoned = torch.tensor([[1.0, 2.0, NAN], [float("inf"), NAN, -float("inf")]], requires_grad=True)
+    rows = masked_mean_or_zero(poisoned, M6, dim=1)  # (B,)
+    close(rows, [1.5, 0.0])
+    rows.mean().backward()
+    close(poisoned.grad, [[0.25, 0.25, 0.0], [0.0, 0.0, 0.0]])  # 1/2 tokens * 1/2 rows; row 1: nothing
+
+
+def test_train_step_all_masked_row_contributes_zero():
+    # Row 1 is fully padded: with masked_mean semantics it would be NaN and poison the whole loss.
+    lp = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]], requires_grad=True)
+    loss, meta = grpo_microbatch_train_step(lp, torch.tensor([[1, 1, 0], [0, 0, 0]]), 1, "reinforce_with_baseline",
+                                            advantages=torch.tensor([2.0, 5.0]))
+    # row 0: per-token [2, 4] -> 3; row 1: 0; batch mean 1.5
+    close(loss, 1.5)
+    close(meta["loss/policy"], 1.5)
+    close(lp.grad, [[-0.5, -0.5, 0.0], [0.0, 0.0, 0.0]])  # -A / 2 tokens / 2 rows
+
+
+def test_train_step_fully_masked_microbatch_gives_zero_loss_and_metrics():
+    lp = torch.full((2, 3), -1.0, requires_grad=True)
+    old = torch.zeros(2, 3)
+    loss, meta = grpo_microbatch_train_step(lp, torch.zeros(2, 3), 1, "grpo_clip", advantages=torch.ones(2),
+                                            old_log_probs=old, cliprange=0.2, ref_log_probs=old)
+    close(loss, 0.0)
+    for key in ("loss/clip_frac", "loss/ratio_mean", "kl/ref_k3"):
+        close(meta[key], 0.0)
+    close(lp.grad, torch.zeros(2, 3))
 
 
 def test_masked_normalize_hand_values():

@@ -14,6 +14,7 @@ from rlpipe.grpo import (
     grpo_microbatch_train_step,
     masked_kl,
     masked_mean,
+    masked_mean_or_zero,
     masked_normalize,
 )
 
@@ -170,22 +171,42 @@ def test_masked_positions_never_change_results(d, bad, bad_old):
 def test_masked_reductions_ignore_masked_values(d, bad, dim):
     keep, x = d["response_mask"], d["policy_log_probs"]
     dirty = torch.where(keep, x, torch.full_like(x, bad))
-    torch.testing.assert_close(masked_mean(dirty, keep, dim), masked_mean(x, keep, dim))
+    # masked_mean is NaN where nothing is selected (seed semantics), in both; compare NaN as equal.
+    torch.testing.assert_close(masked_mean(dirty, keep, dim), masked_mean(x, keep, dim), equal_nan=True)
+    torch.testing.assert_close(masked_mean_or_zero(dirty, keep, dim), masked_mean_or_zero(x, keep, dim))
     torch.testing.assert_close(masked_normalize(dirty, keep, 3.0, dim), masked_normalize(x, keep, 3.0, dim))
     for est in grpo.KL_ESTIMATORS:
         for red in grpo.KL_REDUCTIONS:
             torch.testing.assert_close(masked_kl(dirty, d["ref_log_probs"], keep, est, red),
                                        masked_kl(x, d["ref_log_probs"], keep, est, red))
-    assert torch.isfinite(masked_mean(dirty, keep, dim)).all()
+    assert torch.isfinite(masked_mean_or_zero(dirty, keep, dim)).all()
+    assert torch.isfinite(masked_normalize(dirty, keep, 3.0, dim)).all()
+
+
+def _selected_count(keep, dim):
+    return keep.sum() if dim is None else keep.sum(dim)
 
 
 @SETTINGS
-@given(batch())
-def test_masked_mean_matches_naive_formula(d):
+@given(batch(), st.sampled_from([None, 0, 1]))
+def test_masked_mean_matches_naive_formula(d, dim):
+    """Equal to sum(x * m) / sum(m) where at least one element is selected; NaN exactly where none is."""
     keep, x = d["response_mask"], d["policy_log_probs"]
     m = keep.float()
-    naive = (x * m).sum(1) / m.sum(1)
-    got = masked_mean(x, keep, dim=1)
-    has = m.sum(1) > 0
+    naive = (x * m).sum() / m.sum() if dim is None else (x * m).sum(dim) / m.sum(dim)
+    got = masked_mean(x, keep, dim)
+    assert got.shape == (x.mean() if dim is None else x.mean(dim)).shape
+    has = _selected_count(keep, dim) > 0
     torch.testing.assert_close(got[has], naive[has])
-    assert torch.all(got[~has] == 0)
+    assert torch.equal(torch.isnan(got), ~has)
+
+
+@SETTINGS
+@given(batch(), st.sampled_from([None, 0, 1]))
+def test_masked_mean_or_zero_is_masked_mean_with_empty_slices_zeroed(d, dim):
+    keep, x = d["response_mask"], d["policy_log_probs"]
+    has = _selected_count(keep, dim) > 0
+    expected = torch.where(has, masked_mean(x, keep, dim), torch.zeros(()))
+    got = masked_mean_or_zero(x, keep, dim)
+    torch.testing.assert_close(got, expected)
+    assert torch.all(got[~has] == 0) and torch.isfinite(got).all()

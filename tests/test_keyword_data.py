@@ -120,7 +120,7 @@ def test_load_split(dataset):
 ])
 def test_bad_config_fails_before_writing(tmp_path, data, key):
     out = tmp_path / "ds"
-    with pytest.raises(ConfigError, match=re.escape(key)):
+    with pytest.raises(ConfigError, match=re.escape(key)):  # from the config itself or from build_dataset
         build_dataset(_cfg(**data), out)
     assert not out.exists()
 

@@ -8,7 +8,8 @@ import torch
 
 from rlpipe.lm.model import PRESETS, KVCache, ModelConfig, RMSNorm, TransformerLM, apply_rope, rope_table
 
-SMALL = ModelConfig(vocab_size=97, context_length=64, num_layers=2, d_model=32, num_heads=4, d_ff=64, rope_theta=10000.0)
+SMALL = ModelConfig(vocab_size=97, context_length=64, num_layers=2, d_model=32, num_heads=4, d_ff=64,
+                    rope_theta=10000.0)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -107,17 +108,17 @@ def test_kv_cache_decoding_matches_full_recompute_with_left_padding(model):
     ids = torch.zeros(3, P, dtype=torch.long)
     mask = torch.zeros(3, P + new, dtype=torch.bool)
     pos = torch.zeros(3, P, dtype=torch.long)
-    for i, (s, n) in enumerate(zip(seqs, lens)):
+    for i, (s, n) in enumerate(zip(seqs, lens, strict=True)):
         ids[i, P - n:], mask[i, P - n:], pos[i, P - n:] = s[:n], True, torch.arange(n)
     cache = KVCache(SMALL.num_layers, P + new)
     with torch.no_grad():
         step_logits = [model(ids, positions=pos, attention_mask=mask[:, :P], kv_cache=cache)[:, -1]]
         for t in range(new - 1):
-            tok = torch.stack([s[n + t] for s, n in zip(seqs, lens)])[:, None]
+            tok = torch.stack([s[n + t] for s, n in zip(seqs, lens, strict=True)])[:, None]
             p = torch.tensor(lens)[:, None] + t
             step_logits.append(model(tok, positions=p, attention_mask=mask[:, : P + t + 1], kv_cache=cache)[:, -1])
         cached = torch.stack(step_logits, 1)  # (B, new, V)
-        for i, (s, n) in enumerate(zip(seqs, lens)):
+        for i, (s, n) in enumerate(zip(seqs, lens, strict=True)):
             full = model(s[None, : n + new - 1])[0, n - 1:]  # logits predicting tokens n .. n+new-1
             assert (cached[i] - full).abs().max().item() <= 1e-4
         assert cache.length == P + new - 1

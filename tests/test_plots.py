@@ -1,20 +1,21 @@
-"""Every figure kind renders a non-blank PNG (HTML for rollouts) from synthetic summaries, and a
-panel whose data is missing carries a "no data" note instead of being empty."""
+"""Every figure kind of the contract renders a non-blank PNG (HTML for rollouts) from synthetic
+summaries, and a panel whose data is missing carries a "no data" note instead of being empty."""
 
 from __future__ import annotations
+
+import json
 
 import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
-from test_aggregate import make_runs
 
-from rlpipe.analysis import aggregate, plots
+from rlpipe.analysis import aggregate, contract, plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def summary_dir(tmp_path, variants, mutate=None):
+def summary_dir(make_runs, tmp_path, variants, mutate=None):
     runs = make_runs(tmp_path / "runs", variants)
     if mutate:
         mutate(runs)
@@ -24,8 +25,8 @@ def summary_dir(tmp_path, variants, mutate=None):
 
 
 @pytest.fixture(scope="module")
-def full_summary(tmp_path_factory):
-    return summary_dir(tmp_path_factory.mktemp("full"), ("onpolicy", "k2", "disagg"))
+def full_summary(tmp_path_factory, make_runs):
+    return summary_dir(make_runs, tmp_path_factory.mktemp("full"), ("onpolicy", "k2", "disagg"))
 
 
 def assert_png_not_blank(path):
@@ -35,9 +36,17 @@ def assert_png_not_blank(path):
     assert np.asarray(img)[..., :3].std() > 0.01  # something was drawn
 
 
-@pytest.mark.parametrize("kind", sorted(k for k in plots.KINDS if k != "rollouts"))
+PNG_KINDS = sorted(k for k, f in contract.FIGURES.items() if f.ext == "png")
+
+
+def test_kinds_are_the_contract_figures():
+    assert set(plots.KINDS) == set(contract.FIGURES)
+    assert set(contract.FIGURES) - set(PNG_KINDS) == {"rollouts"}
+
+
+@pytest.mark.parametrize("kind", PNG_KINDS)
 def test_every_kind_renders(full_summary, tmp_path, kind):
-    out = tmp_path / f"{kind}.png"
+    out = tmp_path / contract.figure_file(kind)
     assert plots.main([kind, "--summary", str(full_summary), "--out", str(out)]) == 0
     assert_png_not_blank(out)
 
@@ -49,8 +58,8 @@ def test_complete_data_draws_without_no_data_notes(full_summary, tmp_path):
         assert plots.KINDS[kind](s, tmp_path / f"{kind}.png") == [], kind
 
 
-def test_missing_variants_are_annotated(tmp_path):
-    s = plots.load_summary(summary_dir(tmp_path, ("onpolicy",)))
+def test_missing_variants_are_annotated(tmp_path, make_runs):
+    s = plots.load_summary(summary_dir(make_runs, tmp_path, ("onpolicy",)))
     notes = plots.plot_timeline(s, tmp_path / "t.png")
     assert any("disaggregated" in n for n in notes)
     assert any("disaggregated" in n for n in plots.plot_versions(s, tmp_path / "v.png"))
@@ -60,7 +69,7 @@ def test_missing_variants_are_annotated(tmp_path):
         assert_png_not_blank(tmp_path / name)
 
 
-def test_nan_columns_are_annotated(tmp_path):
+def test_nan_columns_are_annotated(tmp_path, make_runs):
     def drop_kl(runs):
         for p in runs.glob("*/metrics.parquet"):
             m = pd.read_parquet(p)
@@ -68,7 +77,7 @@ def test_nan_columns_are_annotated(tmp_path):
                 m[c] = np.nan
             m.to_parquet(p, index=False)
 
-    s = plots.load_summary(summary_dir(tmp_path, ("onpolicy", "disagg"), drop_kl))
+    s = plots.load_summary(summary_dir(make_runs, tmp_path, ("onpolicy", "disagg"), drop_kl))
     notes = plots.plot_kl(s, tmp_path / "kl.png")
     assert len(notes) == 2 and all("KL" in n for n in notes)
     assert_png_not_blank(tmp_path / "kl.png")
@@ -77,11 +86,11 @@ def test_nan_columns_are_annotated(tmp_path):
 def test_empty_summary_never_blank(tmp_path):
     s = plots.Summary(*(pd.DataFrame(columns=["variant"]) for _ in range(6)))
     for kind, fn in plots.KINDS.items():
-        ext = "html" if kind == "rollouts" else "png"
-        notes = fn(s, tmp_path / f"{kind}.{ext}")
+        out = tmp_path / contract.figure_file(kind)
+        notes = fn(s, out)
         assert notes, kind
-        if ext == "png":
-            assert_png_not_blank(tmp_path / f"{kind}.png")
+        if contract.FIGURES[kind].ext == "png":
+            assert_png_not_blank(out)
 
 
 def test_rollouts_html_before_after(full_summary, tmp_path):
@@ -96,3 +105,27 @@ def test_rollouts_html_before_after(full_summary, tmp_path):
 def test_main_requires_summary(tmp_path):
     with pytest.raises(FileNotFoundError, match="runs.parquet"):
         plots.main(["kl", "--summary", str(tmp_path), "--out", str(tmp_path / "x.png")])
+
+
+def test_plot_functions_leave_no_open_figures(full_summary, tmp_path):
+    s = plots.load_summary(full_summary)
+    before = len(plots.plt.get_fignums())
+    for kind in PNG_KINDS:
+        plots.KINDS[kind](s, tmp_path / contract.figure_file(kind))
+    assert len(plots.plt.get_fignums()) == before
+
+
+@pytest.mark.parametrize("device_type,unit", [("gpu", "GPU-hours"), ("cpu", "device-hours")])
+def test_throughput_bills_gpu_runs_in_gpu_hours(tmp_path, monkeypatch, device_type, unit, make_runs):
+    """run_info's device_type is "gpu" on GPU runs (what the drivers write, contract.DEVICE_GPU)."""
+    def set_device(runs):
+        for p in runs.glob(f"*/{contract.RUN_INFO_FILE}"):
+            p.write_text(json.dumps({**json.loads(p.read_text()), "device_type": device_type}))
+
+    s = plots.load_summary(summary_dir(make_runs, tmp_path, ("onpolicy", "disagg"), set_device))
+    titles = []
+    bars = plots._bars
+    monkeypatch.setattr(plots, "_bars", lambda ax, r, column, title, *a: (titles.append(title),
+                                                                          bars(ax, r, column, title, *a)))
+    assert plots.plot_throughput(s, tmp_path / "t.png") == []
+    assert titles[-1] == f"{unit} (wall x devices)"

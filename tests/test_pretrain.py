@@ -11,7 +11,12 @@ import torch
 
 from rlpipe.config import ConfigError, DataConfig, ModelSection, PipelineConfig, PretrainConfig
 from rlpipe.lm.pretrain import (
-    check_pretrain_config, log_path, lr_at, main, pretrain, sample_windows, train_tokenizer_main,
+    log_path,
+    lr_at,
+    main,
+    pretrain,
+    sample_windows,
+    train_tokenizer_main,
 )
 from rlpipe.tasks.keyword.corpus import build_corpus
 from rlpipe.tasks.keyword.eval import zero_shot_reward
@@ -143,7 +148,7 @@ def test_cli_main_writes_checkpoint_and_log(tiny_run, tmp_path, capsys):
 def test_bad_pretrain_config_fails_before_work(tiny_run, tmp_path, pre, key):
     d, _, _ = tiny_run
     out = tmp_path / "model.pt"
-    with pytest.raises(ConfigError, match=re.escape(key)):
+    with pytest.raises(ConfigError, match=re.escape(key)):  # from the config itself or from pretrain
         pretrain(_cfg(**pre), d / "corpus.txt", d / "tok.json", out, progress=False)
     assert not out.exists()
 
@@ -154,7 +159,3 @@ def test_bad_model_override_names_the_key(tiny_run, tmp_path):
     cfg.model.overrides["num_layer"] = 2
     with pytest.raises(ConfigError, match="model.overrides"):
         pretrain(cfg, d / "corpus.txt", d / "tok.json", tmp_path / "m.pt", progress=False)
-
-
-def test_check_pretrain_config_accepts_defaults():
-    check_pretrain_config(PretrainConfig())

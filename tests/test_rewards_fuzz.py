@@ -1,5 +1,5 @@
-"""Property tests for the task rewards (rlpipe.tasks.*.reward): the graders never raise, always return the three keys with
-values in [0, 1], and agree with hand-derivable truths on generated inputs.
+"""Property tests for the task rewards (rlpipe.tasks.*.reward): the graders never raise, always
+return the three keys with values in [0, 1], and agree with hand-derivable truths on generated inputs.
 
 Runs are derandomized (the same examples every run: a failure reproduces) and short, because
 math-verify costs ~10 ms per answer.

@@ -74,7 +74,7 @@ def reference_logprobs(model, prompt_ids, response_ids, temperature=1.0):
 def _same(a: Generation, b: Generation, atol=1e-4):
     assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
     assert a.response_text == b.response_text
-    for x, y in zip(a.logprobs, b.logprobs):
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
         assert (x - y).abs().max().item() <= atol if len(x) else len(y) == 0
 
 

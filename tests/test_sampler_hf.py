@@ -12,7 +12,8 @@ from rlpipe.lm.tokenizer import train_bpe
 
 transformers = pytest.importorskip("transformers")
 
-CORPUS = ["the cat sat on the mat. <answer>42</answer> the dog ate the bone.", "Once upon a time a girl found a red apple."] * 40
+CORPUS = ["the cat sat on the mat. <answer>42</answer> the dog ate the bone.",
+          "Once upon a time a girl found a red apple."] * 40
 PROMPTS = ["the cat", "Once upon a time a girl found", "a", "the dog ate the bone and the cat sat"]
 
 
@@ -64,7 +65,7 @@ def test_hf_cached_equals_naive_and_rows_independent_of_batch(qwen, tok):
     assert batch.response_ids == naive.response_ids
     alone = generate(qwen, tok, [PROMPTS[1]], p)
     assert alone.response_ids == batch.response_ids[2:4]
-    for a, b in zip(alone.logprobs, batch.logprobs[2:4]):
+    for a, b in zip(alone.logprobs, batch.logprobs[2:4], strict=True):
         assert (a - b).abs().max().item() <= 1e-4
 
 
@@ -83,7 +84,7 @@ def test_hf_stop_string_and_eos_bookkeeping(qwen, tok):
     p = SamplingParams(n=2, max_tokens=10, seed=1, stop=("e",))
     g = generate(qwen, tok, PROMPTS, p)
     assert g.response_ids == generate(qwen, tok, PROMPTS, p, use_kv_cache=False).response_ids  # compaction
-    for ids, text, reason in zip(g.response_ids, g.response_text, g.finish_reason):
+    for ids, text, reason in zip(g.response_ids, g.response_text, g.finish_reason, strict=True):
         assert "e" not in text and len(ids) <= 10
         if reason == "stop":
             assert "e" in tok.decode(ids) and "e" not in tok.decode(ids[:-1])

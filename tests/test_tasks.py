@@ -3,10 +3,9 @@
 import pytest
 
 from rlpipe.tasks import TASKS, KeywordInclusionTask, SortingTask, make_task
-from trainer_fixtures import make_dataset
 
 
-def test_prompt_batches_are_deterministic_and_cover_each_epoch(tmp_path):
+def test_prompt_batches_are_deterministic_and_cover_each_epoch(tmp_path, make_dataset):
     task = KeywordInclusionTask(make_dataset(tmp_path / "d"))
     n_train = len(task.train_examples())  # 9
     a = [task.prompts_for_batch(b, 3, seed=7) for b in range(3)]
@@ -17,7 +16,7 @@ def test_prompt_batches_are_deterministic_and_cover_each_epoch(tmp_path):
     assert [e.prompt for e in task.prompts_for_batch(0, 3, seed=8)] != first_epoch[:3] or n_train < 3
 
 
-def test_keyword_task_reward_and_missing_dataset(tmp_path):
+def test_keyword_task_reward_and_missing_dataset(tmp_path, make_dataset):
     task = make_task("keyword_inclusion", make_dataset(tmp_path / "d"))
     assert task.reward("The cats played.", ["cat"])["reward"] == 1.0
     assert task.reward("A dog.", ["cat"])["reward"] == 0.0

@@ -64,7 +64,8 @@ def test_wraps_a_users_hf_tokenizer_json_with_config(tmp_path):
     hf.pre_tokenizer = pre_tokenizers.Whitespace()
     hf.add_special_tokens(["<pad>", "</s>"])
     hf.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "pad_token": {"content": "<pad>"}}))
+    special = {"eos_token": "</s>", "pad_token": {"content": "<pad>"}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(special))
     t = load_tokenizer(tmp_path)
     assert (t.eos_token_id, t.pad_token_id, t.vocab_size) == (2, 1, 5)
     assert t.encode("hello world") == [3, 4]

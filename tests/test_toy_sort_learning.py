@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rlpipe import grpo
+from rlpipe.tasks.sorting.reward import sort_inclusion_ordering_reward
 from rlpipe.tasks.sorting.toy_model import (
     SortModel,
     SortTrainConfig,
@@ -25,8 +26,6 @@ from rlpipe.tasks.sorting.toy_model import (
     generate_responses,
     train_sorting,
 )
-
-from rlpipe.tasks.sorting.reward import sort_inclusion_ordering_reward
 
 MIN_GAIN = 0.8  # measured minimum 1.14
 
@@ -94,7 +93,7 @@ def test_training_is_reproducible():
     a = train_sorting(_config(num_epochs=5, advantage_mode="centered_rewards"))
     b = train_sorting(_config(num_epochs=5, advantage_mode="centered_rewards"))
     assert a.mean_rewards == b.mean_rewards
-    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb)
 
 

@@ -14,14 +14,13 @@ import pandas as pd
 import pytest
 import torch
 
-from rlpipe.trainer.run_writer import METRIC_COLUMNS
-from trainer_fixtures import write_config
+from rlpipe.analysis import contract
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, ray_session, tiny_base):
+def env(tmp_path_factory, ray_session, tiny_base, write_config):
     tmp = tmp_path_factory.mktemp("trainer")
     return {"tmp": tmp, "base": tiny_base[0], "data": tiny_base[1], "cfg": str(write_config(tmp / "config.yaml"))}
 
@@ -41,7 +40,7 @@ def metrics(out: Path) -> pd.DataFrame:
 def test_two_step_run_writes_every_output(env):
     out, info = train(env, "onpolicy")
     m = metrics(out)
-    assert list(m.columns) == METRIC_COLUMNS
+    assert list(m.columns) == list(contract.METRIC_COLUMNS)
     assert m["step"].tolist() == [0, 1, 2]
     assert m["policy_version"].tolist() == [0, 1, 2]
     assert m["samples"].tolist() == [0, 8, 16]
@@ -72,7 +71,8 @@ def test_k1_equals_variant_a_bit_for_bit(env):
     a, _ = train(env, "onpolicy", out=env["tmp"] / "eq" / "a")
     b, _ = train(env, "k1", out=env["tmp"] / "eq" / "b")
     ma, mb = metrics(a), metrics(b)
-    cols = [c for c in METRIC_COLUMNS if not c.startswith(("time/", "perf/", "sync/seconds", "sync/gbps", "wall"))]
+    timing = ("time/", "perf/", "sync/seconds", "sync/gbps", "wall")
+    cols = [c for c in contract.METRIC_COLUMNS if not c.startswith(timing)]
     pd.testing.assert_frame_equal(ma[cols], mb[cols])
     from rlpipe.lm.checkpoint import load_checkpoint
 
@@ -109,7 +109,7 @@ def test_kl_penalty_changes_the_update(env):
     assert a.loc[a.step == 2, "kl/ref_k3"].item() != b.loc[b.step == 2, "kl/ref_k3"].item()
 
 
-def test_bad_config_fails_before_any_work(env, tmp_path):
+def test_bad_config_fails_before_any_work(env, tmp_path, write_config):
     from rlpipe.trainer.run import main
 
     bad = write_config(tmp_path / "bad.yaml", train={"rollout_batch_size": 10})
@@ -124,7 +124,7 @@ def test_bad_config_fails_before_any_work(env, tmp_path):
         load_config(bad_key)
 
 
-def test_bad_config_cli_message_names_key(env, tmp_path):
+def test_bad_config_cli_message_names_key(env, tmp_path, write_config):
     bad = write_config(tmp_path / "bad.yaml", train={"train_batch_size": 2})
     r = subprocess.run([sys.executable, "-m", "rlpipe.cli", "train", "--config", str(bad), "--variant", "onpolicy",
                         "--out", str(tmp_path / "o"), "--base", env["base"], "--dataset", env["data"]],
@@ -133,7 +133,7 @@ def test_bad_config_cli_message_names_key(env, tmp_path):
     assert "train.train_batch_size" in r.stderr and "train.group_size" in r.stderr
 
 
-def test_resume_after_kill_gives_contiguous_steps(env, tmp_path):
+def test_resume_after_kill_gives_contiguous_steps(env, tmp_path, write_config):
     cfg = write_config(tmp_path / "c.yaml", train={"n_grpo_steps": 6, "checkpoint_every": 2})
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlpipe.cli", "train", "--config", str(cfg), "--variant", "onpolicy",
@@ -158,7 +158,7 @@ def test_resume_after_kill_gives_contiguous_steps(env, tmp_path):
     assert m["wall_time"].is_monotonic_increasing
 
 
-def test_learning_parameters_change_and_reward_rises(env, tmp_path):
+def test_learning_parameters_change_and_reward_rises(env, tmp_path, write_config):
     """GRPO through the whole Ray trainer raises the keyword reward of the micro model."""
     from rlpipe.lm.checkpoint import load_checkpoint
 

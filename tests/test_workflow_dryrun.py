@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlpipe.analysis import contract
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEFILE = ROOT / "Snakefile"
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -101,14 +103,13 @@ def test_bad_config_fails_with_key(workdir, bad, key):
 # --------------------------------------------------------------------------- real execution
 
 
-def fake_upstream(workdir: Path, variants) -> None:
+def fake_upstream(workdir: Path, variants, make_runs) -> None:
     """Outputs of every stage before aggregation, oldest first (no Snakemake metadata: only file
-    times count), with synthetic runs that follow the RUN OUTPUTS contract."""
-    from test_aggregate import make_runs
-
+    times count), with synthetic runs that follow the run-output contract."""
     r = workdir / "results"
     for f in ("config/pipeline.yaml", "data/corpus.txt", "tokenizer/tokenizer.json", "base/model.pt",
-              "data/keywords/train.jsonl", "data/keywords/val.jsonl", "data/keywords/split.json"):
+              "data/keywords/train.jsonl", "data/keywords/val.jsonl", "data/keywords/split.json",
+              "base/zero_shot.json"):
         (r / f).parent.mkdir(parents=True, exist_ok=True)
         (r / f).write_text("synthetic\n")
     make_runs(r / "runs", variants)
@@ -123,16 +124,17 @@ def scheduled(out: str) -> set[str]:
 
 
 @pytest.mark.slow
-def test_analysis_half_runs_and_reports(workdir, tmp_path):
+def test_analysis_half_runs_and_reports(workdir, tmp_path, make_runs):
     # a private copy of the package, so the test can "edit" plots.py / aggregate.py (mtime)
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src" / "rlpipe", src / "rlpipe", ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(src)}
-    fake_upstream(workdir, ("onpolicy", "k2", "disagg"))
+    fake_upstream(workdir, ("onpolicy", "k2", "disagg"), make_runs)
     smoke = ("--configfile", "config/smoke.yaml")
     snakemake(workdir, "--cores", "2", *smoke, env=env)
     figures = sorted(p.name for p in (workdir / "results/figures").iterdir())
-    assert len(figures) == 11 and all((workdir / "results/figures" / f).stat().st_size > 1000 for f in figures)
+    assert len(figures) == len(contract.FIGURES)
+    assert all((workdir / "results/figures" / f).stat().st_size > 1000 for f in figures)
 
     snakemake(workdir, *smoke, "--report", "report.html", env=env)
     report = (workdir / "report.html").read_text()
@@ -141,7 +143,7 @@ def test_analysis_half_runs_and_reports(workdir, tmp_path):
 
     assert scheduled(snakemake(workdir, "-n", *smoke, env=env).stdout) == set()  # up to date
     # Snakemake 9 compares input checksums, not just times: an edit must change the content
-    plots_py, aggregate_py = src / "rlpipe/plots.py", src / "rlpipe/aggregate.py"
+    plots_py, aggregate_py = src / "rlpipe/analysis/plots.py", src / "rlpipe/analysis/aggregate.py"
     original = plots_py.read_text()
     plots_py.write_text(original + "\n# edited\n")  # editing the plotting code reruns only the figures
     assert scheduled(snakemake(workdir, "-n", *smoke, env=env).stdout) == {
@@ -162,17 +164,20 @@ args = sys.argv[1:]
 open(os.environ["FAKE_LOG"], "a").write(" ".join(args) + "\\n")
 out, variant = args[args.index("--out") + 1], args[args.index("--variant") + 1]
 src = os.path.join(os.environ["FAKE_RUNS"], variant)
+os.makedirs(out, exist_ok=True)
 for name in os.listdir(src):
     shutil.copy(os.path.join(src, name), os.path.join(out, name))
+os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)
 open(os.path.join(out, "checkpoints", "last.pt"), "w").write("ckpt")
 sys.exit(int(os.environ.get("FAKE_FAIL", "0")))
 """
 
 
-def test_train_rule_resumes_only_an_unfinished_run_of_the_same_settings(workdir, tmp_path):
-    from test_aggregate import make_runs
+def test_train_rule_hands_the_resume_decision_to_rlpipe(workdir, tmp_path, make_runs):
+    """The rule's shell is one call with ``--resume auto``; the decision itself (fingerprint,
+    FINISHED marker, checkpoint) is rlpipe.trainer.resume's, unit-tested in test_resume.py."""
 
-    fake_upstream(workdir, ("onpolicy", "k2", "disagg"))
+    fake_upstream(workdir, ("onpolicy", "k2", "disagg"), make_runs)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "rlpipe").write_text(FAKE_RLPIPE.format(python=sys.executable))
@@ -181,23 +186,15 @@ def test_train_rule_resumes_only_an_unfinished_run_of_the_same_settings(workdir,
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log),
            "FAKE_RUNS": str(make_runs(tmp_path / "template", ("k2",)))}
     target = "results/runs/k2/metrics.parquet"
-    ckpt = workdir / "results/runs/k2/checkpoints"
 
-    def train(configs=("config/smoke.yaml",), fail=False):
+    def train(fail=False):
         log.write_text("")
-        proc = snakemake(workdir, target, "--cores", "1", "--configfile", *configs, "--forcerun", target,
+        proc = snakemake(workdir, target, "--cores", "1", "--configfile", "config/smoke.yaml", "--forcerun", target,
                          env={**env, "FAKE_FAIL": "1" if fail else "0"}, check=not fail)
         calls = log.read_text().splitlines()
         assert len(calls) == 1 and calls[0].startswith("train --config"), proc.stderr[-2000:]
         return calls[0]
 
-    assert "--resume" not in train()  # fresh
-    assert (ckpt / "FINISHED").exists()
-    assert "--resume" not in train()  # finished run + forced rerun: starts afresh
-    train(fail=True)  # a crash leaves a checkpoint without FINISHED ...
-    assert (ckpt / "last.pt").exists() and not (ckpt / "FINISHED").exists()
-    assert "--resume" in train()  # ... and the next run resumes it
-    train(fail=True)
-    (workdir / "smoke2.yaml").write_text(yaml.safe_dump({"train": {"learning_rate": 1e-3}}))
-    call = train(("config/smoke.yaml", "smoke2.yaml"))  # settings changed: no resume
-    assert "--resume" not in call
+    assert train().endswith("--resume auto")
+    assert train(fail=True).endswith("--resume auto")
+    assert (workdir / "results/runs/k2/checkpoints/last.pt").exists()  # a failed job keeps its checkpoint

@@ -15,15 +15,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from rlpipe.analysis import contract
+
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ["reward_vs_step.png", "reward_vs_time.png", "kl.png", "phase_breakdown.png", "phase_steps.png",
-           "timeline.png", "throughput.png", "weight_sync.png", "versions.png", "replay.png", "rollouts.html"]
+FIGURES = [contract.figure_file(kind) for kind in contract.FIGURES]  # results/figures/ file names
 
 
 def run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--configfile", "config/smoke.yaml", *args]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, check=False, cwd=workdir, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in sorted((workdir / "logs").rglob("*.log")))
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}\n{logs}")
@@ -36,19 +37,32 @@ def test_smoke_workflow_end_to_end(tmp_path):
     run(tmp_path, "--cores", "2")
     results = tmp_path / "results"
 
-    table = pd.read_parquet(results / "summary/runs.parquet")
+    summary = results / "summary"
+    table = pd.read_parquet(summary / contract.SUMMARY_FILES["runs"])
     assert set(table["variant"]) == {"onpolicy", "k2", "disagg"}
     assert table["finished"].all() and (table["wall_time_s"] > 0).all()
     assert table["total_samples"].nunique() == 1  # same samples for every variant: speedups are valid
+    assert set(table["device_type"]) <= set(contract.DEVICE_TYPES)
     for v in ("onpolicy", "k2", "disagg"):
-        info = json.loads((results / f"runs/{v}/run_info.json").read_text())
-        assert info["finished"] and (results / f"runs/{v}/checkpoints/FINISHED").exists()
+        run_dir = results / "runs" / v
+        for f in (*contract.RUN_FILES.values(), contract.RUN_CONFIG_FILE, contract.CHECKPOINT_FILE):
+            assert (run_dir / f).exists(), f"{v}: {f}"
+        info = json.loads((run_dir / contract.RUN_INFO_FILE).read_text())
+        assert not set(contract.RUN_INFO_KEYS) - set(info), f"{v}: {set(contract.RUN_INFO_KEYS) - set(info)}"
+        assert info["finished"] and (run_dir / contract.FINISHED_MARKER).exists()
+        metrics = pd.read_parquet(run_dir / contract.METRICS_FILE)
+        assert tuple(metrics.columns) == contract.METRIC_COLUMNS, v
+        events = pd.read_parquet(run_dir / contract.EVENTS_FILE)
+        assert tuple(events.columns) == contract.EVENT_COLUMNS and set(events["phase"]) <= set(contract.PHASES), v
+        assert tuple(pd.read_parquet(run_dir / contract.VERSIONS_FILE).columns) == contract.VERSION_COLUMNS, v
+    for f in (*contract.SUMMARY_FILES.values(), *contract.SUMMARY_REPORT_FILES.values()):
+        assert (summary / f).stat().st_size > 0, f
     for f in FIGURES:
         assert (results / "figures" / f).stat().st_size > 1000, f
 
     run(tmp_path, "--report", "report.html")
     report = (tmp_path / "report.html").read_text()
-    for name in [*FIGURES, "summary.html", "discussion.html"]:
+    for name in [*FIGURES, *contract.SUMMARY_REPORT_FILES.values()]:
         assert name in report, f"{name} missing from the report"
 
     # nothing left to do: a second invocation schedules no job (no spurious params/code triggers)

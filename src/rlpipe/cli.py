@@ -5,6 +5,10 @@ from __future__ import annotations
 import importlib
 import sys
 
+import yaml
+
+from rlpipe.config import json_schema
+
 COMMANDS = {
     "build-corpus": ("rlpipe.tasks.keyword.corpus", "main"),
     "train-tokenizer": ("rlpipe.lm.pretrain", "train_tokenizer_main"),
@@ -21,10 +25,6 @@ BENCHES = {"sampler": "rlpipe.bench.sampler", "weight-sync": "rlpipe.bench.weigh
 
 
 def schema_main(argv: list[str]) -> int:
-    import yaml
-
-    from rlpipe.config import json_schema
-
     print(yaml.safe_dump(json_schema(), sort_keys=False), end="")
     return 0
 

@@ -1,330 +1,443 @@
-"""The one typed config of rlpipe.
+"""The one typed config of rlpipe: pydantic v2 models, one per section.
 
 A pipeline config is a YAML file with one section per stage (``data``, ``tokenizer``, ``model``,
-``pretrain``, ``train``, ``ray``, ``workflow``) plus a ``variants`` table. Every field is a
-dataclass field below with its default and a ``help`` text; nothing else in the code base holds a
-default. ``load_config`` reads YAML, rejects unknown keys and wrong types with the dotted key in
-the message, and ``TrainConfig.derived`` computes every derived size once, failing on remainders
-(the seed-001 asserts, with key names).
+``pretrain``, ``train``, ``ray``, ``workflow``) plus a ``variants`` table. Every key is a pydantic
+field below, ``Field(default, <bounds>, description=...)``: the model field is the only place a
+default lives, and every numeric field carries its valid range (``ge``/``gt``/``le``/``lt``).
+The models are strict (a bool is not an int, a string is not a number; an int is accepted for a
+float field), reject NaN and infinity, and forbid unknown keys. Cross-field rules (the seed-001
+divisibility asserts, ``k`` needs ``colocated_k``, replay needs ``disaggregated``, a TinyStories
+corpus needs ``data.corpus_path``) are ``model_validator(mode="after")`` checks, so a bad config
+fails when it is parsed, before any work. ``TrainConfig.derived`` then computes every derived size
+once.
+
+Every failure is a ``ConfigError`` (a ``ValueError``) whose message names the dotted key, e.g.
+``train.val_every: must be >= 1, got 0`` or ``unknown config key
+'train.lerning_rate'; did you mean 'learning_rate'?``. That holds for ``parse_config`` /
+``load_config`` and for building a section directly (``DataConfig(val_fraction=1.5)`` names
+``data.val_fraction``): pydantic's ``ValidationError`` never escapes this module.
 
 Variants are overrides of ``train`` (dotted keys, e.g. ``weight_sync.transport: rdt``);
-``resolve_variant`` applies one and validates the result, so a typo in a variant fails before any
-work starts. The JSON schema that Snakemake validates against is generated from these dataclasses
-(``json_schema()``), so the two can never drift; a test checks the checked-in copy.
+``resolve_variant`` applies one and validates the result (errors name ``variants.<name>.<key>``),
+so a typo in a variant fails before any work starts. An overlay config drops a variant by setting
+it to ``null``. The JSON schema that Snakemake validates against is generated from these models
+(``json_schema()``: bounds and descriptions, no defaults), so the two can never drift; a test
+checks the checked-in copy.
 
 Departures from the seeds: the CPU default config scales seed 000 §3.1.2's hyperparameters down
-(see ``config/config.yaml``); the dataclass defaults here are the seed's values.
+(see ``config/config.yaml``); the ``train`` defaults here are the seed's values (the ``data``,
+``tokenizer`` and ``pretrain`` defaults, which the seeds leave open, are tuned for the CPU budget).
+Until this module moved to pydantic the sections were hand-checked dataclasses; keys, defaults and
+values are unchanged, only out-of-range values that used to fail late (or not at all) now fail here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import types
-import typing
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
     """A config value or key is invalid. The message names the dotted key."""
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with its help text (used for the JSON schema and the README)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
-    if dataclasses.is_dataclass(default):
-        return field(default_factory=type(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+class _Invalid(ValueError):
+    """A cross-field failure raised by a section's validator. ``@key`` in the message stands for
+    that section's key and becomes the dotted key (``train.k``, ``variants.k4.k``)."""
+
+
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
+_DEVICE_HELP = "'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+
+class _Section(BaseModel):
+    """Base of every section: strict, finite, closed; direct construction raises ConfigError."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    _prefix: ClassVar[str] = ""  # the section's dotted key in a pipeline config
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise ConfigError(_message(e, type(self), self._prefix)) from None
+
+    # Marks this __init__ as pydantic's own (as RootModel does), so nested sections and
+    # model_validate are validated by pydantic-core directly and keep their full error locations;
+    # only a direct call (``DataConfig(val_fraction=1.5)``) goes through the conversion above.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- sections
 
 
-@dataclass
-class DataConfig:
+class DataConfig(_Section):
     """Corpus and keyword-inclusion dataset."""
 
-    corpus_source: Literal["generated", "tinystories"] = _f(
-        "generated", "'generated': the embedded offline story generator; 'tinystories': read corpus_path.")
-    corpus_path: str | None = _f(None, "TinyStoriesV2-style text file (stories separated by <|endoftext|>).")
-    num_stories: int = _f(20000, "Stories to generate (or the first N to read from corpus_path).")
-    keyword_prompt_fraction: float = _f(
-        0.5, "Fraction of corpus documents that are prompt-formatted keyword examples.")
-    keyword_hit_rate: float = _f(
-        0.3, "In prompt-formatted corpus examples, probability that the story contains the keyword.")
-    keywords_path: str | None = _f(None, "Keyword list (one per line); default: the packaged list.")
-    num_prompts: int = _f(2000, "Keyword-inclusion prompts to build (train + validation).")
-    max_keywords_per_prompt: int = _f(1, "Each prompt asks for 1..this many keywords.")
-    val_fraction: float = _f(0.2, "Fraction of prompts held out for validation.")
-    seed: int = _f(0, "Seed for corpus generation and the dataset split.")
+    _prefix: ClassVar[str] = "data"
+
+    corpus_source: Literal["generated", "tinystories"] = Field(
+        "generated", description="'generated': the embedded offline story generator; 'tinystories': read corpus_path.")
+    corpus_path: str | None = Field(
+        None, description="TinyStoriesV2-style text file (stories separated by <|endoftext|>).")
+    num_stories: int = Field(20000, ge=1, description="Stories to generate (or the first N to read from corpus_path).")
+    keyword_prompt_fraction: float = Field(
+        0.5, ge=0, le=1, description="Fraction of corpus documents that are prompt-formatted keyword examples.")
+    keyword_hit_rate: float = Field(
+        0.3, ge=0, le=1,
+        description="In prompt-formatted corpus examples, probability that the story contains the keyword.")
+    keywords_path: str | None = Field(None, description="Keyword list (one per line); default: the packaged list.")
+    num_prompts: int = Field(2000, ge=1, description="Keyword-inclusion prompts to build (train + validation).")
+    max_keywords_per_prompt: int = Field(1, ge=1, description="Each prompt asks for 1..this many keywords.")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="Fraction of prompts held out for validation.")
+    seed: int = Field(0, ge=0, description="Seed for corpus generation and the dataset split.")
+
+    @model_validator(mode="after")
+    def check_cross_fields(self) -> DataConfig:
+        if self.corpus_source == "tinystories" and not self.corpus_path:
+            raise _Invalid("@corpus_path is required when @corpus_source is 'tinystories'")
+        return self
 
 
-@dataclass
-class TokenizerConfig:
-    vocab_size: int = _f(2048, "BPE vocabulary size (including <|endoftext|>).")
-    path: str | None = _f(
-        None, "Use this tokenizer instead of training one: a tokenizer.json, a directory, or 'tiktoken:gpt2'.")
+class TokenizerConfig(_Section):
+    """Tokenizer."""
+
+    _prefix: ClassVar[str] = "tokenizer"
+
+    vocab_size: int = Field(2048, ge=257, description="BPE vocabulary size (256 bytes + <|endoftext|> + merges).")
+    path: str | None = Field(
+        None,
+        description="Use this tokenizer instead of training one: a tokenizer.json, a directory, or 'tiktoken:gpt2'.")
 
 
-@dataclass
-class ModelSection:
-    preset: Literal["cpu-tiny", "assignment"] = _f("cpu-tiny", "TransformerLM size preset.")
-    overrides: dict[str, Any] = _f({}, "ModelConfig fields overriding the preset (e.g. num_layers).")
-    base_checkpoint: str | None = _f(
-        None, "Import this pretrained checkpoint (with tokenizer.path) instead of pretraining.")
+class ModelSection(_Section):
+    """Base model."""
+
+    _prefix: ClassVar[str] = "model"
+
+    preset: Literal["cpu-tiny", "assignment"] = Field("cpu-tiny", description="TransformerLM size preset.")
+    overrides: dict[str, Any] = Field({}, description="ModelConfig fields overriding the preset (e.g. num_layers).")
+    base_checkpoint: str | None = Field(
+        None, description="Import this pretrained checkpoint (with tokenizer.path) instead of pretraining.")
 
 
-@dataclass
-class PretrainConfig:
-    max_steps: int = _f(700, "Optimizer steps (cpu-tiny: the keyword-copy behaviour appears at ~400-600).")
-    batch_size: int = _f(32, "Sequences per step.")
-    seq_len: int = _f(128, "Tokens per training sequence (<= model context).")
-    learning_rate: float = _f(5e-3, "Peak AdamW learning rate.")
-    min_lr_ratio: float = _f(0.1, "Cosine schedule floor as a fraction of learning_rate.")
-    warmup_steps: int = _f(50, "Linear warm-up steps.")
-    weight_decay: float = _f(0.1, "AdamW weight decay.")
-    grad_clip: float = _f(1.0, "Gradient-norm clip.")
-    eval_every: int = _f(100, "Validation-loss interval in steps.")
-    val_fraction: float = _f(0.02, "Fraction of the corpus held out for validation loss.")
-    device: str = _f("auto", "'auto', 'cpu' or 'cuda'.")
-    threads: int = _f(2, "torch CPU threads.")
-    seed: int = _f(0, "Seed.")
+class PretrainConfig(_Section):
+    """Pretraining of the base model."""
+
+    _prefix: ClassVar[str] = "pretrain"
+
+    max_steps: int = Field(
+        700, ge=1, description="Optimizer steps (cpu-tiny: the keyword-copy behaviour appears at ~400-600).")
+    batch_size: int = Field(32, ge=1, description="Sequences per step.")
+    seq_len: int = Field(128, ge=2, description="Tokens per training sequence (<= model context).")
+    learning_rate: float = Field(5e-3, gt=0, description="Peak AdamW learning rate.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine schedule floor as a fraction of learning_rate.")
+    warmup_steps: int = Field(50, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    eval_every: int = Field(100, ge=1, description="Validation-loss interval in steps.")
+    val_fraction: float = Field(
+        0.02, gt=0, lt=1, description="Fraction of the corpus held out for validation loss.")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description=f"{_DEVICE_HELP}.")
+    threads: int = Field(2, ge=1, description="torch CPU threads.")
+    seed: int = Field(0, ge=0, description="Seed.")
 
 
-@dataclass
-class WeightSyncConfig:
-    transport: Literal["local", "object_store", "rdt"] = _f(
-        "object_store", "Learner->Generator weight transport (colocated runs always copy in-process).")
-    backend: Literal["gloo", "nccl", "nixl", "cuda_ipc"] = _f("gloo", "RDT backend when transport is 'rdt'.")
-    timeout_s: float = _f(120.0, "A sync slower than this fails with an error naming the transport.")
+class WeightSyncConfig(_Section):
+    """Learner -> Generator weight sync."""
+
+    _prefix: ClassVar[str] = "train.weight_sync"
+
+    transport: Literal["local", "object_store", "rdt"] = Field(
+        "object_store", description="Learner->Generator weight transport (colocated runs always copy in-process).")
+    backend: Literal["gloo", "nccl", "nixl", "cuda_ipc"] = Field(
+        "gloo", description="RDT backend when transport is 'rdt'.")
+    timeout_s: float = Field(
+        120.0, gt=0, description="A sync slower than this fails with an error naming the transport.")
 
 
-@dataclass
-class ReplayConfig:
-    enabled: bool = _f(False, "Learner samples training batches from a replay buffer (disaggregated mode).")
-    capacity_groups: int = _f(64, "Buffer capacity in prompt groups (FIFO eviction).")
-    max_age: int = _f(4, "Drop groups generated more than this many policy versions ago.")
-    strategy: Literal["uniform", "recency"] = _f("uniform", "Sampling strategy.")
+class ReplayConfig(_Section):
+    """Replay buffer of the disaggregated driver."""
 
+    _prefix: ClassVar[str] = "train.replay"
 
-@dataclass
-class TrainConfig:
-    """GRPO training. Defaults are seed 000 §3.1.2 plus seed 001's batch knobs."""
-
-    task: Literal["keyword_inclusion", "sorting"] = _f("keyword_inclusion", "Task plug-in.")
-    mode: Literal["colocated_sync", "colocated_k", "disaggregated"] = _f(
-        "colocated_sync", "Driver: Variant A, Variant B (k rollout batches per sync), or one-version-behind async.")
-    k: int = _f(1, "colocated_k: rollout batches generated per policy version (one optimizer step each).")
-    n_grpo_steps: int = _f(100, "Rollout batches to generate in total (same total samples across modes).")
-    learning_rate: float = _f(5e-4, "AdamW learning rate.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    betas: list[float] = _f([0.9, 0.95], "AdamW betas.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping max-norm.")
-    group_size: int = _f(4, "G: responses per prompt.")
-    rollout_batch_size: int = _f(32, "Responses per rollout batch (prompts x group_size).")
-    train_batch_size: int = _f(32, "Responses per optimizer step (== rollout_batch_size is on-policy).")
-    gradient_accumulation_steps: int = _f(1, "Microbatches per optimizer step.")
-    epochs_per_rollout_batch: int = _f(1, "Passes over each rollout batch.")
-    sampling_temperature: float = _f(0.8, "Sampling temperature (the learner scores the same tempered policy).")
-    sampling_top_p: float = _f(1.0, "Nucleus sampling threshold.")
-    sampling_max_tokens: int = _f(60, "Max new tokens per response.")
-    sampling_min_tokens: int = _f(0, "EOS is masked until this many tokens were generated.")
-    advantage_eps: float = _f(1e-8, "Added to the group std.")
-    advantage_mode: Literal["rewards", "centered_rewards", "normalized_rewards", "max_rewards"] = _f(
-        "normalized_rewards", "Seed 003 delta mode; use_std_normalization=false turns normalized into centered.")
-    use_std_normalization: bool = _f(True, "Divide advantages by the group std (Eq. 1) or not (Dr. GRPO Eq. 4).")
-    loss_type: Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"] = _f(
-        "grpo_clip", "Policy-gradient loss.")
-    cliprange: float = _f(0.2, "GRPO-Clip epsilon.")
-    length_normalization: Literal["masked_mean", "masked_normalize"] = _f(
-        "masked_mean", "Per-sequence reduction (seed 004).")
-    normalize_constant: float | None = _f(None, "masked_normalize divisor; default sampling_max_tokens.")
-    kl_coef: float = _f(0.0, "k3 KL-to-reference penalty coefficient (0 = monitor only).")
-    val_every: int = _f(10, "Validation interval in optimizer steps (also at step 0 and the end).")
-    val_size: int = _f(64, "Validation prompts (one greedy-free sample each at sampling temperature).")
-    val_seed: int = _f(1234, "Fixed sampling seed for validation.")
-    log_rollouts_every: int = _f(25, "Write example rollouts every N steps (plus first and last).")
-    checkpoint_every: int = _f(25, "Checkpoint interval in optimizer steps (plus the end).")
-    seed: int = _f(0, "Run seed.")
-    device: str = _f("auto", "'auto', 'cpu' or 'cuda'.")
-    dtype: Literal["float32", "bfloat16"] = _f("float32", "bfloat16 = autocast on CUDA.")
-    threads: int = _f(1, "torch threads per compute actor (one CPU 'device': colocated runs one, "
-                         "disaggregated two), capped by the job's threads (workflow.threads_per_variant).")
-    scorer_actor: bool = _f(False, "Disaggregated: score rewards in a separate Scorer actor.")
-    ray_timeout_s: float = _f(600.0, "Max seconds the driver waits on any actor call before failing.")
-    weight_sync: WeightSyncConfig = _f(WeightSyncConfig(), "Weight-sync transport.")
-    replay: ReplayConfig = _f(ReplayConfig(), "Replay buffer.")
-
-    def derived(self) -> "DerivedSizes":
-        return DerivedSizes.of(self)
+    enabled: bool = Field(
+        False, description="Learner samples training batches from a replay buffer (disaggregated mode).")
+    capacity_groups: int = Field(64, ge=1, description="Buffer capacity in prompt groups (FIFO eviction).")
+    max_age: int = Field(
+        4, ge=0, description="Drop groups generated more than this many policy versions ago (0: current only).")
+    strategy: Literal["uniform", "recency"] = Field("uniform", description="Sampling strategy.")
 
 
 @dataclass(frozen=True)
 class DerivedSizes:
+    """Sizes computed from a valid ``TrainConfig`` (``TrainConfig.derived``)."""
+
     n_prompts_per_rollout_batch: int
     micro_train_batch_size: int
     train_steps_per_rollout_batch: int
     total_optimizer_steps: int
     rounds: int
 
-    @staticmethod
-    def of(t: TrainConfig) -> "DerivedSizes":
+
+class TrainConfig(_Section):
+    """GRPO training. Defaults are seed 000 §3.1.2 plus seed 001's batch knobs."""
+
+    _prefix: ClassVar[str] = "train"
+
+    task: Literal["keyword_inclusion", "sorting"] = Field("keyword_inclusion", description="Task plug-in.")
+    mode: Literal["colocated_sync", "colocated_k", "disaggregated"] = Field(
+        "colocated_sync",
+        description="Driver: Variant A, Variant B (k rollout batches per sync), or one-version-behind async.")
+    k: int = Field(
+        1, ge=1, description="colocated_k: rollout batches generated per policy version (one optimizer step each).")
+    n_grpo_steps: int = Field(
+        100, ge=1, description="Rollout batches to generate in total (same total samples across modes).")
+    learning_rate: float = Field(5e-4, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
+        [0.9, 0.95], min_length=2, max_length=2, description="AdamW betas (two values, each in [0, 1)).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping max-norm.")
+    group_size: int = Field(4, ge=1, description="G: responses per prompt.")
+    rollout_batch_size: int = Field(32, ge=1, description="Responses per rollout batch (prompts x group_size).")
+    train_batch_size: int = Field(
+        32, ge=1, description="Responses per optimizer step (== rollout_batch_size is on-policy).")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Microbatches per optimizer step.")
+    epochs_per_rollout_batch: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    sampling_temperature: float = Field(
+        0.8, gt=0, description="Sampling temperature (the learner scores the same tempered policy).")
+    sampling_top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    sampling_max_tokens: int = Field(60, ge=1, description="Max new tokens per response.")
+    sampling_min_tokens: int = Field(0, ge=0, description="EOS is masked until this many tokens were generated.")
+    advantage_eps: float = Field(1e-8, ge=0, description="Added to the group std.")
+    advantage_mode: Literal["rewards", "centered_rewards", "normalized_rewards", "max_rewards"] = Field(
+        "normalized_rewards",
+        description="Seed 003 delta mode; use_std_normalization=false turns normalized into centered.")
+    use_std_normalization: bool = Field(
+        True, description="Divide advantages by the group std (Eq. 1) or not (Dr. GRPO Eq. 4).")
+    loss_type: Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"] = Field(
+        "grpo_clip", description="Policy-gradient loss.")
+    cliprange: float = Field(0.2, gt=0, description="GRPO-Clip epsilon.")
+    length_normalization: Literal["masked_mean", "masked_normalize"] = Field(
+        "masked_mean", description="Per-sequence reduction (seed 004).")
+    normalize_constant: float | None = Field(
+        None, gt=0, description="masked_normalize divisor; default sampling_max_tokens.")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL-to-reference penalty coefficient (0 = monitor only).")
+    val_every: int = Field(
+        10, ge=1, description="Validation interval in optimizer steps (also at step 0 and the end).")
+    val_size: int = Field(
+        64, ge=1, description="Validation prompts (one greedy-free sample each at sampling temperature).")
+    val_seed: int = Field(1234, ge=0, description="Fixed sampling seed for validation.")
+    log_rollouts_every: int = Field(
+        25, ge=1, description="Write example rollouts every N steps (plus first and last).")
+    checkpoint_every: int = Field(25, ge=1, description="Checkpoint interval in optimizer steps (plus the end).")
+    seed: int = Field(0, ge=0, description="Run seed.")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description=f"{_DEVICE_HELP}.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="bfloat16 = autocast on CUDA.")
+    threads: int = Field(
+        1, ge=1, description="torch threads per compute actor (one CPU 'device': colocated runs one, "
+                             "disaggregated two), capped by the job's threads (workflow.threads_per_variant).")
+    scorer_actor: bool = Field(False, description="Disaggregated: score rewards in a separate Scorer actor.")
+    ray_timeout_s: float = Field(
+        600.0, gt=0, description="Max seconds the driver waits on any actor call before failing.")
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Weight-sync transport.")
+    replay: ReplayConfig = Field(default_factory=ReplayConfig, description="Replay buffer.")
+
+    @model_validator(mode="after")
+    def check_cross_fields(self) -> TrainConfig:
+        self._check_sizes()
+        return self
+
+    def _check_sizes(self) -> None:
+        """The cross-field rules (seed 001's asserts); ``@key`` names a key of this section."""
+
         def need(cond: bool, msg: str) -> None:
             if not cond:
-                raise ConfigError(msg)
+                raise _Invalid(msg)
 
-        for key in ("group_size", "rollout_batch_size", "train_batch_size", "gradient_accumulation_steps",
-                    "epochs_per_rollout_batch", "n_grpo_steps", "k", "sampling_max_tokens", "threads"):
-            need(getattr(t, key) > 0, f"train.{key} must be > 0, got {getattr(t, key)}")
-        need(t.rollout_batch_size % t.group_size == 0,
-             f"train.rollout_batch_size ({t.rollout_batch_size}) must be divisible by train.group_size ({t.group_size})")
-        need(t.train_batch_size % t.gradient_accumulation_steps == 0,
-             f"train.train_batch_size ({t.train_batch_size}) must be divisible by "
-             f"train.gradient_accumulation_steps ({t.gradient_accumulation_steps})")
-        need(t.train_batch_size >= t.group_size,
-             f"train.train_batch_size ({t.train_batch_size}) must be >= train.group_size ({t.group_size})")
-        need(t.rollout_batch_size % t.train_batch_size == 0,
-             f"train.rollout_batch_size ({t.rollout_batch_size}) must be divisible by "
-             f"train.train_batch_size ({t.train_batch_size})")
-        need(t.train_batch_size % t.group_size == 0,
-             f"train.train_batch_size ({t.train_batch_size}) must be divisible by train.group_size "
-             f"({t.group_size}) so optimizer steps see whole groups")
-        need(t.n_grpo_steps % t.k == 0, f"train.n_grpo_steps ({t.n_grpo_steps}) must be divisible by train.k ({t.k})")
-        need(t.mode == "colocated_k" or t.k == 1, f"train.k={t.k} needs train.mode: colocated_k (mode is {t.mode})")
-        need(not t.replay.enabled or t.mode == "disaggregated", "train.replay.enabled needs train.mode: disaggregated")
-        need(not t.replay.enabled or t.replay.capacity_groups >= t.rollout_batch_size // t.group_size,
-             f"train.replay.capacity_groups ({t.replay.capacity_groups}) must hold one rollout batch "
-             f"(train.rollout_batch_size / train.group_size = {t.rollout_batch_size // t.group_size} groups)")
-        need(0 < t.sampling_top_p <= 1, f"train.sampling_top_p must be in (0, 1], got {t.sampling_top_p}")
-        need(t.sampling_temperature > 0, "train.sampling_temperature must be > 0 for GRPO (log-probs of a "
-             f"tempered policy), got {t.sampling_temperature}")
-        need(t.sampling_min_tokens <= t.sampling_max_tokens,
-             "train.sampling_min_tokens must be <= train.sampling_max_tokens")
-        need(len(t.betas) == 2, f"train.betas must have two values, got {t.betas}")
-        steps_per_batch = t.epochs_per_rollout_batch * (t.rollout_batch_size // t.train_batch_size)
+        need(self.rollout_batch_size % self.group_size == 0,
+             f"@rollout_batch_size ({self.rollout_batch_size}) must be divisible by @group_size ({self.group_size})")
+        need(self.train_batch_size % self.gradient_accumulation_steps == 0,
+             f"@train_batch_size ({self.train_batch_size}) must be divisible by "
+             f"@gradient_accumulation_steps ({self.gradient_accumulation_steps})")
+        need(self.train_batch_size >= self.group_size,
+             f"@train_batch_size ({self.train_batch_size}) must be >= @group_size ({self.group_size})")
+        need(self.rollout_batch_size % self.train_batch_size == 0,
+             f"@rollout_batch_size ({self.rollout_batch_size}) must be divisible by "
+             f"@train_batch_size ({self.train_batch_size})")
+        need(self.train_batch_size % self.group_size == 0,
+             f"@train_batch_size ({self.train_batch_size}) must be divisible by @group_size "
+             f"({self.group_size}) so optimizer steps see whole groups")
+        need(self.n_grpo_steps % self.k == 0,
+             f"@n_grpo_steps ({self.n_grpo_steps}) must be divisible by @k ({self.k})")
+        need(self.mode == "colocated_k" or self.k == 1,
+             f"@k={self.k} needs @mode: colocated_k (mode is {self.mode})")
+        need(not self.replay.enabled or self.mode == "disaggregated",
+             f"@replay.enabled needs @mode: disaggregated (mode is {self.mode})")
+        groups = self.rollout_batch_size // self.group_size
+        need(not self.replay.enabled or self.replay.capacity_groups >= groups,
+             f"@replay.capacity_groups ({self.replay.capacity_groups}) must hold one rollout batch "
+             f"(@rollout_batch_size / @group_size = {groups} groups)")
+        need(self.sampling_min_tokens <= self.sampling_max_tokens,
+             f"@sampling_min_tokens ({self.sampling_min_tokens}) must be <= "
+             f"@sampling_max_tokens ({self.sampling_max_tokens})")
+
+    def derived(self) -> DerivedSizes:
+        """Every derived size, computed once. The rules are re-checked, since a section's fields
+        can be reassigned after validation (tests do)."""
+        try:
+            self._check_sizes()
+        except _Invalid as e:
+            raise ConfigError(_expand(str(e), self._prefix)) from None
+        steps_per_batch = self.epochs_per_rollout_batch * (self.rollout_batch_size // self.train_batch_size)
         return DerivedSizes(
-            n_prompts_per_rollout_batch=t.rollout_batch_size // t.group_size,
-            micro_train_batch_size=t.train_batch_size // t.gradient_accumulation_steps,
+            n_prompts_per_rollout_batch=self.rollout_batch_size // self.group_size,
+            micro_train_batch_size=self.train_batch_size // self.gradient_accumulation_steps,
             train_steps_per_rollout_batch=steps_per_batch,
-            total_optimizer_steps=t.n_grpo_steps * steps_per_batch,
-            rounds=t.n_grpo_steps // t.k,
+            total_optimizer_steps=self.n_grpo_steps * steps_per_batch,
+            rounds=self.n_grpo_steps // self.k,
         )
 
 
-@dataclass
-class RayConfig:
-    address: str | None = _f(None, "Attach to this Ray cluster instead of starting a local one.")
-    include_dashboard: bool = _f(False, "Start the Ray dashboard (local instance only).")
-    num_cpus: int | None = _f(None, "CPUs for a local Ray instance (default: the job's threads).")
+class RayConfig(_Section):
+    """Ray."""
+
+    _prefix: ClassVar[str] = "ray"
+
+    address: str | None = Field(None, description="Attach to this Ray cluster instead of starting a local one.")
+    include_dashboard: bool = Field(False, description="Start the Ray dashboard (local instance only).")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray instance (default: the job's threads).")
 
 
-@dataclass
-class WorkflowConfig:
-    results_dir: str = _f("results", "Where every output goes.")
-    gpus_per_colocated: int = _f(0, "GPUs a colocated variant declares (0 on a CPU config).")
-    gpus_per_disaggregated: int = _f(0, "GPUs a disaggregated variant declares.")
-    threads_per_variant: int = _f(2, "Snakemake threads per training job (passed to torch and Ray).")
-    run_tests: bool = _f(True, "Run the unit tests as the first rule.")
-    test_args: str = _f("-m 'not slow and not workflow'", "pytest selection for run_unit_tests.")
-    bench_repeats: int = _f(5, "Repeats for the benchmark rules.")
+class WorkflowConfig(_Section):
+    """Snakemake workflow settings."""
+
+    _prefix: ClassVar[str] = "workflow"
+
+    results_dir: str = Field("results", min_length=1, description="Where every output goes.")
+    gpus_per_colocated: int = Field(0, ge=0, description="GPUs a colocated variant declares (0 on a CPU config).")
+    gpus_per_disaggregated: int = Field(0, ge=0, description="GPUs a disaggregated variant declares.")
+    threads_per_variant: int = Field(
+        2, ge=1, description="Snakemake threads per training job (passed to torch and Ray).")
+    run_tests: bool = Field(True, description="Run the unit tests as the first rule.")
+    test_args: str = Field("-m 'not slow and not workflow'", description="pytest selection for run_unit_tests.")
+    bench_repeats: int = Field(5, ge=1, description="Repeats for the benchmark rules.")
 
 
-@dataclass
-class PipelineConfig:
-    data: DataConfig = _f(DataConfig(), "Corpus and keyword dataset.")
-    tokenizer: TokenizerConfig = _f(TokenizerConfig(), "Tokenizer.")
-    model: ModelSection = _f(ModelSection(), "Base model.")
-    pretrain: PretrainConfig = _f(PretrainConfig(), "Pretraining.")
-    train: TrainConfig = _f(TrainConfig(), "GRPO base settings shared by all variants.")
-    ray: RayConfig = _f(RayConfig(), "Ray.")
-    workflow: WorkflowConfig = _f(WorkflowConfig(), "Snakemake workflow settings.")
-    variants: dict[str, dict[str, Any]] = _f({}, "Variant name -> overrides of train (dotted keys allowed).")
+class PipelineConfig(_Section):
+    """A whole pipeline config: one section per stage plus the variants table."""
+
+    data: DataConfig = Field(default_factory=DataConfig, description="Corpus and keyword dataset.")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer.")
+    model: ModelSection = Field(default_factory=ModelSection, description="Base model.")
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Pretraining.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="GRPO base settings shared by all variants.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray.")
+    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig, description="Snakemake workflow settings.")
+    variants: dict[str, dict[str, Any]] = Field(
+        {}, description="Variant name -> overrides of train (dotted keys allowed).")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def _expand(msg: str, section: str) -> str:
+    """``@key`` -> ``<section>.key`` in a cross-field message."""
+    return re.sub(r"@([A-Za-z_][\w.]*)", lambda m: _join(section, m.group(1)), msg)
+
+
+def _dotted(prefix: str, loc: tuple[Any, ...]) -> str:
+    out = prefix
+    for part in loc:
+        out = f"{out}[{part}]" if isinstance(part, int) else _join(out, str(part))
+    return out
+
+
+def _model_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The section class that ``loc`` (a path of field names) points into."""
+    for part in loc:
+        field = cls.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        cls = ann
+    return cls
+
+
+_BOUND_ERRORS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
+                 "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
+
+
+def _describe(err: dict[str, Any]) -> str:
+    """What is wrong with the value, e.g. ``must be >= 1, got 0``."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind in _BOUND_ERRORS:
+        name, op = _BOUND_ERRORS[kind]
+        bound = ctx[name]
+        msg = f"must be {op} {int(bound) if isinstance(bound, float) and bound.is_integer() else bound}"
+    elif kind == "string_pattern_mismatch" and ctx.get("pattern") == DEVICE_PATTERN:
+        msg = f"must be {_DEVICE_HELP}"
+    elif kind == "finite_number":
+        msg = "must be a finite number"
+    elif kind == "too_short":
+        msg = f"must have at least {ctx['min_length']} items"
+    elif kind == "too_long":
+        msg = f"must have at most {ctx['max_length']} items"
+    elif kind == "string_too_short":
+        msg = "must not be empty"
+    else:
+        msg = re.sub(r"^Input should\b", "must", err["msg"])
+    return f"{msg}, got {err['input']!r}"
+
+
+def _message(exc: ValidationError, cls: type[BaseModel], prefix: str) -> str:
+    """One line per error of ``exc``, each naming the dotted key (``prefix`` + the error's loc)."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = _dotted(prefix, loc)
+        error = (err.get("ctx") or {}).get("error")
+        if err["type"] == "extra_forbidden":
+            owner = _model_at(cls, loc[:-1])
+            names = list(owner.model_fields) if owner else []
+            close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
+            lines.append(f"unknown config key '{key}'{hint}")
+        elif isinstance(error, _Invalid):
+            lines.append(_expand(str(error), key))
+        elif err["type"] == "missing":
+            lines.append(f"{key}: required")
+        else:
+            lines.append(f"{key}: {_describe(err)}")
+    if len(lines) == 1:
+        return lines[0]
+    return f"{len(lines)} config errors:\n" + "\n".join(f"  - {line}" for line in lines)
+
+
+def from_dict(cls: type[BaseModel], data: Any, prefix: str = "") -> Any:
+    """Validate ``data`` as section ``cls``; errors name ``prefix`` + the dotted key."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_message(e, cls, prefix)) from None
+
+
+def to_dict(obj: BaseModel) -> dict[str, Any]:
+    """Plain data (dicts, lists, scalars) that ``yaml.safe_dump`` and ``json.dumps`` can write."""
+    return obj.model_dump()
 
 
 # --------------------------------------------------------------------------- parsing
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; returns the (possibly converted) value."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: invalid value {value!r}")
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(allowed)}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
-        return from_dict(tp, value, key)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        (inner,) = typing.get_args(tp)
-        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is Any:
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
-
-
-def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``; unknown keys and bad values name the dotted key."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
-            raise ConfigError(f"unknown config key '{dotted}'{hint}")
-        kwargs[key] = _coerce(value, hints[key], dotted)
-    return cls(**kwargs)
-
-
-def to_dict(obj: Any) -> dict[str, Any]:
-    return dataclasses.asdict(obj)
 
 
 def _set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
@@ -363,10 +476,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 def parse_config(data: dict[str, Any]) -> PipelineConfig:
     """Validate a whole pipeline config, including every variant's resolved train section.
     A variant set to ``null`` (e.g. by an overlay config) is removed."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"the config must be a mapping, got {type(data).__name__}")
     if isinstance(data.get("variants"), dict):
         data = dict(data, variants={k: v for k, v in data["variants"].items() if v is not None})
     cfg = from_dict(PipelineConfig, data)
-    cfg.train.derived()
     for name in cfg.variants:
         resolve_variant(cfg, name)
     return cfg
@@ -386,13 +500,11 @@ def resolve_variant(cfg: PipelineConfig, name: str) -> TrainConfig:
     """The train config of variant ``name``: base ``train`` plus the variant's overrides."""
     if name not in cfg.variants:
         raise ConfigError(f"unknown variant '{name}'; configured variants: {', '.join(cfg.variants) or '(none)'}")
-    merged = apply_overrides(to_dict(cfg.train), cfg.variants[name] or {})
-    train = from_dict(TrainConfig, merged, f"variants.{name}")
     try:
-        train.derived()
+        merged = apply_overrides(to_dict(cfg.train), cfg.variants[name] or {})
     except ConfigError as e:
         raise ConfigError(f"variants.{name}: {e}") from None
-    return train
+    return from_dict(TrainConfig, merged, f"variants.{name}")
 
 
 def variant_gpus(cfg: PipelineConfig, name: str) -> int:
@@ -405,35 +517,31 @@ def variant_gpus(cfg: PipelineConfig, name: str) -> int:
 # --------------------------------------------------------------------------- JSON schema
 
 
-def _schema_of(tp: Any) -> dict[str, Any]:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return {"anyOf": [_schema_of(a) for a in typing.get_args(tp)]}
-    if origin is Literal:
-        return {"enum": list(typing.get_args(tp))}
-    if dataclasses.is_dataclass(tp):
-        return dataclass_schema(tp)
-    if origin is list:
-        return {"type": "array", "items": _schema_of(typing.get_args(tp)[0])}
-    if origin is dict:
-        return {"type": "object"}
-    simple = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
-    return {"type": simple[tp]} if tp in simple else {}
-
-
-def dataclass_schema(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    props = {}
-    for f in dataclasses.fields(cls):
-        s = _schema_of(hints[f.name])
-        s["description"] = f.metadata.get("help", "")
-        props[f.name] = s
-    return {"type": "object", "additionalProperties": False, "properties": props}
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    """Resolve ``$ref``s into ``$defs`` and drop ``default`` and ``title`` keywords (defaults live
+    in the models only). Property *names* are never dropped: ``properties`` maps names to schemas."""
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    out = {}
+    for key, value in node.items():
+        if key in ("default", "title", "$defs"):
+            continue
+        if key == "properties":
+            out[key] = {name: _inline(s, defs) for name, s in value.items()}
+        else:
+            out[key] = _inline(value, defs)
+    return out
 
 
 def json_schema() -> dict[str, Any]:
-    """JSON schema of a pipeline config (no defaults: those live in the dataclasses only)."""
-    schema = dataclass_schema(PipelineConfig)
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    """JSON schema (draft 2020-12) of a pipeline config, from the models: bounds, descriptions,
+    ``additionalProperties: false`` on every section, no defaults, no ``$ref``."""
+    raw = PipelineConfig.model_json_schema()
+    schema = _inline(raw, raw.get("$defs", {}))
     schema["description"] = "rlpipe pipeline config (generated by `rlpipe schema`; do not edit by hand)"
-    return schema
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}

@@ -4,4 +4,5 @@ The implementation lives in the ``rl`` layer (``rlpipe.rl.grpo`` and the modules
 module re-exports it so that course code written against ``rlpipe.grpo`` keeps working.
 """
 
-from rlpipe.rl.grpo import *  # noqa: F401,F403 - the facade re-exports the seed API
+from rlpipe.rl.grpo import *  # noqa: F403 - the facade re-exports the seed API (names listed in __all__)
+from rlpipe.rl.grpo import __all__  # noqa: F401

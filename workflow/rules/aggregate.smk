@@ -2,6 +2,9 @@
 # per-variant summary table (CSV + HTML) and the discussion whose numbers come from the data.
 
 
+# lint: conda (no environment on purpose, see common.smk)
+
+
 rule aggregate_metrics:
     input:
         runs=expand(res("runs", "{variant}", "run_info.json"), variant=VARIANTS),
@@ -25,8 +28,8 @@ rule aggregate_metrics:
     params:
         variants=VARIANTS,
         reference=reference_variant(),
-        runs=res("runs"),
-        out=res("summary"),
+        runs=lambda w, input: os.path.dirname(os.path.dirname(input.runs[0])),
+        out=lambda w, output: os.path.dirname(output.table_html),
     log:
         "logs/aggregate_metrics/aggregate_metrics.log",
     shell:

@@ -3,6 +3,9 @@
 # the runs' own sync times; the sampler numbers in the discussion's benchmark section).
 
 
+# lint: conda (no environment on purpose, see common.smk)
+
+
 rule bench_weight_sync:
     input:
         tests=tests_done(),
@@ -20,6 +23,9 @@ rule bench_weight_sync:
         "benchmarks/bench_weight_sync/bench_weight_sync.tsv"
     shell:
         "rlpipe bench weight-sync --checkpoint {input.base} --repeats {params.repeats} --out {output} > {log} 2>&1"
+
+
+# lint: conda (no environment on purpose, see common.smk)
 
 
 rule bench_sampler:

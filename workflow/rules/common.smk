@@ -1,17 +1,20 @@
 # Helpers shared by every rule file. The config is parsed ONCE by rlpipe.config (the single source
 # of truth for defaults, validation, variant resolution and GPU counts); rules only read `CFG`.
 #
+# `snakemake --lint` asks for a conda environment or container per job. rlpipe has none on purpose:
+# every rule runs the `rlpipe` command of the package installed in the project's virtual environment
+# (README set-up), so pyproject.toml pins the software of all rules at once. Each rule carries a
+# `# lint: conda` comment pointing here; that is the only lint left.
+#
 # Rerun policy (why params look the way they do): every command reads the one resolved config file
 # written by `write_config`, which it takes as an `ancient()` input, so rewriting that file after
 # an unrelated edit triggers nothing. Instead each rule declares the config sections it depends on
 # as `params`, and Snakemake's params rerun trigger reruns exactly the stages whose settings
 # changed: editing `train.*` or one variant reruns the affected variants, not pretraining.
 
-import hashlib
 import importlib.util
-import json
+import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -33,23 +36,18 @@ VARIANTS = list(CFG.variants)
 REPO = Path(workflow.basedir)
 CONFIG_FILE = f"{RESULTS}/config/pipeline.yaml"
 CONFIG_TEXT = yaml.safe_dump(to_dict(CFG), sort_keys=False)
-RUN_FILES = {
-    "metrics": "metrics.parquet",
-    "events": "events.parquet",
-    "versions": "versions.parquet",
-    "rollouts": "rollouts.jsonl",
-    "info": "run_info.json",
-}
-SUMMARY_FILES = {
-    "metrics": "metrics.parquet",
-    "events": "events.parquet",
-    "versions": "versions.parquet",
-    "rollouts": "rollouts.parquet",
-    "runs": "runs.parquet",
-    "weight_sync": "weight_sync.parquet",
-    "table_csv": "summary.csv",
-    "discussion_json": "discussion.json",
-}
+# File names of a run directory (RUN_FILES: train_variant's declared outputs), of results/summary
+# (SUMMARY_FILES, SUMMARY_REPORT_FILES) and the figures (FIGURES: kind -> Figure(category, title,
+# ext)) come from the run-output contract, which the trainer's writer, aggregation, the plots and
+# the tests share.
+from rlpipe.analysis.contract import (
+    FIGURES,
+    RUN_FILES,
+    SUMMARY_FILES,
+    SUMMARY_REPORT_FILES,
+    Figure,
+    figure_file,
+)
 
 
 def res(*parts: str) -> str:
@@ -73,13 +71,6 @@ def section_params(*sections: str) -> dict:
 
 def variant_train(variant: str) -> dict:
     return to_dict(resolve_variant(CFG, variant))
-
-
-def variant_fingerprint(variant: str) -> str:
-    """Hash of everything that defines a run. A checkpoint is resumed only when it carries the
-    same fingerprint (a crashed run of the same settings), never after the settings changed."""
-    payload = {"train": variant_train(variant), "model": to_dict(CFG.model), "variant": variant}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def reference_variant() -> str:
@@ -141,37 +132,17 @@ def run_outputs(variant: str) -> dict:
 
 
 # --------------------------------------------------------------------------- figures
-@dataclass(frozen=True)
-class Figure:
-    category: str
-    title: str
-    ext: str = "png"
-
-
-# kind -> figure; `rlpipe plot KIND` draws it and workflow/report/<kind>.rst is its caption.
-# Adding a figure is one entry here plus a function registered in rlpipe.analysis.plots.KINDS.
-FIGURES = {
-    "reward_vs_step": Figure("2 Reward and KL", "validation reward vs step"),
-    "reward_vs_time": Figure("2 Reward and KL", "validation reward vs wall-clock time"),
-    "kl": Figure("2 Reward and KL", "KL to reference and to previous policy"),
-    "phase_breakdown": Figure("3 Profiling", "time per phase, per variant"),
-    "phase_steps": Figure("3 Profiling", "per-step phase times (time series)"),
-    "timeline": Figure("3 Profiling", "timeline: onpolicy vs disaggregated"),
-    "throughput": Figure("4 Throughput and GPU-hours", "samples/s, speedup, GPU-hours"),
-    "weight_sync": Figure("5 Weight sync", "weight-sync latency per transport"),
-    "versions": Figure("6 Async versions and replay", "generator/learner policy versions"),
-    "replay": Figure("6 Async versions and replay", "replay buffer age and reuse"),
-    "rollouts": Figure("7 Example rollouts", "example rollouts before/after", "html"),
-}
+# FIGURES (rlpipe.analysis.contract): kind -> Figure; `rlpipe plot KIND` draws it (the function
+# registered in rlpipe.analysis.plots.KINDS) and workflow/report/<kind>.rst is its caption.
 
 
 def figure_path(kind: str) -> str:
-    return res("figures", f"{kind}.{FIGURES[kind].ext}")
+    return res("figures", figure_file(kind))
 
 
 def all_targets() -> list:
     targets = [res("summary", f) for f in SUMMARY_FILES.values()]
-    targets += [res("summary", "summary.html"), res("summary", "discussion.html")]
+    targets += [res("summary", f) for f in SUMMARY_REPORT_FILES.values()]
     targets += [figure_path(k) for k in FIGURES]
     targets += [res("bench", "weight_sync.json"), res("bench", "sampler.json"), res("base", "zero_shot.json")]
     targets += [res("runs", v, f) for v in VARIANTS for f in RUN_FILES.values()]

@@ -2,6 +2,9 @@
 # CONTRIBUTING.md). Each rule's params are the config sections it reads.
 
 
+# lint: conda (no environment on purpose, see common.smk)
+
+
 rule build_corpus:
     input:
         config=ancient(CONFIG_FILE),
@@ -17,6 +20,8 @@ rule build_corpus:
 
 
 if CFG.tokenizer.path is None:
+
+    # lint: conda (no environment on purpose, see common.smk)
 
     rule train_tokenizer:
         input:
@@ -34,6 +39,8 @@ if CFG.tokenizer.path is None:
 
 if CFG.model.base_checkpoint is None:
 
+    # lint: conda (no environment on purpose, see common.smk)
+
     rule pretrain_base:
         input:
             config=ancient(CONFIG_FILE),
@@ -43,7 +50,7 @@ if CFG.model.base_checkpoint is None:
             res("base", "model.pt"),
         params:
             cfg=section_params("model", "pretrain", "tokenizer"),
-            tokenizer=tokenizer_arg(),
+            tokenizer=lambda w, input: input.tokenizer[0] if input.tokenizer else CFG.tokenizer.path,
         threads: CFG.pretrain.threads
         resources:
             gpu=pretrain_gpus(),
@@ -56,6 +63,8 @@ if CFG.model.base_checkpoint is None:
             "--tokenizer {params.tokenizer} --out {output} > {log} 2>&1"
 
 else:
+
+    # lint: conda (no environment on purpose, see common.smk)
 
     rule import_base:
         input:
@@ -72,6 +81,9 @@ else:
             "rlpipe import-base --config {input.config} --out {output} > {log} 2>&1"
 
 
+# lint: conda (no environment on purpose, see common.smk)
+
+
 rule evaluate_base:
     # The base model's zero-shot keyword reward on 256 validation prompts; the log warns when it is
     # outside the band where GRPO has something to reinforce and room to improve.
@@ -83,13 +95,16 @@ rule evaluate_base:
         res("base", "zero_shot.json"),
     params:
         cfg=section_params("train"),
-        dataset=res("data", "keywords"),
+        dataset=lambda w, input: os.path.dirname(input.val),
     threads: CFG.pretrain.threads
     log:
         "logs/evaluate_base/evaluate_base.log",
     shell:
         "rlpipe eval-base --config {input.config} --checkpoint {input.base} --dataset {params.dataset} "
         "--n 256 --out {output} > {log} 2>&1"
+
+
+# lint: conda (no environment on purpose, see common.smk)
 
 
 rule build_keyword_dataset:
@@ -102,7 +117,7 @@ rule build_keyword_dataset:
         split=res("data", "keywords", "split.json"),
     params:
         cfg=section_params("data"),
-        out=res("data", "keywords"),
+        out=lambda w, output: os.path.dirname(output.train),
     log:
         "logs/build_keyword_dataset/build_keyword_dataset.log",
     shell:

@@ -1,6 +1,6 @@
-# One rule per figure (plot_<kind>), generated from the FIGURES table in common.smk. Each takes
-# src/rlpipe/plots.py as an input, so editing the plotting code reruns the figures and nothing
-# upstream. Captions: workflow/report/<kind>.rst.
+# One rule per figure (plot_<kind>), generated from rlpipe.analysis.contract.FIGURES (imported by
+# common.smk). Each takes src/rlpipe/analysis/plots.py as an input, so editing the plotting code
+# reruns the figures and nothing upstream. Captions: workflow/report/<kind>.rst.
 
 for _kind, _fig in FIGURES.items():
 

@@ -1,6 +1,9 @@
 # The resolved config every command reads, and the unit tests that gate all training.
 
 
+# lint: conda (no environment on purpose, see common.smk)
+
+
 rule write_config:
     output:
         CONFIG_FILE,
@@ -18,6 +21,8 @@ rule write_config:
 
 
 if CFG.workflow.run_tests:
+
+    # lint: conda (no environment on purpose, see common.smk)
 
     rule run_unit_tests:
         output:

@@ -9,11 +9,14 @@
 # cores. On the CPU default threads_per_variant equals the machine's cores, so Snakemake (which never
 # runs jobs whose threads exceed --cores) runs one training job at a time.
 #
-# Resume: after a crash or a hard kill the next invocation (with --rerun-incomplete) resumes from
-# checkpoints/last.pt - but only if that checkpoint was written by a run with the same settings
-# (FINGERPRINT) that did not finish (no FINISHED marker). Anything else starts afresh, so a
-# forced rerun or a changed variant never continues a stale run. The checkpoint directory is not a
-# declared output, so Snakemake leaves it alone when it deletes the outputs of a failed job.
+# Resume: `rlpipe train --resume auto` decides (rlpipe.trainer.resume): after a crash or a hard kill
+# the next invocation (with --rerun-incomplete) continues from checkpoints/last.pt, but only if that
+# checkpoint was written by an unfinished run with the same settings; anything else starts afresh.
+# The checkpoint directory is not a declared output, so Snakemake leaves it alone when it deletes
+# the outputs of a failed job.
+
+
+# lint: conda (no environment on purpose, see common.smk)
 
 
 rule train_variant:
@@ -22,10 +25,9 @@ rule train_variant:
     output:
         **run_outputs("{variant}"),
     params:
-        train=lambda w: variant_train(w.variant),
-        fingerprint=lambda w: variant_fingerprint(w.variant),
-        run_dir=lambda w: res("runs", w.variant),
-        dataset=res("data", "keywords"),
+        train=lambda w: variant_train(w.variant),  # a change in the variant's settings reruns it
+        run_dir=lambda w, output: os.path.dirname(output.metrics),
+        dataset=lambda w, input: f"--dataset {os.path.dirname(input.dataset)}" if "dataset" in input.keys() else "",
     resources:
         gpu=lambda w: variant_gpus(CFG, w.variant),
     threads: CFG.workflow.threads_per_variant
@@ -34,18 +36,5 @@ rule train_variant:
     benchmark:
         "benchmarks/train_variant/{variant}.tsv"
     shell:
-        """
-        ckpt="{params.run_dir}/checkpoints"
-        resume=""
-        if [ -f "$ckpt/last.pt" ] && [ ! -f "$ckpt/FINISHED" ] \
-           && [ "$(cat "$ckpt/FINGERPRINT" 2>/dev/null || true)" = "{params.fingerprint}" ]; then
-            resume="--resume"
-        else
-            rm -rf "$ckpt"
-        fi
-        mkdir -p "$ckpt" && echo "{params.fingerprint}" > "$ckpt/FINGERPRINT"
-        echo "rlpipe train {wildcards.variant}: threads={threads} gpus={resources.gpu} $resume" > {log}
-        rlpipe train --config {input.config} --variant {wildcards.variant} --base {input.base} \
-            --dataset {params.dataset} --out {params.run_dir} --threads {threads} $resume >> {log} 2>&1
-        touch "$ckpt/FINISHED"
-        """
+        "rlpipe train --config {input.config} --variant {wildcards.variant} --base {input.base} "
+        "{params.dataset} --out {params.run_dir} --threads {threads} --resume auto > {log} 2>&1"

@@ -1,4 +1,4 @@
-"""Metrics aggregation: every run's outputs (the RUN OUTPUTS contract) -> ``results/summary/``.
+"""Metrics aggregation: every run's outputs -> ``results/summary/`` (names: ``rlpipe.analysis.contract``).
 
 ``rlpipe aggregate --runs results/runs --out results/summary [--variants ...] [--reference onpolicy]
 [--bench results/bench/weight_sync.json ...]`` writes
@@ -16,7 +16,8 @@ Definitions (the seeds name the quantities, not their formulas; these are our ch
 - throughput: ``total_samples / wall_time_s`` from run_info (metrics as fallback). The speedup
   versus the reference is the throughput ratio, which equals seed 000 Problem 7's
   ``sync_time / async_time`` when both consumed the same samples (``equal_samples``).
-- device-hours: ``wall_time_s * devices / 3600`` (GPU-hours when ``device_type`` is cuda).
+- device-hours: ``wall_time_s * devices / 3600`` (GPU-hours when ``device_type`` is
+  ``contract.DEVICE_GPU``, "gpu", as the drivers write it).
 - phase seconds: sums of the ``events`` durations per phase; ``wait`` (the driver blocked on a
   rollout batch) overlaps the actors' phases, so it is reported but is not part of the phase stack
   or the shares. Shares are of the stacked busy time; for colocated runs the rest of the wall time
@@ -43,20 +44,28 @@ import numpy as np
 import pandas as pd
 
 from rlpipe import io
+from rlpipe.analysis import contract, report_text
+from rlpipe.analysis.contract import (
+    EVENT_COLUMNS,
+    GEN_PHASES,
+    PHASES,
+    STACK_PHASES,
+    SUMMARY_FILES,
+    TRAIN_PHASES,
+    VERSION_COLUMNS,
+    WEIGHT_SYNC_COLUMNS,
+    phase_seconds_column,
+    phase_share_column,
+)
+from rlpipe.analysis.frames import col, last_valid
 
-STACK_PHASES = ("generate", "score", "ref_logprobs", "update", "weight_sync", "validate")
-ALL_PHASES = STACK_PHASES + ("wait",)
-GEN_PHASES = ("generate", "score")
-TRAIN_PHASES = ("ref_logprobs", "update")
-KL_COLUMNS = {
+# summary-table column -> the metrics column whose last value it reports
+KL_FINAL_COLUMNS = {
     "kl_ref_final": "kl/ref_log_ratio",
     "kl_ref_k3_final": "kl/ref_k3",
     "kl_prev_final": "kl/prev_log_ratio",
     "kl_prev_k3_final": "kl/prev_k3",
 }
-EVENT_COLUMNS = ["phase", "actor", "start", "end", "step", "version"]
-VERSION_COLUMNS = ["who", "version", "wall_time", "event"]
-WEIGHT_SYNC_COLUMNS = ["source", "variant", "payload", "label", "median_s", "n", "bytes", "gbps", "note"]
 
 
 class AggregateError(ValueError):
@@ -69,8 +78,8 @@ class RunData:
 
     variant: str
     metrics: pd.DataFrame
-    events: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EVENT_COLUMNS))
-    versions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=VERSION_COLUMNS))
+    events: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(EVENT_COLUMNS)))
+    versions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(VERSION_COLUMNS)))
     rollouts: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
 
@@ -78,28 +87,29 @@ class RunData:
 # --------------------------------------------------------------------------- reading
 
 
-def _read_parquet(path: Path, columns: list[str]) -> pd.DataFrame:
+def _read_parquet(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     if not path.exists():
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=list(columns))
     return pd.read_parquet(path)
 
 
 def load_run(run_dir: str | Path, variant: str | None = None) -> RunData:
     d = Path(run_dir)
-    metrics_path = d / "metrics.parquet"
+    metrics_path = d / contract.METRICS_FILE
     if not metrics_path.exists():
         raise AggregateError(f"{metrics_path}: missing (did `rlpipe train` finish for this variant?)")
     metrics = pd.read_parquet(metrics_path)
-    for col in ("step", "wall_time"):
-        if col not in metrics.columns:
-            raise AggregateError(f"{metrics_path}: required column '{col}' missing")
-    info = json.loads((d / "run_info.json").read_text()) if (d / "run_info.json").exists() else {}
-    rollouts = io.read_jsonl(d / "rollouts.jsonl") if (d / "rollouts.jsonl").exists() else []
+    for name in ("step", "wall_time"):
+        if name not in metrics.columns:
+            raise AggregateError(f"{metrics_path}: required column '{name}' missing")
+    info_path, rollouts_path = d / contract.RUN_INFO_FILE, d / contract.ROLLOUTS_FILE
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    rollouts = io.read_jsonl(rollouts_path) if rollouts_path.exists() else []
     return RunData(
         variant=variant or info.get("variant") or d.name,
         metrics=metrics.sort_values("step").reset_index(drop=True),
-        events=_read_parquet(d / "events.parquet", EVENT_COLUMNS),
-        versions=_read_parquet(d / "versions.parquet", VERSION_COLUMNS),
+        events=_read_parquet(d / contract.EVENTS_FILE, EVENT_COLUMNS),
+        versions=_read_parquet(d / contract.VERSIONS_FILE, VERSION_COLUMNS),
         rollouts=rollouts,
         info=info,
     )
@@ -109,27 +119,15 @@ def load_runs(runs_dir: str | Path, variants: list[str] | None = None) -> list[R
     """The runs of ``variants`` (all run directories holding metrics.parquet when None)."""
     root = Path(runs_dir)
     if variants is None:
-        variants = sorted(p.parent.name for p in root.glob("*/metrics.parquet"))
+        variants = sorted(p.parent.name for p in root.glob(f"*/{contract.METRICS_FILE}"))
     return [load_run(root / v, v) for v in variants]
 
 
 # --------------------------------------------------------------------------- per-run numbers
 
 
-def _col(df: pd.DataFrame, name: str) -> pd.Series:
-    """Column as float (all-NaN when absent), so a missing metric never raises."""
-    if name not in df.columns:
-        return pd.Series(np.nan, index=df.index, dtype=float)
-    return pd.to_numeric(df[name], errors="coerce").astype(float)
-
-
-def last_valid(series: pd.Series) -> float:
-    s = series.dropna()
-    return float(s.iloc[-1]) if len(s) else math.nan
-
-
 def reward_stats(metrics: pd.DataFrame) -> dict:
-    val = _col(metrics, "reward/val_mean")
+    val = col(metrics, "reward/val_mean")
     valid = val.dropna()
     best_idx = valid.idxmax() if len(valid) else None
     initial = metrics.loc[metrics["step"] == 0, "reward/val_mean"] if "reward/val_mean" in metrics else []
@@ -142,7 +140,7 @@ def reward_stats(metrics: pd.DataFrame) -> dict:
 
 
 def phase_seconds(run: RunData) -> dict[str, float]:
-    """Total seconds per phase (every phase of ALL_PHASES present) over optimizer steps >= 1. From
+    """Total seconds per phase (every phase of ``contract.PHASES`` present) over optimizer steps >= 1. From
     the events; runs whose events are missing fall back to the metrics' per-step ``time/<phase>``
     columns."""
     ev = run.events
@@ -153,11 +151,11 @@ def phase_seconds(run: RunData) -> dict[str, float]:
     if len(ev):
         dur = pd.to_numeric(ev["end"]) - pd.to_numeric(ev["start"])
         sums = dur.groupby(ev["phase"]).sum()
-        return {p: float(sums.get(p, 0.0)) for p in ALL_PHASES}
+        return {p: float(sums.get(p, 0.0)) for p in PHASES}
     out = {}
-    for p in ALL_PHASES:
-        col = _col(run.metrics, f"time/{p}")
-        out[p] = float(col.sum()) if col.notna().any() else math.nan
+    for p in PHASES:
+        per_step = col(run.metrics, contract.metric_time_column(p))
+        out[p] = float(per_step.sum()) if per_step.notna().any() else math.nan
     return out
 
 
@@ -165,9 +163,9 @@ def wall_and_samples(run: RunData) -> tuple[float, float]:
     wall = run.info.get("wall_time_s")
     samples = run.info.get("total_samples")
     if wall is None:
-        wall = last_valid(_col(run.metrics, "wall_time"))
+        wall = last_valid(col(run.metrics, "wall_time"))
     if samples is None:
-        samples = last_valid(_col(run.metrics, "samples"))
+        samples = last_valid(col(run.metrics, "samples"))
     return float(wall), float(samples)
 
 
@@ -178,14 +176,14 @@ def sync_label(info: dict) -> str:
 
 
 def sync_stats(run: RunData) -> dict:
-    sec = _col(run.metrics, "sync/seconds").dropna()
+    sec = col(run.metrics, "sync/seconds").dropna()
     n_events = int((run.events["phase"] == "weight_sync").sum()) if len(run.events) else 0
     return {
         "sync_label": sync_label(run.info),
-        "num_syncs": n_events or int(len(sec)),
+        "num_syncs": n_events or len(sec),
         "sync_median_s": float(sec.median()) if len(sec) else math.nan,
-        "sync_bytes": last_valid(_col(run.metrics, "sync/bytes")),
-        "sync_gbps": float(_col(run.metrics, "sync/gbps").median()),
+        "sync_bytes": last_valid(col(run.metrics, "sync/bytes")),
+        "sync_gbps": float(col(run.metrics, "sync/gbps").median()),
     }
 
 
@@ -224,15 +222,15 @@ def run_row(run: RunData) -> dict:
         "total_samples": samples,
         "samples_per_s": samples / wall if wall > 0 else math.nan,
         "device_hours": wall * float(devices) / 3600.0 if devices is not None else math.nan,
-        **{f"time_{p}_s": phases[p] for p in ALL_PHASES},
-        "time_other_s": other,
-        **{f"share_{p}": (phases[p] / busy if busy > 0 else math.nan) for p in STACK_PHASES},
-        "share_other": (other / busy if busy > 0 and not math.isnan(other) else math.nan),
+        **{phase_seconds_column(p): phases[p] for p in PHASES},
+        phase_seconds_column(contract.OTHER): other,
+        **{phase_share_column(p): (phases[p] / busy if busy > 0 else math.nan) for p in STACK_PHASES},
+        phase_share_column(contract.OTHER): (other / busy if busy > 0 and not math.isnan(other) else math.nan),
         **sync_stats(run),
-        **{k: last_valid(_col(run.metrics, c)) for k, c in KL_COLUMNS.items()},
-        "staleness_max": float(_col(run.metrics, "staleness/max").max()),
-        "replay_reuse_mean": float(_col(run.metrics, "replay/reuse_mean").mean()),
-        "replay_age_mean": float(_col(run.metrics, "replay/age_mean").mean()),
+        **{k: last_valid(col(run.metrics, c)) for k, c in KL_FINAL_COLUMNS.items()},
+        "staleness_max": float(col(run.metrics, "staleness/max").max()),
+        "replay_reuse_mean": float(col(run.metrics, "replay/reuse_mean").mean()),
+        "replay_age_mean": float(col(run.metrics, "replay/age_mean").mean()),
     }
     row.update(overlap_numbers(phases, wall) if mode == "disaggregated" else
                {"t_gen_s": math.nan, "t_train_s": math.nan, "overlap_bound": math.nan,
@@ -262,12 +260,14 @@ def summarize(runs: list[RunData], reference: str = "onpolicy") -> pd.DataFrame:
 # --------------------------------------------------------------------------- combined frames
 
 
-def stack_frames(runs: list[RunData], attr: str, columns: list[str] | None = None) -> pd.DataFrame:
-    frames = [getattr(r, attr).assign(variant=r.variant) for r in runs if len(getattr(r, attr))]
+def stack_frames(runs: list[RunData], attr: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The runs' ``attr`` frames stacked, with the variant column first."""
+    v = contract.VARIANT_COLUMN
+    frames = [getattr(r, attr).assign(**{v: r.variant}) for r in runs if len(getattr(r, attr))]
     if not frames:
-        return pd.DataFrame(columns=["variant", *(columns or [])])
+        return pd.DataFrame(columns=[v, *columns])
     out = pd.concat(frames, ignore_index=True)
-    return out[["variant", *[c for c in out.columns if c != "variant"]]]
+    return out[[v, *[c for c in out.columns if c != v]]]
 
 
 def rollouts_frame(runs: list[RunData]) -> pd.DataFrame:
@@ -279,8 +279,7 @@ def rollouts_frame(runs: list[RunData]) -> pd.DataFrame:
                          "version": int(item.get("version", -1)), "prompt": str(item.get("prompt", "")),
                          "response": str(item.get("response", "")), "reward": float(item.get("reward", math.nan)),
                          "ground_truth": gt if isinstance(gt, str) else json.dumps(gt)})
-    cols = ["variant", "step", "version", "prompt", "response", "reward", "ground_truth"]
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=list(contract.SUMMARY_ROLLOUT_COLUMNS))
 
 
 # --------------------------------------------------------------------------- weight sync
@@ -351,25 +350,25 @@ def read_bench_weight_sync(path: str | Path) -> pd.DataFrame:
                      "label": str(label), "median_s": seconds, "n": n,
                      "bytes": float(nbytes) if nbytes is not None else math.nan,
                      "gbps": float(gbps) if gbps is not None else math.nan, "note": str(note)})
-    return pd.DataFrame(rows, columns=WEIGHT_SYNC_COLUMNS)
+    return pd.DataFrame(rows, columns=list(WEIGHT_SYNC_COLUMNS))
 
 
 def weight_sync_frame(runs: list[RunData], bench_files: list[str | Path]) -> pd.DataFrame:
     rows = []
     for r in runs:
         s = sync_stats(r)
-        n = int(_col(r.metrics, "sync/seconds").notna().sum())
+        n = int(col(r.metrics, "sync/seconds").notna().sum())
         if n:
             rows.append({"source": "run", "variant": r.variant, "payload": "", "label": s["sync_label"],
                          "median_s": s["sync_median_s"], "n": n, "bytes": s["sync_bytes"],
                          "gbps": s["sync_gbps"], "note": ""})
-    frames = [pd.DataFrame(rows, columns=WEIGHT_SYNC_COLUMNS)]
+    frames = [pd.DataFrame(rows, columns=list(WEIGHT_SYNC_COLUMNS))]
     for f in bench_files:
         p = Path(f)
         if p.name.startswith("weight_sync") and p.exists():
             frames.append(read_bench_weight_sync(p))
     frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=WEIGHT_SYNC_COLUMNS)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(WEIGHT_SYNC_COLUMNS))
 
 
 def read_bench_any(files: list[str | Path]) -> dict:
@@ -417,8 +416,10 @@ def _fmt(value, fmt: str) -> str:
 
 def table_html(table: pd.DataFrame) -> str:
     """Formatted HTML summary table; missing values read 'n/a', never 'nan'."""
+    headers = {c: h for c, (h, _) in TABLE_COLUMNS.items()}
+    headers["device_hours"] = contract.device_hours_unit(table.get("device_type", ()))
     cols = [c for c in TABLE_COLUMNS if c in table.columns]
-    shown = pd.DataFrame({TABLE_COLUMNS[c][0]: [_fmt(v, TABLE_COLUMNS[c][1]) for v in table[c]] for c in cols})
+    shown = pd.DataFrame({headers[c]: [_fmt(v, TABLE_COLUMNS[c][1]) for v in table[c]] for c in cols})
     ref = table.attrs.get("reference", "onpolicy")
     body = shown.to_html(index=False, escape=True, border=0, classes="summary")
     note = (f"<p>Speedup = samples/s relative to <b>{ref}</b> (= its wall time / this wall time when both "
@@ -430,26 +431,25 @@ def table_html(table: pd.DataFrame) -> str:
 
 
 def write_summary(runs: list[RunData], out: str | Path, reference: str, bench_files: list) -> pd.DataFrame:
-    from rlpipe.analysis import report_text
-
     out = Path(out)
+    files = {k: out / f for k, f in (*SUMMARY_FILES.items(), *contract.SUMMARY_REPORT_FILES.items())}
     table = summarize(runs, reference)
     metrics = stack_frames(runs, "metrics")
     events = stack_frames(runs, "events", EVENT_COLUMNS)
     versions = stack_frames(runs, "versions", VERSION_COLUMNS)
-    sync = weight_sync_frame(runs, bench_files)
-    io.write_parquet(out / "metrics.parquet", metrics)
-    io.write_parquet(out / "events.parquet", events)
-    io.write_parquet(out / "versions.parquet", versions)
-    io.write_parquet(out / "rollouts.parquet", rollouts_frame(runs))
-    io.write_parquet(out / "runs.parquet", table)
-    io.write_parquet(out / "weight_sync.parquet", sync)
-    io.write_text(out / "summary.csv", table.to_csv(index=False))
-    io.write_text(out / "summary.html", table_html(table))
     rollouts = rollouts_frame(runs)
+    sync = weight_sync_frame(runs, bench_files)
+    io.write_parquet(files["metrics"], metrics)
+    io.write_parquet(files["events"], events)
+    io.write_parquet(files["versions"], versions)
+    io.write_parquet(files["rollouts"], rollouts)
+    io.write_parquet(files["runs"], table)
+    io.write_parquet(files["weight_sync"], sync)
+    io.write_text(files["table_csv"], table.to_csv(index=False))
+    io.write_text(files["table_html"], table_html(table))
     disc = report_text.discussion(table, metrics, versions, sync, reference, read_bench_any(bench_files), rollouts)
-    io.write_json(out / "discussion.json", disc)
-    io.write_text(out / "discussion.html", report_text.render_html(disc))
+    io.write_json(files["discussion_json"], disc)
+    io.write_text(files["discussion_html"], report_text.render_html(disc))
     return table
 
 
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = load_runs(args.runs, args.variants)
     if not runs:
-        raise AggregateError(f"--runs {args.runs}: no run directory with metrics.parquet")
+        raise AggregateError(f"--runs {args.runs}: no run directory with {contract.METRICS_FILE}")
     table = write_summary(runs, args.out, args.reference, [b for b in args.bench if Path(b).exists()])
     print(table[["variant", "val_reward_final", "wall_time_s", "samples_per_s", "speedup_vs_ref"]].to_string())
     return 0

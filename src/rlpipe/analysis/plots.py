@@ -1,9 +1,12 @@
 """Figures of the report, drawn from ``results/summary`` (``rlpipe.analysis.aggregate``'s output).
 
 ``rlpipe plot KIND --summary results/summary --out results/figures/KIND.png``; ``KINDS`` maps each
-kind to its function ``f(summary, out) -> list[str]``, which writes the file and returns the
-"no data" notes it drew. A panel whose data is missing (variant not run, column all NaN) is never
-left blank: it carries a grey "no data: <why>" annotation, so a figure always says what it lacks.
+kind of ``rlpipe.analysis.contract.FIGURES`` (exactly those, checked at import) to its function
+``f(summary, out) -> list[str]``, which writes the file and returns the "no data" notes it drew.
+Figure functions are registered with ``@figure(kind, ...)``, which owns the prologue and the
+epilogue (new matplotlib figure, atomic PNG save, notes list); the function only draws its axes.
+A panel whose data is missing (variant not run, column all NaN) is never left blank: it carries a
+grey "no data: <why>" annotation, so a figure always says what it lacks.
 
 Departures from the seeds: the seeds ask for plots, not their layout. We draw reward against both
 steps and wall-clock time (seed 004), KL with the best growth fit overlaid (rlpipe.analysis.report_text), a
@@ -13,26 +16,35 @@ Gantt timeline of the first steps (a whole run is too dense to read), and rollou
 from __future__ import annotations
 
 import argparse
+import functools
 import html
+import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display on workers; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from rlpipe import io  # noqa: E402
-from rlpipe.analysis.report_text import fit_growth  # noqa: E402
+from rlpipe import io
+from rlpipe.analysis import contract
+from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES, phase_seconds_column
+from rlpipe.analysis.frames import col
+from rlpipe.analysis.report_text import fit_growth
 
-STACK = ("generate", "score", "ref_logprobs", "update", "weight_sync", "validate", "other")
+STACK = (*contract.STACK_PHASES, contract.OTHER)
+STEP_PHASES = contract.STEP_STACK_PHASES
 PHASE_COLORS = {"generate": "#4c72b0", "score": "#8172b2", "ref_logprobs": "#ccb974", "update": "#dd8452",
-                "weight_sync": "#c44e52", "validate": "#55a868", "wait": "#bbbbbb", "other": "#dddddd"}
-STEP_PHASES = ("generate", "score", "ref_logprobs", "update", "weight_sync")
+                "weight_sync": "#c44e52", "validate": "#55a868", "wait": "#bbbbbb", contract.OTHER: "#dddddd"}
 TIMELINE_STEPS = 8
+
+PlotFn = Callable[["Summary", "str | Path"], list[str]]
+KINDS: dict[str, PlotFn] = {}  # kind -> function, filled by @figure / @register; == contract.FIGURES
 
 
 @dataclass
@@ -63,18 +75,15 @@ class Summary:
 def load_summary(summary_dir: str | Path) -> Summary:
     d = Path(summary_dir)
 
-    def read(name: str) -> pd.DataFrame:
-        p = d / name
-        return pd.read_parquet(p) if p.exists() else pd.DataFrame(columns=["variant"])
+    def read(key: str) -> pd.DataFrame:
+        p = d / SUMMARY_FILES[key]
+        return pd.read_parquet(p) if p.exists() else pd.DataFrame(columns=[contract.VARIANT_COLUMN])
 
-    runs = read("runs.parquet")
-    disc = d / "discussion.json"
+    runs = read("runs")
+    disc = d / SUMMARY_FILES["discussion_json"]
     if disc.exists():
-        import json
-
         runs.attrs["reference"] = json.loads(disc.read_text()).get("reference")
-    return Summary(runs, read("metrics.parquet"), read("events.parquet"), read("versions.parquet"),
-                   read("rollouts.parquet"), read("weight_sync.parquet"))
+    return Summary(runs, read("metrics"), read("events"), read("versions"), read("rollouts"), read("weight_sync"))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -95,17 +104,51 @@ def colors(variants: list[str]) -> dict[str, tuple]:
     return {v: cmap(i % 10) for i, v in enumerate(variants)}
 
 
-def col(df: pd.DataFrame, name: str) -> pd.Series:
-    if name not in df.columns:
-        return pd.Series(np.nan, index=df.index, dtype=float)
-    return pd.to_numeric(df[name], errors="coerce").astype(float)
-
-
 def save(fig, out: str | Path) -> None:
     fig.tight_layout()
     with io.atomic_path(out, suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+
+
+def register(kind: str) -> Callable[[PlotFn], PlotFn]:
+    """Register ``fn(summary, out) -> notes`` as the function drawing ``kind`` (a contract figure)."""
+    if kind not in FIGURES:
+        raise KeyError(f"figure kind {kind!r} is not in rlpipe.analysis.contract.FIGURES")
+
+    def deco(fn: PlotFn) -> PlotFn:
+        if kind in KINDS:
+            raise ValueError(f"figure kind {kind!r} registered twice")
+        KINDS[kind] = fn
+        return fn
+
+    return deco
+
+
+Layout = dict | Callable[["Summary"], dict]
+
+
+def figure(kind: str, layout: Layout) -> Callable[[Callable], PlotFn]:
+    """Register a matplotlib figure: ``draw(summary, axes, notes)`` draws into the axes of
+    ``plt.subplots(**layout)`` (``layout`` may depend on the summary) and appends its "no data"
+    notes; the wrapper makes the figure, saves it atomically as PNG and returns the notes."""
+    if FIGURES[kind].ext != "png":
+        raise ValueError(f"figure {kind!r} is declared .{FIGURES[kind].ext}, @figure draws PNG")
+
+    def deco(draw: Callable) -> PlotFn:
+        @functools.wraps(draw)
+        def plot(s: Summary, out: str | Path) -> list[str]:
+            notes: list[str] = []
+            fig, axes = plt.subplots(**(layout(s) if callable(layout) else layout))
+            try:
+                draw(s, axes, notes)
+                save(fig, out)
+            finally:
+                plt.close(fig)
+            return notes
+
+        return register(kind)(plot)
+
+    return deco
 
 
 def line_per_variant(ax, s: Summary, x: str, y: str, notes: list[str], what: str, **kw) -> int:
@@ -126,35 +169,28 @@ def line_per_variant(ax, s: Summary, x: str, y: str, notes: list[str], what: str
 # --------------------------------------------------------------------------- reward and KL
 
 
-def plot_reward_vs_step(s: Summary, out) -> list[str]:
-    notes: list[str] = []
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+@figure("reward_vs_step", {"figsize": (7, 4.2)})
+def plot_reward_vs_step(s: Summary, ax, notes: list[str]) -> None:
     if line_per_variant(ax, s, "step", "reward/val_mean", notes, "validation reward"):
         ax.set(xlabel="optimizer step", ylabel="validation reward", title="Validation reward vs step")
         ax.legend(fontsize=8, ncol=2)
         ax.grid(alpha=0.3)
-    save(fig, out)
-    return notes
 
 
-def plot_reward_vs_time(s: Summary, out) -> list[str]:
-    notes: list[str] = []
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+@figure("reward_vs_time", {"figsize": (7, 4.2)})
+def plot_reward_vs_time(s: Summary, ax, notes: list[str]) -> None:
     if line_per_variant(ax, s, "wall_time", "reward/val_mean", notes, "validation reward"):
         ax.set(xlabel="wall-clock time (s since training start)", ylabel="validation reward",
                title="Validation reward vs wall-clock time")
         ax.legend(fontsize=8, ncol=2)
         ax.grid(alpha=0.3)
-    save(fig, out)
-    return notes
 
 
-def plot_kl(s: Summary, out) -> list[str]:
-    notes: list[str] = []
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+@figure("kl", {"ncols": 3, "figsize": (15, 4.2)})
+def plot_kl(s: Summary, axes, notes: list[str]) -> None:
     panels = [("kl/ref_log_ratio", "KL(policy || reference), Eq. 8"),
               ("kl/prev_log_ratio", "KL(policy || previous step)")]
-    for ax, (column, title) in zip(axes, panels):
+    for ax, (column, title) in zip(axes[:2], panels, strict=True):
         k3 = column.replace("log_ratio", "k3")
         drawn = line_per_variant(ax, s, "step", column, [], title)
         if not drawn:
@@ -171,8 +207,6 @@ def plot_kl(s: Summary, out) -> list[str]:
     handles, labels = axes[2].get_legend_handles_labels()
     if handles:
         axes[2].legend(handles, labels, fontsize=8, ncol=2)
-    save(fig, out)
-    return notes
 
 
 def _overlay_fit(ax, s: Summary) -> None:
@@ -196,21 +230,19 @@ def _overlay_fit(ax, s: Summary) -> None:
 # --------------------------------------------------------------------------- profiling
 
 
-def plot_phase_breakdown(s: Summary, out) -> list[str]:
+@figure("phase_breakdown", lambda s: {"figsize": (9, 0.5 * max(len(s.variants()), 3) + 1.5)})
+def plot_phase_breakdown(s: Summary, ax, notes: list[str]) -> None:
     """Stacked phase seconds per variant, with each run's wall time as a black tick: a stack
     longer than the tick is overlap (disaggregated runs), a shorter one is driver overhead."""
-    notes: list[str] = []
-    fig, ax = plt.subplots(figsize=(9, 0.5 * max(len(s.variants()), 3) + 1.5))
     r = s.runs
-    cols = [f"time_{p}_s" for p in STACK]
+    cols = [phase_seconds_column(p) for p in STACK]
     if not len(r) or all(col(r, c).isna().all() for c in cols):
-        no_data(ax, "no phase timings in results/summary/runs.parquet", notes)
-        save(fig, out)
-        return notes
+        no_data(ax, f"no phase timings in results/summary/{SUMMARY_FILES['runs']}", notes)
+        return
     y = np.arange(len(r))
     left = np.zeros(len(r))
-    for p in STACK:
-        w = col(r, f"time_{p}_s").fillna(0.0).to_numpy()
+    for p, c in zip(STACK, cols, strict=True):
+        w = col(r, c).fillna(0.0).to_numpy()
         if w.any():
             ax.barh(y, w, left=left, color=PHASE_COLORS[p], label=p)
             left += w
@@ -220,8 +252,6 @@ def plot_phase_breakdown(s: Summary, out) -> list[str]:
     ax.set(xlabel="seconds", title="Time per phase (stacked) vs wall time")
     ax.legend(fontsize=8, ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(r) < 5 else -0.15))
     ax.grid(axis="x", alpha=0.3)
-    save(fig, out)
-    return notes
 
 
 def _disagg_variant(s: Summary) -> str | None:
@@ -232,14 +262,13 @@ def _disagg_variant(s: Summary) -> str | None:
     return "disagg" if "disagg" in names else (names[0] if names else None)
 
 
-def plot_phase_steps(s: Summary, out) -> list[str]:
+@figure("phase_steps", {"ncols": 2, "figsize": (13, 4.2), "sharey": True})
+def plot_phase_steps(s: Summary, axes, notes: list[str]) -> None:
     """Per-step phase seconds (stacked areas) for the reference and the disaggregated run."""
-    notes: list[str] = []
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharey=True)
-    for ax, v in zip(axes, [s.reference, _disagg_variant(s)]):
+    for ax, v in zip(axes, [s.reference, _disagg_variant(s)], strict=True):
         m = s.of("metrics", v) if v else s.metrics.iloc[0:0]
         m = m[col(m, "step") > 0] if len(m) else m
-        series = {p: col(m, f"time/{p}").fillna(0.0) for p in STEP_PHASES}
+        series = {p: col(m, contract.metric_time_column(p)).fillna(0.0) for p in STEP_PHASES}
         if v is None or not len(m) or all(not x.any() for x in series.values()):
             no_data(ax, f"no per-step phase times for {v or 'a disaggregated variant'}", notes)
             continue
@@ -248,15 +277,12 @@ def plot_phase_steps(s: Summary, out) -> list[str]:
         ax.set(xlabel="optimizer step", ylabel="seconds in step", title=f"{v}: phase time per step")
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(alpha=0.3)
-    save(fig, out)
-    return notes
 
 
-def plot_timeline(s: Summary, out) -> list[str]:
+@figure("timeline", {"nrows": 2, "figsize": (12, 6.5)})
+def plot_timeline(s: Summary, axes, notes: list[str]) -> None:
     """Gantt chart of the first TIMELINE_STEPS steps' events: one lane per actor."""
-    notes: list[str] = []
-    fig, axes = plt.subplots(2, 1, figsize=(12, 6.5))
-    for ax, v in zip(axes, [s.reference, _disagg_variant(s)]):
+    for ax, v in zip(axes, [s.reference, _disagg_variant(s)], strict=True):
         ev = s.of("events", v) if v else s.events.iloc[0:0]
         if len(ev):
             ev = ev[(col(ev, "step") >= 1) & (col(ev, "step") <= TIMELINE_STEPS)]
@@ -273,8 +299,6 @@ def plot_timeline(s: Summary, out) -> list[str]:
                title=f"{v}: generation, training and weight sync, steps 1-{TIMELINE_STEPS}")
         ax.legend(fontsize=8, ncol=7, loc="upper right")
         ax.grid(axis="x", alpha=0.3)
-    save(fig, out)
-    return notes
 
 
 # --------------------------------------------------------------------------- throughput and sync
@@ -295,9 +319,8 @@ def _bars(ax, r: pd.DataFrame, column: str, title: str, notes: list[str], fmt: s
     ax.grid(axis="y", alpha=0.3)
 
 
-def plot_throughput(s: Summary, out) -> list[str]:
-    notes: list[str] = []
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+@figure("throughput", {"ncols": 3, "figsize": (15, 4.5)})
+def plot_throughput(s: Summary, axes, notes: list[str]) -> None:
     r = s.runs
     _bars(axes[0], r, "samples_per_s", "samples / s", notes)
     _bars(axes[1], r, "speedup_vs_ref", f"speedup vs {s.reference} (x)", notes)
@@ -308,16 +331,14 @@ def plot_throughput(s: Summary, out) -> list[str]:
             axes[1].scatter(r["variant"][bound.notna()], bound.dropna(), marker="_", s=500, color="k",
                             label="overlap bound", zorder=3)
             axes[1].legend(fontsize=8)
-    unit = "GPU-hours" if len(r) and (r.get("device_type") == "cuda").any() else "device-hours"
+    unit = contract.device_hours_unit(r["device_type"] if "device_type" in r.columns else ())
     _bars(axes[2], r, "device_hours", f"{unit} (wall x devices)", notes, "{:.3g}")
-    save(fig, out)
-    return notes
 
 
-def plot_weight_sync(s: Summary, out) -> list[str]:
-    notes: list[str] = []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    for ax, source, title in zip(axes, ("run", "bench"), ("measured in training runs", "weight-sync benchmark")):
+@figure("weight_sync", {"ncols": 2, "figsize": (12, 4.2)})
+def plot_weight_sync(s: Summary, axes, notes: list[str]) -> None:
+    for ax, source, title in zip(axes, ("run", "bench"), ("measured in training runs", "weight-sync benchmark"),
+                                 strict=True):
         w = s.weight_sync
         w = w[(w["source"] == source) & col(w, "median_s").notna()] if len(w) and "source" in w.columns else w.iloc[0:0]
         if not len(w):
@@ -333,23 +354,26 @@ def plot_weight_sync(s: Summary, out) -> list[str]:
         ax.set_yscale("log")
         ax.tick_params(axis="x", rotation=30)
         ax.grid(axis="y", alpha=0.3)
-    save(fig, out)
-    return notes
 
 
 # --------------------------------------------------------------------------- async: versions and replay
 
 
-def plot_versions(s: Summary, out) -> list[str]:
+def _disagg_variants(s: Summary) -> list[str]:
+    r = s.runs
+    return list(r[r["mode"] == "disaggregated"]["variant"]) if len(r) and "mode" in r.columns else []
+
+
+@figure("versions", lambda s: {"ncols": max(len(_disagg_variants(s)), 1),
+                               "figsize": (6 * max(len(_disagg_variants(s)), 1), 4), "squeeze": False})
+def plot_versions(s: Summary, axes, notes: list[str]) -> None:
     """Policy version held by the learner and by the generator over time (step plots): the gap
     between the two staircases is the staleness the one-version-behind rule bounds."""
-    notes: list[str] = []
-    r = s.runs
-    names = list(r[r["mode"] == "disaggregated"]["variant"]) if len(r) and "mode" in r.columns else []
-    fig, axes = plt.subplots(1, max(len(names), 1), figsize=(6 * max(len(names), 1), 4), squeeze=False)
+    names = _disagg_variants(s)
     if not names:
         no_data(axes[0][0], "no disaggregated variant ran", notes)
-    for ax, v in zip(axes[0], names):
+        return
+    for ax, v in zip(axes[0], names, strict=True):
         vs = s.of("versions", v)
         if not len(vs):
             no_data(ax, f"no version log for {v}", notes)
@@ -361,13 +385,10 @@ def plot_versions(s: Summary, out) -> list[str]:
         ax.set(xlabel="seconds since training start", ylabel="policy version", title=f"{v}: version changes")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    save(fig, out)
-    return notes
 
 
-def plot_replay(s: Summary, out) -> list[str]:
-    notes: list[str] = []
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+@figure("replay", {"ncols": 3, "figsize": (15, 4.2)})
+def plot_replay(s: Summary, axes, notes: list[str]) -> None:
     m = s.of("metrics", "replay")
     specs = [(axes[0], ("replay/age_mean", "replay/age_max"), "sample age (policy versions)"),
              (axes[1], ("replay/reuse_mean", "replay/size"), "reuse per group / buffer size (groups)")]
@@ -397,8 +418,6 @@ def plot_replay(s: Summary, out) -> list[str]:
         axes[2].grid(alpha=0.3)
     else:
         no_data(axes[2], "neither 'replay' nor 'disagg' has validation rewards", notes)
-    save(fig, out)
-    return notes
 
 
 # --------------------------------------------------------------------------- rollouts (HTML)
@@ -407,9 +426,9 @@ def plot_replay(s: Summary, out) -> list[str]:
 def rollouts_html(s: Summary) -> tuple[str, list[str]]:
     notes: list[str] = []
     order = [s.reference] + [v for v in s.variants() if v != s.reference]
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><style>body{font:13px sans-serif}"
+    parts = [("<!doctype html><html><head><meta charset='utf-8'><style>body{font:13px sans-serif}"
              "table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:3px 6px;"
-             "vertical-align:top}td.r1{background:#e6f4e6}td.r0{background:#f8e6e6}</style></head><body>"]
+             "vertical-align:top}td.r1{background:#e6f4e6}td.r0{background:#f8e6e6}</style></head><body>")]
     for v in order:
         r = s.of("rollouts", v)
         parts.append(f"<h3>{html.escape(v)}</h3>")
@@ -432,35 +451,27 @@ def rollouts_html(s: Summary) -> tuple[str, list[str]]:
     return "\n".join(parts), notes
 
 
+@register("rollouts")
 def plot_rollouts(s: Summary, out) -> list[str]:
     text, notes = rollouts_html(s)
     io.write_text(out, text)
     return notes
 
 
-KINDS = {
-    "reward_vs_step": plot_reward_vs_step,
-    "reward_vs_time": plot_reward_vs_time,
-    "kl": plot_kl,
-    "phase_breakdown": plot_phase_breakdown,
-    "phase_steps": plot_phase_steps,
-    "timeline": plot_timeline,
-    "throughput": plot_throughput,
-    "weight_sync": plot_weight_sync,
-    "versions": plot_versions,
-    "replay": plot_replay,
-    "rollouts": plot_rollouts,
-}
+if set(KINDS) != set(FIGURES):  # the contract's figure list and the plot functions must agree
+    raise ImportError(f"rlpipe.analysis.plots: no plot function for {sorted(set(FIGURES) - set(KINDS))}; "
+                      f"not in contract.FIGURES: {sorted(set(KINDS) - set(FIGURES))}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rlpipe plot", description="Draw one report figure from results/summary.")
     ap.add_argument("kind", choices=sorted(KINDS))
     ap.add_argument("--summary", required=True, help="results/summary directory (rlpipe aggregate)")
-    ap.add_argument("--out", required=True, help="output file (.png; .html for 'rollouts')")
+    ap.add_argument("--out", required=True, help="output file (.png; .html for 'rollouts': contract.figure_file)")
     args = ap.parse_args(argv)
-    if not (Path(args.summary) / "runs.parquet").exists():
-        raise FileNotFoundError(f"--summary {args.summary}: runs.parquet missing (run `rlpipe aggregate` first)")
+    runs = Path(args.summary) / SUMMARY_FILES["runs"]
+    if not runs.exists():
+        raise FileNotFoundError(f"--summary {args.summary}: {runs.name} missing (run `rlpipe aggregate` first)")
     notes = KINDS[args.kind](load_summary(args.summary), args.out)
     for n in notes:
         print(f"{args.kind}: no data: {n}")

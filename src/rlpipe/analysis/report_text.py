@@ -24,6 +24,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from rlpipe.analysis import contract
+from rlpipe.analysis.contract import phase_seconds_column, phase_share_column
+from rlpipe.analysis.frames import last_valid
+
 PHASE_WHY = {
     "generate": ("autoregressive sampling runs one forward pass per generated token, {tokens} sequential "
                  "steps per batch on average, while the update is one batched forward and backward pass"),
@@ -87,9 +91,9 @@ def fit_growth(steps, values) -> dict:
     keep = np.isfinite(t) & np.isfinite(y)
     t, y = t[keep], y[keep]
     if len(t) < 4 or np.ptp(t) == 0:
-        return {"best": None, "r2": {}, "power": math.nan, "n": int(len(t)), "constant": False}
+        return {"best": None, "r2": {}, "power": math.nan, "n": len(t), "constant": False}
     if np.ptp(y) <= 1e-12 * max(1.0, float(np.abs(y).max())):  # flat curve: no shape to name
-        return {"best": None, "r2": {}, "power": math.nan, "n": int(len(t)), "constant": True}
+        return {"best": None, "r2": {}, "power": math.nan, "n": len(t), "constant": True}
     ss_tot = float(((y - y.mean()) ** 2).sum()) or 1e-30
 
     def r2_linear_in(feature):
@@ -106,7 +110,7 @@ def fit_growth(steps, values) -> dict:
     if pos.sum() >= 4:
         power = float(np.polyfit(np.log(t[pos]), np.log(y[pos]), 1)[0])
     best = max(r2, key=r2.get)
-    return {"best": best, "r2": r2, "power": power, "n": int(len(t)), "constant": False}
+    return {"best": best, "r2": r2, "power": power, "n": len(t), "constant": False}
 
 
 def kl_curve(metrics: pd.DataFrame, variant: str) -> tuple[str | None, pd.DataFrame]:
@@ -162,7 +166,7 @@ def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
         before = df[(df["step"] <= step)]["val"].dropna()
         after = df[(df["step"] > step)]["val"].dropna()
         s.append(f"KL rises fastest around step {step} ({fnum(slope)} per step, 5-step average); validation "
-                 f"reward was {fnum(last(before))} before and {fnum(after.max() if len(after) else math.nan)} "
+                 f"reward was {fnum(last_valid(before))} before and {fnum(after.max() if len(after) else math.nan)} "
                  "at best after it - a KL surge without a reward gain would be the sign of instability.")
     pen = row_of(table, "kl_penalty")
     base = row_of(table, ref)
@@ -175,14 +179,9 @@ def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
     return section("kl", title, s, nums)
 
 
-def last(series: pd.Series) -> float:
-    s = series.dropna()
-    return float(s.iloc[-1]) if len(s) else math.nan
-
-
 # --------------------------------------------------------------------------- systems sections
 
-STACK = ("generate", "score", "ref_logprobs", "update", "weight_sync", "validate", "other")
+STACK = (*contract.STACK_PHASES, contract.OTHER)
 
 
 def profiling_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
@@ -190,9 +189,9 @@ def profiling_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> d
     r = row_of(table, ref)
     if r is None:
         return section("profiling", title, [missing(ref)])
-    secs = {p: r.get(f"time_{p}_s", math.nan) for p in STACK}
-    shares = {p: r.get(f"share_{p}", math.nan) for p in STACK}
-    known = {p: v for p, v in secs.items() if not nan(v) and p not in ("other", "validate")}
+    secs = {p: r.get(phase_seconds_column(p), math.nan) for p in STACK}
+    shares = {p: r.get(phase_share_column(p), math.nan) for p in STACK}
+    known = {p: secs[p] for p in contract.STEP_STACK_PHASES if not nan(secs[p])}  # training-step work
     if not known or sum(known.values()) <= 0:
         return section("profiling", title, [f"No data: no phase timings recorded for '{ref}'."])
     top = max(known, key=known.get)
@@ -205,7 +204,7 @@ def profiling_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> d
     s = [f"In '{ref}' ({fsec(r['wall_time_s'])} wall time): {parts}.",
          f"{top} dominates" + (f", {known[top] / known['update']:.1f}x the update time" if known.get("update")
                                and top != "update" else "") + (f": {why}." if why else ".") + val]
-    return section("profiling", title, s, {"dominant": top, **{f"share_{p}": shares[p] for p in STACK}})
+    return section("profiling", title, s, {"dominant": top, **{phase_share_column(p): shares[p] for p in STACK}})
 
 
 def rollouts_section(rollouts: pd.DataFrame, table: pd.DataFrame, ref: str) -> dict:
@@ -216,21 +215,21 @@ def rollouts_section(rollouts: pd.DataFrame, table: pd.DataFrame, ref: str) -> d
     first, final = int(r["step"].min()), int(r["step"].max())
     a, b = r[r["step"] == first]["reward"], r[r["step"] == final]["reward"]
     row = row_of(table, ref) or {}
-    s = [f"Of the example rollouts logged for '{ref}', {int((a > 0).sum())}/{len(a)} satisfy the keyword "
+    s = [(f"Of the example rollouts logged for '{ref}', {int((a > 0).sum())}/{len(a)} satisfy the keyword "
          f"constraint at step {first} and {int((b > 0).sum())}/{len(b)} at step {final}; validation reward went "
          f"from {fnum(row.get('val_reward_initial'))} (step 0) to {fnum(row.get('val_reward_final'))} "
-         f"(best {fnum(row.get('val_reward_best'))} at step {row.get('best_step', 'n/a')})."]
+         f"(best {fnum(row.get('val_reward_best'))} at step {row.get('best_step', 'n/a')}).")]
     return section("rollouts", title, s, {"first_step_mean": float(a.mean()), "last_step_mean": float(b.mean())})
 
 
 # Colocated variants with equal samples do the same compute; a larger gap in its duration is noise.
 SAME_WORK_TOLERANCE = 0.05
-_WORK_PHASES = ("time_generate_s", "time_ref_logprobs_s", "time_update_s")
+_WORK_PHASES = ("generate", "ref_logprobs", "update")
 
 
 def _same_work_ratio(r, base) -> float:
     """Seconds of generation + reference + update of ``r`` over those of ``base`` (NaN if unknown)."""
-    a, b = (sum(x[c] for c in _WORK_PHASES) for x in (r, base))
+    a, b = (sum(x[phase_seconds_column(p)] for p in _WORK_PHASES) for x in (r, base))
     return math.nan if nan(a) or nan(b) or b <= 0 or not r["equal_samples"] else a / b
 
 
@@ -266,13 +265,27 @@ def kstep_section(table: pd.DataFrame, ref: str) -> dict:
     return section("kstep", title, s, nums)
 
 
+def hours_unit(row: dict) -> str:
+    """How a run's wall time x devices is billed: GPU-hours for a run whose run_info says
+    ``device_type: gpu`` (``contract.DEVICE_GPU``), device-hours otherwise."""
+    unit = contract.device_hours_unit([row.get("device_type")])
+    return unit if unit == "GPU-hours" else f"{unit} (CPU runs: wall x devices)"
+
+
+def time_outside_work(row) -> float:
+    """Wall seconds of a run outside generation and training (unknown phases count as 0)."""
+    work = (*contract.GEN_PHASES, *contract.TRAIN_PHASES)
+    secs = (row[phase_seconds_column(p)] for p in work)
+    return row["wall_time_s"] - sum(0.0 if nan(x) else x for x in secs)
+
+
 def disagg_section(table: pd.DataFrame, ref: str) -> dict:
     title = "Colocated vs disaggregated: wall time and GPU-hours (seed 000 Problem 8, seed 002 Problem 10)"
     base = row_of(table, ref)
     dis = table[table["mode"] == "disaggregated"] if len(table) else table
     if base is None or not len(dis):
         return section("disagg", title, [missing(ref) if base is None else "No data: no disaggregated variant ran."])
-    unit = "GPU-hours" if base.get("device_type") == "cuda" else "device-hours (CPU runs: wall x devices)"
+    unit = hours_unit(base)
     rows = [base] + [r for _, r in table[table["mode"] == "colocated_k"].iterrows()] + [r for _, r in dis.iterrows()]
     s = ["Wall time and " + unit + ": " + "; ".join(
         f"{r['variant']} {fsec(r['wall_time_s'])} x {fnum(r['devices'])} = {fnum(r['device_hours'], 3)}"
@@ -286,13 +299,10 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
                  f"{fx(r['overlap_achieved'])} of work per wall second and reached {fpct(r['bound_fraction'])} "
                  "of the bound.")
         if not nan(r["bound_fraction"]) and r["bound_fraction"] > 1:
-            work = ("generate", "score", "ref_logprobs", "update")
-            outside = lambda x: x["wall_time_s"] - sum(  # noqa: E731
-                0.0 if nan(x[f"time_{p}_s"]) else x[f"time_{p}_s"] for p in work)
             s.append(f"The speedup exceeds the overlap bound, so overlap alone does not explain it: '{ref}' spent "
-                     f"{fsec(outside(base))} of its wall time outside generation and training (validation "
+                     f"{fsec(time_outside_work(base))} of its wall time outside generation and training (validation "
                      f"{fsec(base['time_validate_s'])}, weight sync {fsec(base['time_weight_sync_s'])}), "
-                     f"{r['variant']} {fsec(outside(r))}.")
+                     f"{r['variant']} {fsec(time_outside_work(r))}.")
         nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
         nums[f"bound_{r['variant']}"] = r["overlap_bound"]
     s.append("Why: overlap hides the shorter side behind the longer one, so the bound is (T_gen + T_train) / "
@@ -334,8 +344,8 @@ def rdt_section(sync: pd.DataFrame) -> dict:
             s.append(f"{best} is {fnum(ratio if ratio > 1 else 1 / ratio)}x {verdict} than the object store {what}.")
             nums.setdefault(f"rdt_gain_{source}", ratio)
     if not s:
-        return section("rdt", title, ["No data: no weight-sync latency was measured (no disaggregated run "
-                                      "and no readable results/bench/weight_sync.json)."])
+        return section("rdt", title, [("No data: no weight-sync latency was measured (no disaggregated run "
+                                      "and no readable results/bench/weight_sync.json).")])
     skipped = sync[sync["note"].astype(str) != ""] if len(sync) else sync
     for _, r in skipped.iterrows():
         s.append(f"Benchmark {r['label']} not measured: {r['note']}.")
@@ -377,8 +387,8 @@ def replay_section(table: pd.DataFrame) -> dict:
     rep, base = row_of(table, "replay"), row_of(table, "disagg")
     if rep is None:
         return section("replay", title, [missing("replay")])
-    s = [f"replay reused each stored group {fnum(rep['replay_reuse_mean'])} times on average with a mean "
-         f"sample age of {fnum(rep['replay_age_mean'])} policy versions (max staleness {fnum(rep['staleness_max'])})."]
+    s = [(f"replay reused each stored group {fnum(rep['replay_reuse_mean'])} times on average with a mean "
+         f"sample age of {fnum(rep['replay_age_mean'])} policy versions (max staleness {fnum(rep['staleness_max'])}).")]
     if base is not None:
         s.append(f"Final / best validation reward: replay {fnum(rep['val_reward_final'])} / "
                  f"{fnum(rep['val_reward_best'])} "
@@ -423,10 +433,10 @@ def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFram
 
 
 def render_html(disc: dict) -> str:
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><style>body{font:14px sans-serif;"
-             "max-width:60em}h3{margin-bottom:.2em}</style></head><body>",
-             "<p><i>Every number on this page is computed by rlpipe.analysis.report_text from results/summary "
-             f"(reference variant: {html.escape(str(disc.get('reference')))}); none is typed by hand.</i></p>"]
+    parts = [("<!doctype html><html><head><meta charset='utf-8'><style>body{font:14px sans-serif;"
+             "max-width:60em}h3{margin-bottom:.2em}</style></head><body>"),
+             ("<p><i>Every number on this page is computed by rlpipe.analysis.report_text from results/summary "
+             f"(reference variant: {html.escape(str(disc.get('reference')))}); none is typed by hand.</i></p>")]
     for sec in disc["sections"]:
         parts.append(f"<h3>{html.escape(sec['title'])}</h3>")
         parts += [f"<p>{html.escape(s)}</p>" for s in sec["sentences"]]

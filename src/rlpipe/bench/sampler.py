@@ -30,6 +30,7 @@ import warnings
 
 import torch
 
+from rlpipe.io import write_text
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
 from rlpipe.lm.tokenizer import Tokenizer, train_bpe
@@ -153,8 +154,6 @@ def main(argv=None) -> dict:
     line = json.dumps(result)
     print(line, flush=True)
     if args.out:
-        from rlpipe.io import write_text
-
         write_text(args.out, line + "\n")
     return result
 

@@ -34,6 +34,9 @@ import torch
 from torch import nn
 
 from rlpipe import io
+from rlpipe.config import WeightSyncConfig
+from rlpipe.lm.checkpoint import load_checkpoint
+from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.trainer.weight_sync import (
     BackendUnavailableError,
     WeightReceiver,
@@ -57,10 +60,7 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(n)])
     if kind == "checkpoint":
-        from rlpipe.lm.checkpoint import load_checkpoint
-
         return load_checkpoint(spec["path"]).model
-    from rlpipe.lm.model import ModelConfig, TransformerLM
 
     torch.manual_seed(0)
     return TransformerLM(ModelConfig.from_preset(spec["preset"]))
@@ -105,10 +105,6 @@ def memcpy_bound(nbytes: int, repeats: int, device: str = "cpu") -> dict[str, fl
 def _payload_spec(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.checkpoint:
         return {"kind": "checkpoint", "path": os.path.abspath(args.checkpoint)}, f"checkpoint {args.checkpoint}"
-    try:
-        import rlpipe.lm.model  # noqa: F401
-    except ImportError as e:
-        return {}, f"skipped: rlpipe.lm.model is not importable ({e}); pass --checkpoint"
     return {"kind": "preset", "preset": args.preset}, f"TransformerLM preset {args.preset}"
 
 
@@ -125,8 +121,6 @@ def _skip_reason(label: str, placement: str, gpus: float) -> str | None:
 
 
 def _cfg(label: str, timeout_s: float) -> Any:
-    from rlpipe.config import WeightSyncConfig
-
     transport, _, backend = label.partition("/")
     return WeightSyncConfig(transport=transport, backend=backend or "gloo", timeout_s=timeout_s)
 
@@ -209,7 +203,7 @@ def bench_payload(spec: dict[str, Any], runs: list[tuple[str, str]], args: argpa
         bound = out["memcpy_cpu" if key.endswith("@cpu") else "memcpy_gpu"]
         r["fraction_of_memcpy"] = r["gbps"] / bound["gbps"]
         print(f"  {key}: median {r['median_s'] * 1e3:.1f} ms, {r['gbps']:.2f} GB/s", file=sys.stderr)
-    out["transports"] = {key: results.get(key) or timed[key] for key in [f"{l}@{p}" for l, p in runs]}
+    out["transports"] = {key: results.get(key) or timed[key] for key in [f"{label}@{p}" for label, p in runs]}
     obj, gloo = timed.get("object_store@cpu", {}), timed.get("rdt/gloo@cpu", {})
     if obj and gloo:
         out["rdt_gloo_over_object_store"] = gloo["median_s"] / obj["median_s"]

@@ -68,13 +68,13 @@ class ModelConfig:
         return self.d_model // self.num_heads
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "ModelConfig":
+    def from_preset(cls, name: str, **overrides) -> ModelConfig:
         """A preset with some fields replaced, e.g. ``from_preset("cpu-tiny", vocab_size=tok.vocab_size)``."""
         if name not in PRESETS:
             raise KeyError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
         return PRESETS[name].replace(**overrides)
 
-    def replace(self, **overrides) -> "ModelConfig":
+    def replace(self, **overrides) -> ModelConfig:
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - fields)
         if unknown:
@@ -85,7 +85,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown, missing = sorted(set(d) - fields), sorted(fields - set(d) - {"rope_theta"})
         if unknown or missing:

@@ -18,9 +18,8 @@ Departures and choices the seeds leave open:
   ``pretrain.val_fraction`` of the documents, so no validation text is trained on; the validation
   loss is the mean over fixed, evenly spaced document windows, so evaluations are comparable.
 - Weight decay applies to matrices only (not RMSNorm gains), the usual AdamW practice.
-- ``zero_shot_reward`` measures the base model on the keyword task exactly as the trainer's
-  validation does (one sample per validation prompt, ``rlpipe.lm.sampler.generate``,
-  ``keyword_inclusion_reward_fn``); ``rlpipe pretrain --eval-reward`` logs it, which is how the
+- The base model's zero-shot keyword reward is measured by the keyword task
+  (``rlpipe.tasks.keyword.eval``, ``rlpipe eval-base``: this layer knows no task); that is how the
   default corpus mix (``data.keyword_prompt_fraction``, ``data.keyword_hit_rate``) was tuned to
   give GRPO an imperfect but learnable starting point. Measured with the defaults (700 steps of
   32 x 128 tokens, 2 idle cores, 208 s): the loss plateaus at ~1.1 until the copy circuit forms
@@ -46,36 +45,17 @@ from torch import Tensor
 
 from rlpipe.config import ConfigError, PipelineConfig, PretrainConfig, load_config
 from rlpipe.io import write_json
+from rlpipe.lm.checkpoint import CheckpointError, check_state_dict, load_checkpoint, save_checkpoint
 from rlpipe.lm.device import autocast, resolve_device
+from rlpipe.lm.documents import read_documents
+from rlpipe.lm.model import ModelConfig, TransformerLM
+from rlpipe.lm.tokenizer import load_tokenizer, train_bpe
 
-# --------------------------------------------------------------------------- config checks
-
-
-def check_pretrain_config(p: PretrainConfig) -> None:
-    """Fail before any work on bad ``pretrain.*`` values; every message names the key."""
-    positive = ("max_steps", "batch_size", "learning_rate", "grad_clip", "eval_every", "threads")
-    for key in positive:
-        if not getattr(p, key) > 0:
-            raise ConfigError(f"pretrain.{key} must be > 0, got {getattr(p, key)}")
-    if p.seq_len < 2:
-        raise ConfigError(f"pretrain.seq_len must be >= 2, got {p.seq_len}")
-    if p.warmup_steps < 0:
-        raise ConfigError(f"pretrain.warmup_steps must be >= 0, got {p.warmup_steps}")
-    if not 0.0 <= p.min_lr_ratio <= 1.0:
-        raise ConfigError(f"pretrain.min_lr_ratio must be in [0, 1], got {p.min_lr_ratio}")
-    if p.weight_decay < 0:
-        raise ConfigError(f"pretrain.weight_decay must be >= 0, got {p.weight_decay}")
-    if not 0.0 < p.val_fraction < 1.0:
-        raise ConfigError(f"pretrain.val_fraction must be in (0, 1), got {p.val_fraction}")
-    if p.device not in ("auto", "cpu", "cuda") and not p.device.startswith("cuda:"):
-        raise ConfigError(f"pretrain.device must be 'auto', 'cpu' or 'cuda', got {p.device!r}")
-    if p.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"pretrain.device is {p.device!r} but CUDA is not available")
+# --------------------------------------------------------------------------- model config
 
 
 def build_model_config(cfg: PipelineConfig, vocab_size: int):
     """``ModelConfig.from_preset(model.preset, vocab_size=<tokenizer>, **model.overrides)``."""
-    from rlpipe.lm.model import ModelConfig
 
     overrides = dict(cfg.model.overrides)
     overrides.setdefault("vocab_size", vocab_size)
@@ -110,7 +90,6 @@ def _starts(offsets: list[int], n_tokens: int, seq_len: int) -> Tensor:
 def pack_corpus(corpus_path: str | Path, tokenizer, val_fraction: float, seq_len: int, seed: int,
                 batch_docs: int = 2048) -> TokenStreams:
     """Tokenise every document, append EOS, and split documents (seeded) into train/val streams."""
-    from rlpipe.lm.documents import read_documents
 
     rng = random.Random(f"rlpipe-pretrain-split-{seed}")
     streams: dict[str, list[int]] = {"train": [], "val": []}
@@ -252,12 +231,10 @@ def train_loop(model, streams: TokenStreams, p: PretrainConfig, device: torch.de
 def pretrain(cfg: PipelineConfig, corpus_path: str | Path, tokenizer_path: str | Path, out_path: str | Path,
              progress: bool = True) -> PretrainResult:
     """Pretrain ``model.preset`` on the corpus; write ``out_path`` and ``<stem>.log.json``."""
-    from rlpipe.lm.checkpoint import save_checkpoint
-    from rlpipe.lm.model import TransformerLM
-    from rlpipe.lm.tokenizer import load_tokenizer
 
-    p = cfg.pretrain
-    check_pretrain_config(p)
+    p = cfg.pretrain  # ranges and the device string were checked when the config was parsed
+    if p.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"pretrain.device is {p.device!r} but CUDA is not available")
     if not Path(corpus_path).is_file():
         raise FileNotFoundError(f"--corpus: {corpus_path} not found (build it with `rlpipe build-corpus`)")
     tokenizer = load_tokenizer(tokenizer_path)
@@ -311,8 +288,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def train_tokenizer_main(argv: list[str] | None = None) -> int:
     """``rlpipe train-tokenizer``: byte-level BPE of ``tokenizer.vocab_size`` on the corpus."""
-    from rlpipe.lm.documents import read_documents
-    from rlpipe.lm.tokenizer import train_bpe
 
     ap = argparse.ArgumentParser(prog="rlpipe train-tokenizer", description=train_tokenizer_main.__doc__)
     ap.add_argument("--config", required=True)
@@ -329,9 +304,6 @@ def train_tokenizer_main(argv: list[str] | None = None) -> int:
 
 def import_base_main(argv: list[str] | None = None) -> int:
     """``rlpipe import-base``: ``model.base_checkpoint`` + ``tokenizer.path`` -> an rlpipe checkpoint."""
-    from rlpipe.lm.checkpoint import CheckpointError, check_state_dict, load_checkpoint, save_checkpoint
-    from rlpipe.lm.model import TransformerLM
-    from rlpipe.lm.tokenizer import load_tokenizer
 
     ap = argparse.ArgumentParser(prog="rlpipe import-base", description=import_base_main.__doc__)
     ap.add_argument("--config", required=True)

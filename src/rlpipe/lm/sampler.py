@@ -261,7 +261,8 @@ def _prompt_ids(tokenizer, prompts) -> list[list[int]]:
         raise TypeError("prompts must be a list of strings or token-id lists, not a single string")
     prompts = list(prompts)
     text_idx = [i for i, p in enumerate(prompts) if isinstance(p, str)]
-    encoded = dict(zip(text_idx, tokenizer.encode_batch([prompts[i] for i in text_idx]))) if text_idx else {}
+    texts = [prompts[i] for i in text_idx]
+    encoded = dict(zip(text_idx, tokenizer.encode_batch(texts), strict=True)) if text_idx else {}
     out = []
     for i, p in enumerate(prompts):
         ids = encoded[i] if i in encoded else (p.tolist() if isinstance(p, Tensor) else [int(t) for t in p])
@@ -321,7 +322,7 @@ def _decode_all(tokenizer, batch: list[list[int]]) -> list[str]:
     return [tokenizer.decode(ids) for ids in batch]
 
 
-_STOP_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_STOP_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _stop_candidates(tokenizer, stops: tuple[str, ...], V: int, device) -> Tensor:
@@ -410,7 +411,7 @@ def _check_stops(
     lo = max(0, step + 1 - window)
     tails = st.tokens[st.rows[cand], lo : step + 1].tolist()
     texts = _decode_all(tokenizer, tails)
-    hit = [r for r, text in zip(cand, texts) if any(s in text for s in stops)]
+    hit = [r for r, text in zip(cand, texts, strict=True) if any(s in text for s in stops)]
     if hit:
         idx = torch.tensor(hit, device=tok.device)
         st.active[idx] = False

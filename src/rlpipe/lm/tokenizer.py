@@ -30,6 +30,8 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from rlpipe.io import atomic_path
+
 EOS_TOKEN = "<|endoftext|>"
 TIKTOKEN_PREFIX = "tiktoken:"
 
@@ -63,8 +65,6 @@ class Tokenizer:
         return self._tok.decode_batch([_as_list(ids) for ids in batch], skip_special_tokens=False)
 
     def save(self, path: str | os.PathLike) -> None:
-        from rlpipe.io import atomic_path
-
         with atomic_path(path) as tmp:
             self._tok.save(str(tmp))
 
@@ -190,7 +190,7 @@ def _load_tiktoken(name: str) -> Tokenizer:
     cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
     cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "data-gym-cache")
     cached = [os.path.join(cache_dir, hashlib.sha1(u.encode()).hexdigest()) for u in _tiktoken_files(name)]
-    missing = [u for u, f in zip(_tiktoken_files(name), cached) if not os.path.isfile(f)]
+    missing = [u for u, f in zip(_tiktoken_files(name), cached, strict=True) if not os.path.isfile(f)]
     if missing:
         raise RuntimeError(
             f"tiktoken encoding {name!r} is not in the local cache {cache_dir} (missing {missing}); "

@@ -44,7 +44,7 @@ class RolloutBatch:
     def response_tokens(self) -> int:
         return sum(len(r) for r in self.response_ids)
 
-    def select_groups(self, group_indices: list[int]) -> "RolloutBatch":
+    def select_groups(self, group_indices: list[int]) -> RolloutBatch:
         """A batch holding only the given groups (whole groups keep advantages valid)."""
         g = self.group_size
         rows = [i * g + j for i in group_indices for j in range(g)]
@@ -69,7 +69,7 @@ class RolloutBatch:
         )
 
     @staticmethod
-    def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
+    def concat(batches: list[RolloutBatch]) -> RolloutBatch:
         """Concatenate batches (e.g. groups drawn from a replay buffer). ``policy_version`` of the
         result is the oldest one; per-row versions are kept in ``row_versions``."""
         if not batches:

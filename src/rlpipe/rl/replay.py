@@ -108,7 +108,7 @@ class ReplayBuffer(Generic[T]):
         self.last_metrics: dict[str, float] = {}
 
     @classmethod
-    def from_config(cls, cfg: Any, seed: int) -> "ReplayBuffer":
+    def from_config(cls, cfg: Any, seed: int) -> ReplayBuffer:
         """From a ``ReplayConfig`` (capacity_groups, max_age, strategy)."""
         return cls(cfg.capacity_groups, cfg.max_age, cfg.strategy, seed)
 

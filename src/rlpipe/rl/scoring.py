@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from rlpipe.rl.advantages import compute_advantages, reward_stats
 from rlpipe.rl.records import RolloutBatch
 
 
@@ -21,9 +22,7 @@ def advantage_mode(train_cfg) -> str:
 
 def score_batch(batch: RolloutBatch, task, train_cfg) -> RolloutBatch:
     """Fill ``batch.rewards``/``batch.advantages`` (B,) and ``batch.reward_metrics`` in place."""
-    from rlpipe.rl.grpo import compute_advantages, reward_stats
-
-    scores = [task.reward(r, gt) for r, gt in zip(batch.responses, batch.ground_truths)]
+    scores = [task.reward(r, gt) for r, gt in zip(batch.responses, batch.ground_truths, strict=True)]
     raw = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)  # (B,)
     adv = compute_advantages(raw, batch.group_size, advantage_mode(train_cfg), train_cfg.advantage_eps)
     meta = reward_stats(raw, batch.group_size)

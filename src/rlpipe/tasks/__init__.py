@@ -9,16 +9,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from collections.abc import Callable
-
 from rlpipe.tasks.base import Example, Task
-from rlpipe.tasks.keyword.task import KeywordInclusionTask
 from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
+from rlpipe.tasks.keyword.task import KeywordInclusionTask
 from rlpipe.tasks.math.reward import question_only_reward_fn, r1_zero_reward_fn
 from rlpipe.tasks.reward_dict import RewardDict
-from rlpipe.tasks.sorting.reward import sort_distance_reward_fn, sort_inclusion_ordering_reward_fn
+from rlpipe.tasks.sorting.reward import (
+    sort_distance_reward_fn,
+    sort_inclusion_ordering_reward_fn,
+)
 from rlpipe.tasks.sorting.task import SortingTask
 
 # Text reward functions by name (prompt ablations pick one with its prompt).
@@ -44,4 +46,5 @@ def make_task(name: str, dataset_dir: str | Path | None) -> Task:
     return TASKS[name](dataset_dir)
 
 
-__all__ = ["REWARD_FNS", "SORT_REWARD_FNS", "TASKS", "Example", "KeywordInclusionTask", "SortingTask", "Task", "make_task"]
+__all__ = ["REWARD_FNS", "SORT_REWARD_FNS", "TASKS", "Example", "KeywordInclusionTask", "SortingTask", "Task",
+           "make_task"]

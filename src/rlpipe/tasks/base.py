@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 
-
 @dataclass(frozen=True)
 class Example:
     prompt: str

@@ -35,7 +35,7 @@ def never_raise(fn: Callable[..., RewardDict]) -> Callable[..., RewardDict]:
     def wrapper(*args: Any, **kwargs: Any) -> RewardDict:
         try:
             return fn(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - the contract is "never raise"; log so bugs stay visible
+        except Exception:
             logger.warning("%s failed; scoring 0", fn.__name__, exc_info=True)
             return zeros()
 

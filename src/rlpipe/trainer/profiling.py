@@ -3,7 +3,8 @@
 Each actor owns a ``Profiler``; work is wrapped in ``with prof.phase("generate", step, version)``.
 Events carry absolute wall times (``time.time()``: comparable across processes on one host, and
 across NTP-synced hosts to a few ms); the run writer converts them to seconds since run start.
-The driver drains actors' events once per step, so nothing accumulates unboundedly.
+The driver drains actors' events once per step, so nothing accumulates unboundedly. Phase names
+are ``rlpipe.analysis.contract.PHASES`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 
+from rlpipe.analysis.contract import PHASES, TIMED_PHASES, metric_time_column
 from rlpipe.rl.records import PhaseEvent
 
-PHASES = ("generate", "score", "ref_logprobs", "update", "weight_sync", "wait", "validate")
+__all__ = ["PHASES", "Profiler", "seconds_by_phase"]
 
 
 class Profiler:
@@ -42,8 +44,8 @@ class Profiler:
 
 
 def seconds_by_phase(events: list[PhaseEvent]) -> dict[str, float]:
-    """Total seconds per phase, as ``time/<phase>`` metric keys (every phase present)."""
+    """Total seconds per phase, as ``time/<phase>`` metric keys (every timed phase present)."""
     out: dict[str, float] = defaultdict(float)
     for e in events:
         out[e.phase] += e.seconds
-    return {f"time/{p}": float(out.get(p, 0.0)) for p in PHASES if p != "validate"}
+    return {metric_time_column(p): float(out.get(p, 0.0)) for p in TIMED_PHASES}

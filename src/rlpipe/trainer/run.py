@@ -16,7 +16,20 @@ import os
 from pathlib import Path
 
 from rlpipe import io
-from rlpipe.config import ConfigError, load_config, resolve_variant, to_dict, variant_gpus
+from rlpipe.config import (
+    ConfigError,
+    load_config,
+    resolve_variant,
+    to_dict,
+    variant_gpus,
+)
+from rlpipe.trainer import resume as resume_policy
+from rlpipe.trainer.drivers.colocated import run_colocated
+from rlpipe.trainer.drivers.common import RunContext
+from rlpipe.trainer.drivers.disaggregated import run_disaggregated
+from rlpipe.trainer.gpu_slots import acquire_gpus
+from rlpipe.trainer.resume import ResumeError
+from rlpipe.trainer.weight_sync import make_transport
 
 
 def _check_inputs(train_cfg, base: str, dataset: str | None) -> None:
@@ -56,25 +69,25 @@ def _actor_threads(per_actor: int, job_threads: int, disagg: bool) -> int:
 
 
 def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | None,
-        threads: int | None = None, resume: bool = False) -> dict:
-    from rlpipe.trainer.drivers.common import RunContext
-
+        threads: int | None = None, resume: str = "never") -> dict:
     cfg = load_config(config_path)
     train_cfg = resolve_variant(cfg, variant)
     _check_inputs(train_cfg, base, dataset)
     if train_cfg.mode == "disaggregated":
-        from rlpipe.trainer.weight_sync import make_transport
-
         make_transport(train_cfg.weight_sync)  # an unavailable backend fails before Ray starts
     gpus = variant_gpus(cfg, variant)
     disagg = train_cfg.mode == "disaggregated"
     actor_threads = _actor_threads(train_cfg.threads, threads or cfg.workflow.threads_per_variant, disagg)
+    fingerprint = resume_policy.run_fingerprint(to_dict(train_cfg), to_dict(cfg.model), variant, base, dataset)
+    decision = resume_policy.decide(out_dir, fingerprint, resume)
+    print(f"rlpipe train {variant}: {decision.reason}", flush=True)
+    resume_policy.prepare(out_dir, fingerprint, decision)
     resolved = to_dict(cfg)
     resolved["train"] = to_dict(train_cfg)
     resolved["variant"] = variant
     io.write_yaml(Path(out_dir) / "config.yaml", resolved)
     os.environ.setdefault("OMP_NUM_THREADS", str(actor_threads))
-    ctx = RunContext(cfg, train_cfg, variant, base, dataset, Path(out_dir), actor_threads, resume)
+    ctx = RunContext(cfg, train_cfg, variant, base, dataset, Path(out_dir), actor_threads, decision.resume)
     import ray
 
     with _gpu_slots(cfg, gpus):
@@ -84,6 +97,7 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
         try:
             info = _drive(ctx, gpus)
             ctx.writer.finish(info)
+            resume_policy.mark_finished(out_dir)
         finally:
             if owns_ray:
                 ray.shutdown()
@@ -103,9 +117,6 @@ def _kill_run_actors(variant: str) -> None:
 
 
 def _drive(ctx, gpus: int) -> dict:
-    from rlpipe.trainer.drivers.colocated import run_colocated
-    from rlpipe.trainer.drivers.disaggregated import run_disaggregated
-
     drivers = {"colocated_sync": run_colocated, "colocated_k": run_colocated,
                "disaggregated": run_disaggregated}
     return drivers[ctx.train.mode](ctx, gpus)
@@ -114,7 +125,6 @@ def _drive(ctx, gpus: int) -> dict:
 def _gpu_slots(cfg, gpus: int):
     if gpus == 0 or cfg.ray.address:
         return contextlib.nullcontext()
-    from rlpipe.trainer.gpu_slots import acquire_gpus
 
     return acquire_gpus(gpus, lock_dir=Path(cfg.workflow.results_dir) / ".gpu_slots")
 
@@ -127,11 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", required=True, help="base model checkpoint")
     p.add_argument("--dataset", default=None, help="keyword dataset directory")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for this job (torch + Ray)")
-    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/last.pt")
+    p.add_argument("--resume", nargs="?", const="always", default="never", choices=("auto", "never", "always"),
+                   help="auto: continue <out>/checkpoints/last.pt iff it is an unfinished run of the same "
+                        "settings, else start afresh; always (bare --resume): continue or fail; never (default)")
     a = p.parse_args(argv)
     try:
         info = run(a.config, a.variant, a.out, a.base, a.dataset, a.threads, a.resume)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, ResumeError) as e:
         p.error(str(e))
     print(f"variant {a.variant}: {info['total_optimizer_steps']} steps, {info['total_samples']} samples -> {a.out}")
     return 0

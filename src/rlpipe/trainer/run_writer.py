@@ -1,4 +1,4 @@
-"""Writes a run's outputs (the RUN OUTPUTS contract in CONTRIBUTING.md), atomically.
+"""Writes a run's outputs (``rlpipe.analysis.contract``; CONTRIBUTING.md "Run outputs"), atomically.
 
 Metrics, events and version logs are kept in memory and rewritten as whole parquet files at every
 flush (a few hundred rows: cheaper than appending, and a crash can never leave a torn file). Each
@@ -18,19 +18,11 @@ from pathlib import Path
 import pandas as pd
 
 from rlpipe import io
+from rlpipe.analysis import contract
 from rlpipe.rl.records import PhaseEvent, VersionEvent
 
-METRIC_COLUMNS = [
-    "step", "policy_version", "wall_time", "samples",
-    "reward/train_mean", "reward/train_std", "reward/zero_std_frac", "reward/val_mean",
-    "loss/policy", "loss/clip_frac", "optim/grad_norm", "policy/entropy",
-    "kl/ref_log_ratio", "kl/ref_k3", "kl/prev_log_ratio", "kl/prev_k3", "response/length_mean",
-    "time/generate", "time/score", "time/ref_logprobs", "time/update", "time/weight_sync", "time/wait",
-    "perf/samples_per_s", "perf/tokens_per_s", "staleness/mean", "staleness/max",
-    "sync/bytes", "sync/seconds", "sync/gbps",
-    "replay/size", "replay/age_mean", "replay/age_max", "replay/reuse_mean",
-]
-INT_COLUMNS = ("step", "policy_version", "samples")
+# Back-compat alias (tests/test_trainer.py compares ``list(df.columns)`` with it); the contract's
+# tuple is the declaration.
 
 
 class RunWriter:
@@ -50,18 +42,18 @@ class RunWriter:
     def resume_from(self, step: int) -> None:
         """Reload outputs of a killed run, dropping everything after optimizer step ``step``."""
         def load(name: str, col: str, limit: float) -> list[dict]:
-            p = self.dir / "checkpoints" / name
+            p = self.dir / contract.CHECKPOINT_DIR / name
             if not p.exists():
                 return []
             df = pd.read_parquet(p)
             return df[df[col] <= limit].to_dict("records")
 
-        self.rows = load("metrics.parquet", "step", step)
-        self.events = load("events.parquet", "step", step)
+        self.rows = load(contract.METRICS_FILE, "step", step)
+        self.events = load(contract.EVENTS_FILE, "step", step)
         last_wall = max([r["wall_time"] for r in self.rows] or [0.0])
-        self.versions = load("versions.parquet", "wall_time", last_wall)
-        if (self.dir / "checkpoints" / "rollouts.jsonl").exists():
-            self.rollouts = [r for r in io.read_jsonl(self.dir / "checkpoints" / "rollouts.jsonl")
+        self.versions = load(contract.VERSIONS_FILE, "wall_time", last_wall)
+        if (self.dir / contract.CHECKPOINT_DIR / contract.ROLLOUTS_FILE).exists():
+            self.rollouts = [r for r in io.read_jsonl(self.dir / contract.CHECKPOINT_DIR / contract.ROLLOUTS_FILE)
                              if r["step"] <= step]
         self.t0 = time.time() - last_wall
 
@@ -71,7 +63,7 @@ class RunWriter:
 
     # -- adding records -------------------------------------------------------------------------
     def add_row(self, row: dict) -> None:
-        full = {c: math.nan for c in METRIC_COLUMNS}
+        full = {c: math.nan for c in contract.METRIC_COLUMNS}
         full.update(row)
         self.rows.append(full)
 
@@ -101,21 +93,21 @@ class RunWriter:
     # -- output ---------------------------------------------------------------------------------
     def flush(self, snapshot: bool = False) -> None:
         """Write every output; ``snapshot`` also writes the copy that ``resume_from`` reads."""
-        for d in (self.dir, self.dir / "checkpoints") if snapshot else (self.dir,):
+        for d in (self.dir, self.dir / contract.CHECKPOINT_DIR) if snapshot else (self.dir,):
             self._write(d)
 
     def _write(self, d: Path) -> None:
-        metrics = pd.DataFrame(self.rows, columns=METRIC_COLUMNS)
-        for c in INT_COLUMNS:
+        metrics = pd.DataFrame(self.rows, columns=list(contract.METRIC_COLUMNS))
+        for c in contract.METRIC_INT_COLUMNS:
             metrics[c] = metrics[c].astype("int64")
-        io.write_parquet(d / "metrics.parquet", metrics.sort_values("step"))
-        ev = pd.DataFrame(self.events, columns=["phase", "actor", "start", "end", "step", "version"])
-        io.write_parquet(d / "events.parquet", ev.astype({"step": "int64", "version": "int64"}))
-        vs = pd.DataFrame(self.versions, columns=["who", "version", "wall_time", "event"])
-        io.write_parquet(d / "versions.parquet", vs.astype({"version": "int64"}))
-        io.write_jsonl(d / "rollouts.jsonl", self.rollouts)
+        io.write_parquet(d / contract.METRICS_FILE, metrics.sort_values("step"))
+        ev = pd.DataFrame(self.events, columns=list(contract.EVENT_COLUMNS))
+        io.write_parquet(d / contract.EVENTS_FILE, ev.astype({c: "int64" for c in contract.EVENT_INT_COLUMNS}))
+        vs = pd.DataFrame(self.versions, columns=list(contract.VERSION_COLUMNS))
+        io.write_parquet(d / contract.VERSIONS_FILE, vs.astype({c: "int64" for c in contract.VERSION_INT_COLUMNS}))
+        io.write_jsonl(d / contract.ROLLOUTS_FILE, self.rollouts)
 
     def finish(self, info: dict) -> None:
         self.flush()
-        io.write_json(self.dir / "run_info.json", {**info, "wall_time_s": self.rel(time.time()),
-                                                         "finished": True})
+        io.write_json(self.dir / contract.RUN_INFO_FILE,
+                      {**info, "wall_time_s": self.rel(time.time()), "finished": True})

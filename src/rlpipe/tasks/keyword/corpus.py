@@ -298,7 +298,7 @@ def _pick_prompt_keywords(story: str | None, k: int, hit: bool, keywords: Sequen
 
 
 def _plain_document(source: str | None, gen: StoryGenerator, rng: random.Random,
-                    keywords: Sequence[str]) -> "Document":
+                    keywords: Sequence[str]) -> Document:
     """A story, titled (``TITLED_FRACTION``) with a keyword it mentions in its first two sentences."""
     titled = rng.random() < TITLED_FRACTION
     if source is None:

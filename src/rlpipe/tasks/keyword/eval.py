@@ -19,6 +19,9 @@ from pathlib import Path
 
 from rlpipe.config import load_config
 from rlpipe.io import write_json
+from rlpipe.lm.checkpoint import load_checkpoint
+from rlpipe.lm.sampler import SamplingParams, generate
+from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.tasks.keyword.dataset import load_split
 from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
 
@@ -40,9 +43,6 @@ def zero_shot_reward(checkpoint: str | Path, dataset_dir: str | Path, n: int | N
                      batch_size: int = 128, device: str = "cpu") -> ZeroShotReward:
     """Keyword-inclusion reward of a checkpoint on the first ``n`` validation prompts (all when
     ``None``): one sample each, as the trainer's validation does."""
-    from rlpipe.lm.checkpoint import load_checkpoint
-    from rlpipe.lm.sampler import SamplingParams, generate
-    from rlpipe.lm.tokenizer import load_tokenizer
 
     examples = load_split(dataset_dir, "val")[:n]
     ckpt = load_checkpoint(checkpoint, device=device)

@@ -21,7 +21,8 @@ _PLACEHOLDERS = {"keywords", "s"}
 def load_templates(path: str | Path | None = None) -> list[str]:
     """Prompt templates (default: the packaged file); each must contain ``{keywords}``."""
     if path is None:
-        text = resources.files("rlpipe").joinpath("tasks/keyword/prompts/keyword_templates.txt").read_text(encoding="utf-8")
+        path_in_package = "tasks/keyword/prompts/keyword_templates.txt"
+        text = resources.files("rlpipe").joinpath(path_in_package).read_text(encoding="utf-8")
         where = "rlpipe/tasks/keyword/prompts/keyword_templates.txt"
     else:
         text, where = Path(path).read_text(encoding="utf-8"), str(path)

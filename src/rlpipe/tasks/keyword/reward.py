@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 from rlpipe.tasks.reward_dict import RewardDict, never_raise, scores, zeros
 
-
 _WORD = re.compile(r"\w+")
 # Between the words of a multi-word keyword: whitespace, hyphens or apostrophes ("o'clock").
 _SEPARATOR = r"[\s\-'\u2019]+"

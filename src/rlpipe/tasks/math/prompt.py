@@ -14,7 +14,7 @@ import importlib.resources
 PROMPT_NAMES = ("r1_zero", "question_only")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_prompt(name: str) -> str:
     """The template ``rlpipe/tasks/math/prompts/<name>.prompt`` (package data), without the file's final
     newline, so ``r1_zero`` ends exactly with ``"Assistant: <think>"``."""

@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlpipe.tasks.math.grader import MAX_TAIL_CHARS, _grade, answers_match, last_boxed, r1_zero_answer
+from rlpipe.tasks.math.grader import (
+    MAX_TAIL_CHARS,
+    _grade,
+    answers_match,
+    last_boxed,
+    r1_zero_answer,
+)
 from rlpipe.tasks.reward_dict import RewardDict, never_raise, scores, zeros
 
 # --------------------------------------------------------------------------- MATH graders

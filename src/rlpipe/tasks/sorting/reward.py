@@ -27,12 +27,12 @@ def _check_lengths(prompt: list, response: list) -> None:
 
 
 def _distance(prompt: list, response: list) -> int:
-    return sum(1 for x, y in zip(response, sorted(prompt)) if x == y)
+    return sum(1 for x, y in zip(response, sorted(prompt), strict=True) if x == y)
 
 
 def _inclusion_ordering(prompt: list, response: list) -> int:
     inclusion = sum(1 for x in prompt if x in response)  # prompt tokens present in the response
-    ordering = sum(1 for x, y in zip(response, response[1:]) if x <= y)  # sorted adjacent pairs
+    ordering = sum(1 for x, y in zip(response, response[1:], strict=False) if x <= y)  # sorted adjacent pairs
     return inclusion + ordering
 
 

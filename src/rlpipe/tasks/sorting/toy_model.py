@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlpipe.rl import grpo
+from rlpipe.tasks.sorting.reward import sort_inclusion_ordering_reward
 
 SortRewardFn = Callable[[list[int], list[int]], float]
 
@@ -92,13 +93,12 @@ def compute_log_probs(prompts: Tensor, responses: Tensor, model: SortModel) -> T
 def compute_reward(prompts: Tensor, responses: Tensor, reward_fn: SortRewardFn) -> Tensor:
     """Score every response: prompts (B, P), responses (B, G, R) -> rewards (B, G) float32."""
     prompt_lists, response_lists = prompts.tolist(), responses.tolist()
-    return torch.tensor([[float(reward_fn(p, r)) for r in rs] for p, rs in zip(prompt_lists, response_lists)],
-                        dtype=torch.float32)
+    pairs = zip(prompt_lists, response_lists, strict=True)
+    return torch.tensor([[float(reward_fn(p, r)) for r in rs] for p, rs in pairs], dtype=torch.float32)
 
 
 def default_reward_fn() -> SortRewardFn:
     """Seed 003's default, ``sort_inclusion_ordering_reward``."""
-    from rlpipe.tasks.sorting.reward import sort_inclusion_ordering_reward
 
     return sort_inclusion_ordering_reward
 

@@ -16,10 +16,13 @@ import time
 
 import torch
 
+from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.device import autocast, resolve_device, setup_process
-from rlpipe.trainer.profiling import Profiler
+from rlpipe.lm.sampler import SamplingParams, generate
+from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.rl.records import RolloutBatch, VersionEvent
 from rlpipe.tasks import Example
+from rlpipe.trainer.profiling import Profiler
 
 
 def sample_seed(run_seed: int, step: int) -> int:
@@ -29,9 +32,6 @@ def sample_seed(run_seed: int, step: int) -> int:
 class Generator:
     def __init__(self, checkpoint: str, train_cfg, *, stop: tuple[str, ...] = (), threads: int = 1,
                  profiler: Profiler | None = None):
-        from rlpipe.lm.checkpoint import load_checkpoint
-        from rlpipe.lm.tokenizer import load_tokenizer
-
         setup_process(threads, train_cfg.seed)
         self.cfg = train_cfg
         self.device = resolve_device(train_cfg.device)
@@ -45,8 +45,6 @@ class Generator:
 
     # -- sampling -----------------------------------------------------------------------------
     def _sampling_params(self, n: int, seed: int):
-        from rlpipe.lm.sampler import SamplingParams
-
         c = self.cfg
         return SamplingParams(n=n, temperature=c.sampling_temperature, top_p=c.sampling_top_p,
                               max_tokens=c.sampling_max_tokens, min_tokens=c.sampling_min_tokens,
@@ -54,8 +52,6 @@ class Generator:
 
     @torch.inference_mode()
     def _sample(self, examples: list[Example], n: int, seed: int):
-        from rlpipe.lm.sampler import generate
-
         with autocast(self.device, self.cfg.dtype):
             return generate(self.model, self.tokenizer, [e.prompt for e in examples],
                             self._sampling_params(n, seed), device=self.device)
@@ -85,9 +81,9 @@ class Generator:
         seed at the training temperature; also returns a few scored examples."""
         with self.prof.phase("validate", step, self.version):
             responses = self._sample(examples, 1, self.cfg.val_seed).response_text
-            rewards = [reward_fn(r, e.ground_truth)["reward"] for r, e in zip(responses, examples)]
+            rewards = [reward_fn(r, e.ground_truth)["reward"] for r, e in zip(responses, examples, strict=True)]
         shown = [{"prompt": e.prompt, "response": r, "reward": w, "ground_truth": e.ground_truth}
-                 for e, r, w in list(zip(examples, responses, rewards))[:4]]
+                 for e, r, w in list(zip(examples, responses, rewards, strict=True))[:4]]
         return float(sum(rewards) / max(1, len(rewards))), shown
 
     # -- weights ------------------------------------------------------------------------------

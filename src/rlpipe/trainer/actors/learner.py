@@ -31,9 +31,19 @@ from dataclasses import dataclass
 
 import torch
 
+from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
 from rlpipe.lm.device import autocast, resolve_device, setup_process
-from rlpipe.trainer.profiling import Profiler
+from rlpipe.lm.tokenizer import load_tokenizer
+from rlpipe.rl.grpo import (
+    get_response_log_probs,
+    grpo_microbatch_train_step,
+    kl_importance_weights,
+    masked_kl,
+    masked_mean_or_zero,
+    pack_token_ids,
+)
 from rlpipe.rl.records import RolloutBatch, UpdateResult, VersionEvent
+from rlpipe.trainer.profiling import Profiler
 
 
 class NonFiniteLossError(RuntimeError):
@@ -49,16 +59,14 @@ class TrainTensors:
     raw_rewards: torch.Tensor  # (B, 1)
     advantages: torch.Tensor  # (B, 1)
 
-    def to(self, device: torch.device) -> "TrainTensors":
+    def to(self, device: torch.device) -> TrainTensors:
         return TrainTensors(*(t.to(device) for t in vars(self).values()))
 
-    def rows(self, sl: slice) -> "TrainTensors":
+    def rows(self, sl: slice) -> TrainTensors:
         return TrainTensors(*(t[sl] for t in vars(self).values()))
 
 
 def build_train_tensors(batch: RolloutBatch, pad_id: int) -> TrainTensors:
-    from rlpipe.rl.grpo import pack_token_ids
-
     packed = pack_token_ids(batch.prompt_ids, batch.response_ids, pad_id)
     mask = packed["response_mask"].bool()  # (B, T)
     old = torch.zeros(mask.shape, dtype=torch.float32)  # (B, T)
@@ -71,17 +79,12 @@ def build_train_tensors(batch: RolloutBatch, pad_id: int) -> TrainTensors:
 
 
 def response_log_probs(model, t: TrainTensors, temperature: float, entropy: bool = False) -> dict:
-    from rlpipe.rl.grpo import get_response_log_probs
-
     return get_response_log_probs(model, t.input_ids, t.labels, return_token_entropy=entropy,
                                   temperature=temperature)
 
 
 class Learner:
     def __init__(self, checkpoint: str, train_cfg, *, threads: int = 1, profiler: Profiler | None = None):
-        from rlpipe.lm.checkpoint import load_checkpoint
-        from rlpipe.lm.tokenizer import load_tokenizer
-
         setup_process(threads, train_cfg.seed)
         self.cfg = train_cfg
         self.sizes = train_cfg.derived()
@@ -114,8 +117,6 @@ class Learner:
         return UpdateResult(self.version, metrics, len(batch), int(t.response_mask.sum()))
 
     def _accumulate_gradients(self, t: TrainTensors, ref: torch.Tensor | None):
-        from rlpipe.rl.grpo import grpo_microbatch_train_step, masked_mean
-
         c, mb = self.cfg, self.sizes.micro_train_batch_size
         gas = c.gradient_accumulation_steps
         self.model.train()
@@ -139,7 +140,7 @@ class Learner:
             pre_lp[sl] = lp.detach()
             sums["loss/policy"] += float(loss)
             sums["loss/clip_frac"] += float(md.get("loss/clip_frac", 0.0)) / gas
-            sums["policy/entropy"] += float(masked_mean(out["token_entropy"].float(), m.response_mask)) / gas
+            sums["policy/entropy"] += float(masked_mean_or_zero(out["token_entropy"].float(), m.response_mask)) / gas
         return sums, pre_lp
 
     def _optimizer_step(self, step: int) -> float:
@@ -156,8 +157,6 @@ class Learner:
 
     @torch.no_grad()
     def _kl_metrics(self, t: TrainTensors, pre_lp: torch.Tensor, ref: torch.Tensor | None) -> dict[str, float]:
-        from rlpipe.rl.grpo import kl_importance_weights, masked_kl
-
         self.model.eval()
         with autocast(self.device, self.cfg.dtype):
             post = response_log_probs(self.model, t, self.cfg.sampling_temperature)["log_probs"].float()
@@ -172,7 +171,6 @@ class Learner:
 
     def kl_to_reference_before_training(self, batch: RolloutBatch, ref_log_probs: torch.Tensor) -> dict:
         """KL(pi_version || pi_ref) on ``batch`` with the current weights (the step-0 value)."""
-        from rlpipe.rl.grpo import masked_kl
 
         t = build_train_tensors(batch, self.pad_id).to(self.device)
         with torch.no_grad(), autocast(self.device, self.cfg.dtype):
@@ -185,14 +183,10 @@ class Learner:
         return self.model.state_dict()
 
     def save(self, path: str, extra: dict) -> None:
-        from rlpipe.lm.checkpoint import save_checkpoint
-
         extra = dict(extra, version=self.version, torch_rng=torch.get_rng_state())
         save_checkpoint(path, self.model, tokenizer=self.tokenizer_ref, optimizer=self.opt, extra=extra)
 
     def restore(self, path: str) -> dict:
-        from rlpipe.lm.checkpoint import load_checkpoint
-
         ckpt = load_checkpoint(path, device=self.device)
         self.model.load_state_dict(ckpt.model.state_dict())
         if ckpt.optimizer_state is not None:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import torch
 
+from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.device import autocast, resolve_device
-from rlpipe.trainer.profiling import Profiler
+from rlpipe.lm.tokenizer import load_tokenizer
+from rlpipe.rl.grpo import get_response_log_probs, pack_token_ids
 from rlpipe.rl.records import RolloutBatch
+from rlpipe.trainer.profiling import Profiler
 
 
 class ReferenceModel:
     def __init__(self, checkpoint: str, train_cfg, *, profiler: Profiler | None = None):
-        from rlpipe.lm.checkpoint import load_checkpoint
-        from rlpipe.lm.tokenizer import load_tokenizer
-
         self.cfg = train_cfg
         self.device = resolve_device(train_cfg.device)
         ckpt = load_checkpoint(checkpoint, device=self.device)
@@ -29,7 +29,6 @@ class ReferenceModel:
     @torch.no_grad()
     def log_probs(self, batch: RolloutBatch, step: int, version: int) -> torch.Tensor:
         """(B, T) log-probs of the sampled response tokens (label layout of ``pack_token_ids``)."""
-        from rlpipe.rl.grpo import get_response_log_probs, pack_token_ids
 
         with self.prof.phase("ref_logprobs", step, version):
             packed = pack_token_ids(batch.prompt_ids, batch.response_ids, self.pad_id)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import time
 
+from rlpipe.rl.records import RolloutBatch, UpdateResult
+from rlpipe.rl.scoring import score_batch
+from rlpipe.tasks import make_task
 from rlpipe.trainer.actors.generator import Generator
 from rlpipe.trainer.actors.learner import Learner
 from rlpipe.trainer.actors.reference import ReferenceModel
 from rlpipe.trainer.profiling import Profiler
-from rlpipe.rl.records import RolloutBatch, UpdateResult
-from rlpipe.rl.scoring import score_batch
-from rlpipe.tasks import make_task
 from rlpipe.trainer.weight_sync import SyncStats, WeightReceiver, WeightSender, copy_weights
 
 

@@ -11,6 +11,7 @@ reproduces a ``colocated_sync`` run bit for bit.
 
 from __future__ import annotations
 
+from rlpipe.analysis.contract import DEVICE_CPU, DEVICE_GPU
 from rlpipe.trainer.actors.workers import ColocatedWorker
 from rlpipe.trainer.drivers.common import RunContext, train_batches
 
@@ -30,7 +31,7 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
                    for b in range(round_start, round_start + k)]
         if step == 0:
             ctx.writer.update_row(0, ctx.get(worker.initial_kl.remote(batches[0]), "initial KL"))
-        for b, batch in zip(range(round_start, round_start + k), batches):
+        for b, batch in zip(range(round_start, round_start + k), batches, strict=True):
             for sub in train_batches(batch, t, b):
                 step += 1
                 ctx.log_update(step, ctx.get(worker.update.remote(sub, step), f"update step {step}"), sub)
@@ -45,4 +46,4 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
             ctx.writer.flush()
     ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
     ctx.collect_validation()
-    return ctx.run_info(devices=max(1, min(gpus, 1)), device_type="gpu" if gpus else "cpu")
+    return ctx.run_info(devices=max(1, min(gpus, 1)), device_type=DEVICE_GPU if gpus else DEVICE_CPU)

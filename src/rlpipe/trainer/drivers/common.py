@@ -22,10 +22,12 @@ from pathlib import Path
 
 import ray
 
+from rlpipe.analysis.contract import CHECKPOINT_FILE
 from rlpipe.config import PipelineConfig, TrainConfig, to_dict
-from rlpipe.trainer.profiling import seconds_by_phase
 from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult
+from rlpipe.trainer.profiling import seconds_by_phase
 from rlpipe.trainer.run_writer import RunWriter
+from rlpipe.trainer.weight_sync import ray_actor_class
 
 
 class ActorFailure(RuntimeError):
@@ -71,8 +73,6 @@ class RunContext:
         return out
 
     def actor(self, cls, *, gpus: float, cpus: float, transport: str = "local", **kwargs):
-        from rlpipe.trainer.weight_sync import ray_actor_class
-
         # named "<variant>/<class>" so operators (and tests) can find the actors of a run
         opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": f"{self.variant}/{cls.__name__}"}
         return ray_actor_class(cls, transport).options(**opts).remote(**kwargs)
@@ -87,7 +87,7 @@ class RunContext:
         if step == 1 or step % self.train.log_rollouts_every == 0 or step == self.sizes.total_optimizer_steps:
             items = [{"prompt": p, "response": r, "reward": float(w), "ground_truth": g}
                      for p, r, w, g in list(zip(batch.prompts, batch.responses, batch.rewards.tolist(),
-                                                batch.ground_truths))[:: batch.group_size][:4]]
+                                                batch.ground_truths, strict=False))[:: batch.group_size][:4]]
             self.writer.add_rollouts(step, res.version, items)
 
     def log_sync(self, step: int, stats) -> None:
@@ -106,7 +106,7 @@ class RunContext:
         for e in events:
             by_step.setdefault(e.step, []).append(e)
         rows = sorted(self.writer.rows, key=lambda r: r["step"])
-        for prev, row in zip(rows, rows[1:]):
+        for prev, row in zip(rows, rows[1:], strict=False):
             if "_tokens" not in row:
                 continue
             row.update(seconds_by_phase(by_step.get(int(row["step"]), [])))
@@ -132,7 +132,7 @@ class RunContext:
     # -- checkpoints ------------------------------------------------------------------------------
     @property
     def checkpoint_path(self) -> Path:
-        return self.out_dir / "checkpoints" / "last.pt"
+        return self.out_dir / CHECKPOINT_FILE
 
     def checkpoint_due(self, first_step: int, last_step: int) -> bool:
         every = self.train.checkpoint_every

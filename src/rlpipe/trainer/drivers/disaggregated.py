@@ -1,7 +1,6 @@
 """Disaggregated, one-version-behind driver (seed 000 §3.3 Problem 8, seed 001 Problem 14).
 
 Generator and Learner are separate actors on separate devices. The loop, for rollout batch i:
-
     submit generate(i + 1)        # generator holds version i (batch i+1 is one version behind)
     train on batch i              # learner: version i -> i + 1, overlapping the generation
     wait for batch i + 1          # time/wait: generation the training did not hide
@@ -23,17 +22,18 @@ an integer and the importance ratio exact.
 
 from __future__ import annotations
 
+from rlpipe.analysis.contract import DEVICE_CPU, DEVICE_GPU
+from rlpipe.rl.records import RolloutBatch
+from rlpipe.rl.replay import ReplayBuffer
+from rlpipe.rl.scoring import score_batch
+from rlpipe.tasks import make_task
 from rlpipe.trainer.actors.workers import GeneratorWorker, LearnerWorker, Scorer
 from rlpipe.trainer.drivers.common import RunContext, train_batches
 from rlpipe.trainer.profiling import Profiler
-from rlpipe.rl.records import RolloutBatch
-from rlpipe.rl.scoring import score_batch
-from rlpipe.tasks import make_task
+from rlpipe.trainer.weight_sync import make_transport
 
 
 def run_disaggregated(ctx: RunContext, gpus: int) -> dict:
-    from rlpipe.trainer.weight_sync import make_transport
-
     t = ctx.train
     spb = ctx.sizes.train_steps_per_rollout_batch
     transport = make_transport(t.weight_sync)  # fails here, before any actor starts, if unavailable
@@ -56,7 +56,7 @@ def run_disaggregated(ctx: RunContext, gpus: int) -> dict:
         loop.run(next_batch, step)
     finally:
         transport.teardown()
-    return ctx.run_info(devices=2, device_type="gpu" if gpus else "cpu")
+    return ctx.run_info(devices=2, device_type=DEVICE_GPU if gpus else DEVICE_CPU)
 
 
 class _Loop:
@@ -135,7 +135,6 @@ class _Loop:
 def _make_buffer(train_cfg):
     if not train_cfg.replay.enabled:
         return None
-    from rlpipe.rl.replay import ReplayBuffer
 
     return ReplayBuffer.from_config(train_cfg.replay, seed=train_cfg.seed)
 

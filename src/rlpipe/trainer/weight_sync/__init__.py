@@ -122,6 +122,32 @@ from rlpipe.trainer.weight_sync.transports import (
 )
 
 __all__ = [
+    "ActorProbe",
+    "BackendUnavailableError",
+    "LAYOUT_KEY",
+    "LoadAck",
+    "LocalTransport",
+    "ObjectStoreTransport",
     "RDT_BACKENDS",
+    "RDT_TIMEOUT_ENV",
+    "RdtBackend",
+    "RdtTransport",
+    "SyncStats",
     "TRANSPORTS",
-    "ActorProbe", "BackendUnavailableError", "LAYOUT_KEY", "LoadAck", "LocalTransport", "ObjectStoreTransport", "RDT_TIMEOUT_ENV", "RdtBackend", "RdtTransport", "SyncStats", "Transport", "WeightReceiver", "WeightSender", "WeightSyncError", "WeightSyncTimeout", "actor_options", "check_backend", "copy_weights", "flat_weights", "layout_fingerprint", "make_transport", "pack_weights", "preflight", "ray_actor_class", "state_bytes", "weights_checksum"]
+    "Transport",
+    "WeightReceiver",
+    "WeightSender",
+    "WeightSyncError",
+    "WeightSyncTimeout",
+    "actor_options",
+    "check_backend",
+    "copy_weights",
+    "flat_weights",
+    "layout_fingerprint",
+    "make_transport",
+    "pack_weights",
+    "preflight",
+    "ray_actor_class",
+    "state_bytes",
+    "weights_checksum",
+]

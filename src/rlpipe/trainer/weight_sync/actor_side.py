@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
 from rlpipe.trainer.weight_sync.payload import (
     _load_into,
     _reusable,
@@ -17,7 +19,6 @@ from rlpipe.trainer.weight_sync.payload import (
     pack_weights,
     weights_checksum,
 )
-from torch import nn
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from rlpipe.trainer.weight_sync.errors import WeightSyncError
 from torch import nn
+
+from rlpipe.trainer.weight_sync.errors import WeightSyncError
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
+
 from rlpipe.trainer.weight_sync.actor_side import ActorProbe, LoadAck, WeightReceiver
 from rlpipe.trainer.weight_sync.backends import RDT_BACKENDS, check_backend
 from rlpipe.trainer.weight_sync.errors import (
@@ -26,7 +28,6 @@ from rlpipe.trainer.weight_sync.payload import (
     flat_weights,
     weights_checksum,
 )
-from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,10 @@ class Transport(ABC):
     def sync(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool = False) -> SyncStats:
         ...
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - optional hook: most transports hold nothing to release
         pass
 
-    def __enter__(self) -> "Transport":
+    def __enter__(self) -> Transport:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,195 @@
+"""The run-output contract: every name that crosses a stage boundary, declared once.
+
+A training run writes ``results/runs/<variant>/``; ``rlpipe aggregate`` reads those directories
+and writes ``results/summary/``; ``rlpipe plot`` draws ``results/figures/<kind>.<ext>`` from the
+summary; the Snakemake workflow declares all of them as outputs; the report text and the tests read
+them back. This module is the contract between those parties:
+
+- the trainer's writer (``rlpipe.trainer.run_writer``, phase names in ``rlpipe.trainer.profiling``),
+- aggregation (``rlpipe.analysis.aggregate``),
+- the figures (``rlpipe.analysis.plots``: ``KINDS`` must cover exactly ``FIGURES``),
+- the report text (``rlpipe.analysis.report_text``),
+- the workflow (``workflow/rules/common.smk`` imports ``RUN_FILES``, ``SUMMARY_FILES`` and
+  ``FIGURES``; ``workflow/report/<kind>.rst`` is each figure's caption),
+- and the tests (``tests/test_contract.py`` checks it against CONTRIBUTING.md "Run outputs", the
+  drivers, the plot functions and the captions).
+
+Rename a column, add a phase or a figure here and every party follows; a party that keeps its own
+copy of a name is a bug. Standard library only: the workflow imports this module at parse time and
+analysis must not pull in torch or ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import MappingProxyType
+
+# --------------------------------------------------------------------------- phases
+
+#: Every profiling phase an actor or the driver may record (``Profiler.phase(name, ...)``).
+PHASES = ("generate", "score", "ref_logprobs", "update", "weight_sync", "wait", "validate")
+#: Phases that overlap the actors' work (the driver blocked on a rollout batch): reported, but
+#: never stacked or counted in the shares.
+OVERLAPPING_PHASES = ("wait",)
+#: Phases whose summed seconds make up a run's phase stack (shares are of this stack).
+STACK_PHASES = tuple(p for p in PHASES if p not in OVERLAPPING_PHASES)
+#: The generation side (T_gen of the overlap bound) and the training side (T_train).
+GEN_PHASES = ("generate", "score")
+TRAIN_PHASES = ("ref_logprobs", "update")
+#: Phases with a per-step ``time/<phase>`` metrics column (validation runs every val_every steps
+#: and is not part of a step's time).
+TIMED_PHASES = tuple(p for p in PHASES if p != "validate")
+#: Per-step phases drawn as a stack (the timed phases that are stacked).
+STEP_STACK_PHASES = tuple(p for p in TIMED_PHASES if p in STACK_PHASES)
+#: Pseudo-phase of the summary: wall time not covered by the stack (colocated driver overhead).
+OTHER = "other"
+
+
+def metric_time_column(phase: str) -> str:
+    """The metrics.parquet column of a phase's seconds in one step: ``time/<phase>``."""
+    return f"time/{phase}"
+
+
+def phase_seconds_column(phase: str) -> str:
+    """The summary table (runs.parquet) column of a phase's total seconds: ``time_<phase>_s``."""
+    return f"time_{phase}_s"
+
+
+def phase_share_column(phase: str) -> str:
+    """The summary table (runs.parquet) column of a phase's share of the stack: ``share_<phase>``."""
+    return f"share_{phase}"
+
+
+# --------------------------------------------------------------------------- run directory
+
+METRICS_FILE = "metrics.parquet"
+EVENTS_FILE = "events.parquet"
+VERSIONS_FILE = "versions.parquet"
+ROLLOUTS_FILE = "rollouts.jsonl"
+RUN_INFO_FILE = "run_info.json"
+RUN_CONFIG_FILE = "config.yaml"  # the resolved config (its train section is the variant's)
+CHECKPOINT_DIR = "checkpoints"  # also holds the snapshot of the files above that resume reads
+CHECKPOINT_FILE = f"{CHECKPOINT_DIR}/last.pt"
+FINISHED_MARKER = f"{CHECKPOINT_DIR}/FINISHED"  # written by `rlpipe train` when the run finished
+FINGERPRINT_FILE = f"{CHECKPOINT_DIR}/FINGERPRINT"  # the settings the checkpoint belongs to
+
+#: The run's declared outputs (Snakemake's train_variant outputs; what aggregation reads), by key.
+#: config.yaml and checkpoints/ are not declared outputs: Snakemake deletes a failed job's outputs,
+#: and the checkpoint must survive that to be resumed.
+RUN_FILES = MappingProxyType({
+    "metrics": METRICS_FILE,
+    "events": EVENTS_FILE,
+    "versions": VERSIONS_FILE,
+    "rollouts": ROLLOUTS_FILE,
+    "info": RUN_INFO_FILE,
+})
+
+#: metrics.parquet: one row per optimizer step plus a step-0 row (initial validation). float64
+#: unless in METRIC_INT_COLUMNS; NaN when not measured at that step.
+METRIC_COLUMNS = (
+    "step", "policy_version", "wall_time", "samples",
+    "reward/train_mean", "reward/train_std", "reward/zero_std_frac", "reward/val_mean",
+    "loss/policy", "loss/clip_frac", "optim/grad_norm", "policy/entropy",
+    "kl/ref_log_ratio", "kl/ref_k3", "kl/prev_log_ratio", "kl/prev_k3", "response/length_mean",
+    *(metric_time_column(p) for p in TIMED_PHASES),
+    "perf/samples_per_s", "perf/tokens_per_s", "staleness/mean", "staleness/max",
+    "sync/bytes", "sync/seconds", "sync/gbps",
+    "replay/size", "replay/age_mean", "replay/age_max", "replay/reuse_mean",
+)
+METRIC_INT_COLUMNS = ("step", "policy_version", "samples")
+#: The KL estimators logged per step (seed 000 Eq. 8's log ratio and k3; to the reference / to
+#: the previous policy).
+KL_COLUMNS = ("kl/ref_log_ratio", "kl/ref_k3", "kl/prev_log_ratio", "kl/prev_k3")
+
+#: events.parquet: one row per profiling event; start / end in seconds since the run's start.
+EVENT_COLUMNS = ("phase", "actor", "start", "end", "step", "version")
+EVENT_INT_COLUMNS = ("step", "version")
+
+#: versions.parquet: every change of the policy version held by the generator or the learner.
+VERSION_COLUMNS = ("who", "version", "wall_time", "event")
+VERSION_INT_COLUMNS = ("version",)
+VERSION_HOLDERS = ("generator", "learner")
+
+#: rollouts.jsonl: one JSON object per logged example.
+ROLLOUT_KEYS = ("step", "version", "prompt", "response", "reward", "ground_truth")
+
+#: run_info.json, written when the run finishes.
+RUN_INFO_KEYS = ("variant", "mode", "devices", "device_type", "threads", "wall_time_s",
+                 "total_samples", "total_optimizer_steps", "transport", "backend", "finished")
+#: Extra keys the drivers add (k of colocated_k, replay enabled, the variant's train config).
+RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config")
+
+#: ``device_type`` values the drivers write: a run on GPUs is billed in GPU-hours, any other in
+#: device-hours (wall time x devices).
+DEVICE_CPU = "cpu"
+DEVICE_GPU = "gpu"
+DEVICE_TYPES = (DEVICE_CPU, DEVICE_GPU)
+
+
+def device_hours_unit(device_types: Iterable[object]) -> str:
+    """'GPU-hours' when any of these run_info ``device_type`` values is ``DEVICE_GPU``, else
+    'device-hours'."""
+    return "GPU-hours" if any(d == DEVICE_GPU for d in device_types) else "device-hours"
+
+
+# --------------------------------------------------------------------------- summary directory
+
+VARIANT_COLUMN = "variant"  # first column of every stacked summary frame
+
+#: results/summary/ data files (aggregate_metrics' plain outputs), by key.
+SUMMARY_FILES = MappingProxyType({
+    "metrics": "metrics.parquet",
+    "events": "events.parquet",
+    "versions": "versions.parquet",
+    "rollouts": "rollouts.parquet",
+    "runs": "runs.parquet",
+    "weight_sync": "weight_sync.parquet",
+    "table_csv": "summary.csv",
+    "discussion_json": "discussion.json",
+})
+#: results/summary/ pages shown in the report, by key.
+SUMMARY_REPORT_FILES = MappingProxyType({
+    "table_html": "summary.html",
+    "discussion_html": "discussion.html",
+})
+
+#: summary rollouts.parquet: the runs' rollouts.jsonl, flattened.
+SUMMARY_ROLLOUT_COLUMNS = (VARIANT_COLUMN, *ROLLOUT_KEYS)
+#: summary weight_sync.parquet: median sync latency per transport (``source`` run | bench).
+WEIGHT_SYNC_COLUMNS = ("source", "variant", "payload", "label", "median_s", "n", "bytes", "gbps", "note")
+
+
+# --------------------------------------------------------------------------- figures
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One report figure: its report category, its label, and its file extension."""
+
+    category: str
+    title: str
+    ext: str = "png"
+
+
+#: kind -> figure. ``rlpipe plot KIND`` draws ``results/figures/KIND.EXT`` with the function
+#: ``rlpipe.analysis.plots.KINDS[KIND]``; ``workflow/report/KIND.rst`` is its caption. Adding a
+#: figure is one entry here, one plot function and one caption.
+FIGURES = MappingProxyType({
+    "reward_vs_step": Figure("2 Reward and KL", "validation reward vs step"),
+    "reward_vs_time": Figure("2 Reward and KL", "validation reward vs wall-clock time"),
+    "kl": Figure("2 Reward and KL", "KL to reference and to previous policy"),
+    "phase_breakdown": Figure("3 Profiling", "time per phase, per variant"),
+    "phase_steps": Figure("3 Profiling", "per-step phase times (time series)"),
+    "timeline": Figure("3 Profiling", "timeline: onpolicy vs disaggregated"),
+    "throughput": Figure("4 Throughput and GPU-hours", "samples/s, speedup, GPU-hours"),
+    "weight_sync": Figure("5 Weight sync", "weight-sync latency per transport"),
+    "versions": Figure("6 Async versions and replay", "generator/learner policy versions"),
+    "replay": Figure("6 Async versions and replay", "replay buffer age and reuse"),
+    "rollouts": Figure("7 Example rollouts", "example rollouts before/after", "html"),
+})
+
+
+def figure_file(kind: str) -> str:
+    """File name of a figure under results/figures/: ``<kind>.<ext>``."""
+    return f"{kind}.{FIGURES[kind].ext}"

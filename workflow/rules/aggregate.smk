@@ -3,8 +3,6 @@
 
 
 # lint: conda (no environment on purpose, see common.smk)
-
-
 rule aggregate_metrics:
     input:
         runs=expand(res("runs", "{variant}", "run_info.json"), variant=VARIANTS),

@@ -4,8 +4,6 @@
 
 
 # lint: conda (no environment on purpose, see common.smk)
-
-
 rule bench_weight_sync:
     input:
         tests=tests_done(),
@@ -26,8 +24,6 @@ rule bench_weight_sync:
 
 
 # lint: conda (no environment on purpose, see common.smk)
-
-
 rule bench_sampler:
     input:
         tests=tests_done(),

@@ -87,10 +87,6 @@ def tests_done() -> list:
     return [ancient(res("tests", "junit.xml"))] if CFG.workflow.run_tests else []
 
 
-def tokenizer_arg() -> str:
-    return CFG.tokenizer.path or res("tokenizer", "tokenizer.json")
-
-
 def tokenizer_inputs() -> list:
     """The tokenizer file as an input, unless it is a spec such as 'tiktoken:gpt2'."""
     spec = CFG.tokenizer.path

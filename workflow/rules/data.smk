@@ -3,8 +3,6 @@
 
 
 # lint: conda (no environment on purpose, see common.smk)
-
-
 rule build_corpus:
     input:
         config=ancient(CONFIG_FILE),
@@ -21,8 +19,8 @@ rule build_corpus:
 
 if CFG.tokenizer.path is None:
 
-    # lint: conda (no environment on purpose, see common.smk)
 
+    # lint: conda (no environment on purpose, see common.smk)
     rule train_tokenizer:
         input:
             config=ancient(CONFIG_FILE),
@@ -39,8 +37,8 @@ if CFG.tokenizer.path is None:
 
 if CFG.model.base_checkpoint is None:
 
-    # lint: conda (no environment on purpose, see common.smk)
 
+    # lint: conda (no environment on purpose, see common.smk)
     rule pretrain_base:
         input:
             config=ancient(CONFIG_FILE),
@@ -64,8 +62,8 @@ if CFG.model.base_checkpoint is None:
 
 else:
 
-    # lint: conda (no environment on purpose, see common.smk)
 
+    # lint: conda (no environment on purpose, see common.smk)
     rule import_base:
         input:
             config=ancient(CONFIG_FILE),
@@ -82,8 +80,6 @@ else:
 
 
 # lint: conda (no environment on purpose, see common.smk)
-
-
 rule evaluate_base:
     # The base model's zero-shot keyword reward on 256 validation prompts; the log warns when it is
     # outside the band where GRPO has something to reinforce and room to improve.
@@ -105,8 +101,6 @@ rule evaluate_base:
 
 
 # lint: conda (no environment on purpose, see common.smk)
-
-
 rule build_keyword_dataset:
     input:
         config=ancient(CONFIG_FILE),

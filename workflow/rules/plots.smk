@@ -4,6 +4,7 @@
 
 for _kind, _fig in FIGURES.items():
 
+    # lint: conda (no environment on purpose, see common.smk)
     rule:
         name:
             f"plot_{_kind}"
@@ -19,7 +20,7 @@ for _kind, _fig in FIGURES.items():
             ),
         params:
             kind=_kind,
-            summary=res("summary"),
+            summary=lambda w, input: os.path.dirname(input.summary[0]),
         log:
             f"logs/plot_{_kind}/plot_{_kind}.log",
         shell:

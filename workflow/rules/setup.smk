@@ -2,8 +2,6 @@
 
 
 # lint: conda (no environment on purpose, see common.smk)
-
-
 rule write_config:
     output:
         CONFIG_FILE,
@@ -22,8 +20,8 @@ rule write_config:
 
 if CFG.workflow.run_tests:
 
-    # lint: conda (no environment on purpose, see common.smk)
 
+    # lint: conda (no environment on purpose, see common.smk)
     rule run_unit_tests:
         output:
             res("tests", "junit.xml"),

@@ -17,8 +17,6 @@
 
 
 # lint: conda (no environment on purpose, see common.smk)
-
-
 rule train_variant:
     input:
         unpack(train_inputs),

@@ -27,7 +27,9 @@ def _check_lengths(prompt: list, response: list) -> None:
 
 
 def _distance(prompt: list, response: list) -> int:
-    return sum(1 for x, y in zip(response, sorted(prompt), strict=True) if x == y)
+    # strict=False on purpose: the text wrappers score a response with fewer numbers than the
+    # prompt, and the missing positions earn nothing (the seed function checks lengths first).
+    return sum(1 for x, y in zip(response, sorted(prompt), strict=False) if x == y)
 
 
 def _inclusion_ordering(prompt: list, response: list) -> int:

@@ -36,7 +36,6 @@ report: "workflow/report/workflow.rst"
 
 localrules:
     all,
-    write_config,
 
 
 rule all:

@@ -5,6 +5,7 @@
 - ``write_config`` / ``make_dataset``: factories for trainer configs and keyword datasets.
 - ``make_runs``: synthetic ``results/runs/<variant>/`` directories with hand-computed numbers
   (documented in tests/test_aggregate.py, whose expected values depend on them).
+- ``dry_run``: reads the jobs a ``snakemake -n`` printout plans (rule, wildcards, resources).
 - ``one_torch_thread``: one intra-op thread for a module of tiny-model tests.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -235,3 +237,40 @@ def _make_runs(root: Path, variants=("onpolicy", "k2", "disagg"), device_type: s
 def make_runs():
     """``make_runs(root, variants=("onpolicy", "k2", "disagg"), device_type="cpu") -> root``."""
     return _make_runs
+
+
+# --------------------------------------------------------------------------- snakemake dry runs
+
+
+class DryRun:
+    """Parsers for a ``snakemake -n`` printout."""
+
+    @staticmethod
+    def jobs(output: str) -> list[dict]:
+        """Planned jobs (``all`` excluded): rule, wildcards and resources of each; ``[]`` when nothing
+        is to be done."""
+        out = []
+        for block in re.split(r"\n(?=(?:localrule|rule) \w+:)", output):
+            m = re.match(r"(?:localrule|rule) (\w+):", block)
+            if not m or m.group(1) == "all":
+                continue
+            job = {"rule": m.group(1)}
+            for key in ("wildcards", "resources"):
+                line = re.search(rf"^\s+{key}: (.*)$", block, re.M)
+                job[key] = dict(kv.split("=", 1) for kv in line.group(1).split(", ")) if line else {}
+            out.append(job)
+        return out
+
+    @classmethod
+    def rules(cls, output: str) -> set[str]:
+        return {j["rule"] for j in cls.jobs(output)}
+
+    @classmethod
+    def training_gpus(cls, output: str) -> dict[str, int]:
+        return {j["wildcards"]["variant"]: int(j["resources"]["gpu"]) for j in cls.jobs(output)
+                if j["rule"] == "train_variant"}
+
+
+@pytest.fixture(scope="session")
+def dry_run():
+    return DryRun

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -41,49 +40,30 @@ def workdir(tmp_path):
     return tmp_path
 
 
-def jobs(output: str) -> list[dict]:
-    """Jobs of a dry run's printout: rule, wildcards, resources (rule name and the key: value lines)."""
-    out = []
-    for block in re.split(r"\n(?=(?:localrule|rule) \w+:)", output):
-        m = re.match(r"(?:localrule|rule) (\w+):", block)
-        if not m:
-            continue
-        job = {"rule": m.group(1)}
-        for key in ("wildcards", "resources"):
-            line = re.search(rf"^\s+{key}: (.*)$", block, re.M)
-            job[key] = dict(kv.split("=", 1) for kv in line.group(1).split(", ")) if line else {}
-        out.append(job)
-    return out
-
-
-def training_gpus(output: str) -> dict[str, int]:
-    return {j["wildcards"]["variant"]: int(j["resources"]["gpu"]) for j in jobs(output) if j["rule"] == "train_variant"}
-
-
-def test_default_config_dag(workdir):
+def test_default_config_dag(workdir, dry_run):
     out = snakemake(workdir, "-n").stdout
-    assert training_gpus(out) == {v: 0 for v in ALL_VARIANTS}
-    rules = {j["rule"] for j in jobs(out)}
-    assert {"run_unit_tests", "write_config", "build_corpus", "train_tokenizer", "pretrain_base",
+    assert dry_run.training_gpus(out) == {v: 0 for v in ALL_VARIANTS}
+    rules = dry_run.rules(out)
+    assert {"run_unit_tests", "build_corpus", "train_tokenizer", "pretrain_base",
             "build_keyword_dataset", "bench_weight_sync", "bench_sampler", "aggregate_metrics"} <= rules
     assert {r for r in rules if r.startswith("plot_")} >= {"plot_kl", "plot_timeline", "plot_throughput"}
 
 
-def test_gpu_config_dag(workdir):
+def test_gpu_config_dag(workdir, dry_run):
     out = snakemake(workdir, "-n", "--configfile", "config/gpu.yaml").stdout
-    assert training_gpus(out) == {"onpolicy": 1, "k2": 1, "k4": 1, "k8": 1, "kl_penalty": 1,
+    assert dry_run.training_gpus(out) == {"onpolicy": 1, "k2": 1, "k4": 1, "k8": 1, "kl_penalty": 1,
                                   "disagg": 2, "disagg_rdt": 2, "replay": 2}
 
 
-def test_smoke_config_dag_skips_tests(workdir):
+def test_smoke_config_dag_skips_tests(workdir, dry_run):
     out = snakemake(workdir, "-n", "--configfile", "config/smoke.yaml").stdout
-    assert training_gpus(out) == {"onpolicy": 0, "k2": 0, "disagg": 0}
-    assert "run_unit_tests" not in {j["rule"] for j in jobs(out)}
+    assert dry_run.training_gpus(out) == {"onpolicy": 0, "k2": 0, "disagg": 0}
+    assert "run_unit_tests" not in dry_run.rules(out)
 
 
-def test_one_variant_target_schedules_only_it(workdir):
+def test_one_variant_target_schedules_only_it(workdir, dry_run):
     out = snakemake(workdir, "-n", "results/runs/k4/metrics.parquet").stdout
-    assert set(training_gpus(out)) == {"k4"}
+    assert set(dry_run.training_gpus(out)) == {"k4"}
     assert "aggregate_metrics" not in out
 
 
@@ -119,12 +99,8 @@ def fake_upstream(workdir: Path, variants, make_runs) -> None:
     (r / "bench/sampler.json").write_text(json.dumps({"tokens_per_s": 1000.0}))
 
 
-def scheduled(out: str) -> set[str]:
-    return {j["rule"] for j in jobs(out)} - {"all"}
-
-
 @pytest.mark.slow
-def test_analysis_half_runs_and_reports(workdir, tmp_path, make_runs):
+def test_analysis_half_runs_and_reports(workdir, tmp_path, make_runs, dry_run):
     # a private copy of the package, so the test can "edit" plots.py / aggregate.py (mtime)
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src" / "rlpipe", src / "rlpipe", ignore=shutil.ignore_patterns("__pycache__"))
@@ -141,20 +117,20 @@ def test_analysis_half_runs_and_reports(workdir, tmp_path, make_runs):
     for name in [*figures, "summary.html", "discussion.html"]:
         assert name in report, name
 
-    assert scheduled(snakemake(workdir, "-n", *smoke, env=env).stdout) == set()  # up to date
+    assert dry_run.rules(snakemake(workdir, "-n", *smoke, env=env).stdout) == set()  # up to date
     # Snakemake 9 compares input checksums, not just times: an edit must change the content
     plots_py, aggregate_py = src / "rlpipe/analysis/plots.py", src / "rlpipe/analysis/aggregate.py"
     original = plots_py.read_text()
     plots_py.write_text(original + "\n# edited\n")  # editing the plotting code reruns only the figures
-    assert scheduled(snakemake(workdir, "-n", *smoke, env=env).stdout) == {
+    assert dry_run.rules(snakemake(workdir, "-n", *smoke, env=env).stdout) == {
         f"plot_{f.rsplit('.', 1)[0]}" for f in figures}
     plots_py.write_text(original)
     aggregate_py.write_text(aggregate_py.read_text() + "\n# edited\n")  # summary + figures, no training
     out = snakemake(workdir, "-n", *smoke, env=env).stdout
-    assert "aggregate_metrics" in scheduled(out) and "train_variant" not in scheduled(out)
+    assert "aggregate_metrics" in dry_run.rules(out) and "train_variant" not in dry_run.rules(out)
     (workdir / "results/runs/k2/metrics.parquet").unlink()  # one variant lost: only it retrains
     out = snakemake(workdir, "-n", *smoke, env=env).stdout
-    assert set(training_gpus(out)) == {"k2"}
+    assert set(dry_run.training_gpus(out)) == {"k2"}
 
 
 FAKE_RLPIPE = """#!{python}
@@ -174,8 +150,9 @@ sys.exit(int(os.environ.get("FAKE_FAIL", "0")))
 
 
 def test_train_rule_hands_the_resume_decision_to_rlpipe(workdir, tmp_path, make_runs):
-    """The rule's shell is one call with ``--resume auto``; the decision itself (fingerprint,
-    FINISHED marker, checkpoint) is rlpipe.trainer.resume's, unit-tested in test_resume.py."""
+    """The rule's shell is one call: ``--resume never`` when the invocation forces the job, else
+    ``--resume auto``, and the decision itself (fingerprint, FINISHED marker, checkpoint) is
+    rlpipe.trainer.resume's, unit-tested in test_resume.py."""
 
     fake_upstream(workdir, ("onpolicy", "k2", "disagg"), make_runs)
     bin_dir = tmp_path / "bin"
@@ -187,14 +164,16 @@ def test_train_rule_hands_the_resume_decision_to_rlpipe(workdir, tmp_path, make_
            "FAKE_RUNS": str(make_runs(tmp_path / "template", ("k2",)))}
     target = "results/runs/k2/metrics.parquet"
 
-    def train(fail=False):
+    def train(fail=False, force=True):
         log.write_text("")
-        proc = snakemake(workdir, target, "--cores", "1", "--configfile", "config/smoke.yaml", "--forcerun", target,
+        forcing = ("--forcerun", target) if force else ()
+        proc = snakemake(workdir, target, "--cores", "1", "--configfile", "config/smoke.yaml", *forcing,
                          env={**env, "FAKE_FAIL": "1" if fail else "0"}, check=not fail)
         calls = log.read_text().splitlines()
         assert len(calls) == 1 and calls[0].startswith("train --config"), proc.stderr[-2000:]
         return calls[0]
 
-    assert train().endswith("--resume auto")
-    assert train(fail=True).endswith("--resume auto")
+    assert train().endswith("--resume never")  # a forced rerun starts afresh
+    assert train(fail=True).endswith("--resume never")
     assert (workdir / "results/runs/k2/checkpoints/last.pt").exists()  # a failed job keeps its checkpoint
+    assert train(force=False).endswith("--resume auto")  # rerun after the failure: rlpipe decides

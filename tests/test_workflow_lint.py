@@ -1,5 +1,9 @@
-"""``snakemake --lint``: the only lint left is the conda/container one, and every rule that gets it
-carries the ``# lint: conda`` comment that points to its justification in common.smk."""
+"""``snakemake --lint``: only justified lints are left, and every rule that gets one carries the
+``# lint: <what>`` comment that points to its justification in common.smk:
+
+- conda/container: every rule runs the rlpipe package of the project's virtual environment;
+- the shell uses the global ``CONFIG_FILE``: a param would rerun every stage on any config edit.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDA = "Specify a conda environment or container for each rule."
+CONFIG_GLOBAL = "Shell command directly uses variable CONFIG_FILE from outside of the rule"
+JUSTIFIED = {CONDA: "# lint: conda", CONFIG_GLOBAL: "# lint: CONFIG_FILE"}
 BLOCK = re.compile(r"^Lints for (rule (\S+) \(line (\d+), (.+?)\)|snakefile (.+?)):\n((?:    .*\n|\s*\n)*)", re.M)
 
 
@@ -31,14 +37,15 @@ def test_only_justified_lints_remain():
     assert blocks, text[-3000:]  # the conda lint is expected: an empty parse means the format changed
     problems = []
     for what, titles, line, path in blocks:
-        extra = [t for t in titles if t != CONDA]
+        extra = [t for t in titles if t not in JUSTIFIED]
         if extra:
             problems.append(f"{what}: {extra}")
         if line is not None:
             source = Path(path).read_text().splitlines()
-            above = source[max(0, line - 3):line - 1]
-            if not any("# lint: conda" in s for s in above):
-                problems.append(f"{what} ({path}:{line}): no '# lint: conda' comment above the rule")
+            above = source[max(0, line - 4):line - 1]
+            for title in set(titles) & set(JUSTIFIED):
+                if not any(JUSTIFIED[title] in s for s in above):
+                    problems.append(f"{what} ({path}:{line}): no '{JUSTIFIED[title]}' comment above the rule")
     assert not problems, "\n".join(problems)
 
 

@@ -1,4 +1,5 @@
-"""The CI smoke run: the whole workflow on config/smoke.yaml (minutes on 2 cores), then the report.
+"""The CI smoke run: the whole workflow on config/smoke.yaml (minutes on 2 cores), then the report,
+then what config edits rerun (dry runs against the real run's metadata).
 
 Runs in a temporary working directory holding a copy of config/, so the repository's results/
 are untouched. Needs the complete trainer (`rlpipe train`, pretraining, benchmarks).
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from rlpipe.analysis import contract
 
@@ -32,7 +34,7 @@ def run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.workflow
-def test_smoke_workflow_end_to_end(tmp_path):
+def test_smoke_workflow_end_to_end(tmp_path, dry_run):
     shutil.copytree(ROOT / "config", tmp_path / "config")
     run(tmp_path, "--cores", "2")
     results = tmp_path / "results"
@@ -68,3 +70,29 @@ def test_smoke_workflow_end_to_end(tmp_path):
     # nothing left to do: a second invocation schedules no job (no spurious params/code triggers)
     out = run(tmp_path, "-n", "--cores", "2").stdout
     assert "Nothing to be done" in out or "rule train_variant" not in out
+
+    # ---- a config edit reruns exactly what it affects, in the same invocation
+    smoke = yaml.safe_load((tmp_path / "config/smoke.yaml").read_text())
+
+    def plan(config: dict, *args: str) -> list[dict]:
+        path = tmp_path / "config" / "edited.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+               "--configfile", "config/edited.yaml", "-n", "--cores", "2", *args]
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=True)
+        return dry_run.jobs(proc.stdout)
+
+    reordered = dict(reversed(list(smoke.items())))  # every key in another order, values the same
+    reordered["model"] = {**smoke["model"], "overrides": dict(reversed(list(smoke["model"]["overrides"].items())))}
+    assert plan(reordered) == [], "reordering keys must rerun nothing"
+    edited = {**smoke, "train": {**smoke["train"], "learning_rate": 1e-3}}
+    rules = {j["rule"] for j in plan(edited)}
+    assert {"train_variant", "aggregate_metrics"} <= rules  # in this one invocation ...
+    assert not rules & {"build_corpus", "train_tokenizer", "pretrain_base"}  # ... and nothing upstream
+    trains = [j for j in plan(edited) if j["rule"] == "train_variant"]
+    assert {j["wildcards"]["variant"] for j in trains} == {"onpolicy", "k2", "disagg"}
+    assert all(j["resources"]["resume"] == "auto" for j in trains)  # a changed run: rlpipe decides
+    forced = [j for j in plan(smoke, "results/runs/k2/metrics.parquet", "--forcerun", "train_variant")
+              if j["rule"] == "train_variant"]
+    assert [(j["wildcards"]["variant"], j["resources"]["resume"]) for j in forced] == [("k2", "never")]
+

@@ -3,6 +3,10 @@
 Every file rlpipe writes goes through these helpers: the bytes land in a temporary file in the
 destination folder and are moved into place with ``os.replace``, so a crash or kill never leaves
 a half-written output that Snakemake (or a resumed run) would mistake for a finished one.
+
+A write that fails part-way (disk full, file-size limit, I/O error) raises ``OutputWriteError``
+naming the destination; the temporary file is removed and the destination keeps its previous
+content, so a later step (or ``--resume``) still reads the last complete version.
 """
 
 from __future__ import annotations
@@ -16,11 +20,24 @@ from pathlib import Path
 from typing import Any
 
 
+class OutputWriteError(OSError):
+    """Writing an output failed part-way; the message names the file. The destination was left
+    as it was (its previous content, or absent) and the temporary file was removed."""
+
+
+def _write_failed(dest: Path, cause: BaseException) -> OutputWriteError:
+    err = OutputWriteError(f"could not write {dest}: {cause} (disk full or file-size limit? "
+                           f"{dest.name} keeps its previous content; the partial temporary file was removed)")
+    err.errno = getattr(cause, "errno", None)  # kept for callers that test it (ENOSPC, EFBIG)
+    return err
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success move it onto ``path``.
 
-    On an exception the temporary file is removed and ``path`` is left untouched.
+    On an exception the temporary file is removed and ``path`` is left untouched; an ``OSError``
+    (disk full, ``RLIMIT_FSIZE``, ...) becomes an ``OutputWriteError`` naming ``path``.
     """
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -30,9 +47,12 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     try:
         yield tmp_path
         os.replace(tmp_path, dest)
+    except OutputWriteError:
+        raise
+    except OSError as e:
+        raise _write_failed(dest, e) from e
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        tmp_path.unlink(missing_ok=True)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -66,7 +86,10 @@ def torch_save(path: str | os.PathLike, obj: Any) -> None:
     import torch
 
     with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+        try:
+            torch.save(obj, tmp)
+        except RuntimeError as e:  # torch's zip writer reports a failed write as a RuntimeError
+            raise _write_failed(Path(path), e) from e
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

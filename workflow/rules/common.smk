@@ -4,15 +4,27 @@
 # `snakemake --lint` asks for a conda environment or container per job. rlpipe has none on purpose:
 # every rule runs the `rlpipe` command of the package installed in the project's virtual environment
 # (README set-up), so pyproject.toml pins the software of all rules at once. Each rule carries a
-# `# lint: conda` comment pointing here; that is the only lint left.
+# `# lint: conda` comment pointing here. Rules that read the config file carry a second comment,
+# `# lint: CONFIG_FILE`: their shell uses that global instead of a param, because the path changes with
+# any config edit and a param would rerun every stage (see the rerun policy below).
 #
-# Rerun policy (why params look the way they do): every command reads the one resolved config file
-# written by `write_config`, which it takes as an `ancient()` input, so rewriting that file after
-# an unrelated edit triggers nothing. Instead each rule declares the config sections it depends on
-# as `params`, and Snakemake's params rerun trigger reruns exactly the stages whose settings
-# changed: editing `train.*` or one variant reruns the affected variants, not pretraining.
+# Rerun policy (why params and the config file look the way they do):
+# - Every command reads the resolved config from a content-addressed file,
+#   results/config/pipeline-<hash>.yaml, written here when the workflow is parsed (atomically, only if
+#   absent) and passed as a param, never as an input. An edit therefore gives a new file and changes
+#   no input, and a lost .snakemake directory can never leave a command reading a stale config.
+# - Every stage declares the config sections it depends on as `params`, in canonical JSON (sorted
+#   keys, so reordering YAML keys changes nothing), and Snakemake's params trigger reruns exactly the stages
+#   whose settings changed, in the same invocation: editing `train.*` or one variant reruns the
+#   affected variants, not pretraining. (An upstream job that only writes a shared config file would
+#   mask this: Snakemake does not check the params of jobs downstream of a job that must rerun when
+#   they reach it only through ancient() inputs, so the edit took two invocations to apply.)
+# - The unit-test gate is still an ancient() input of training: rerunning the tests (their params or
+#   junit.xml changed) does not retrain. The masking above applies to that one case only.
 
+import hashlib
 import importlib.util
+import json
 import os
 import re
 from pathlib import Path
@@ -20,6 +32,7 @@ from pathlib import Path
 import yaml
 from snakemake.exceptions import WorkflowError
 
+from rlpipe import io
 from rlpipe.config import ConfigError, parse_config, resolve_variant, to_dict, variant_gpus
 
 # An overlay config (`--configfile config/smoke.yaml`) switches a variant of the base table off with
@@ -34,8 +47,10 @@ except ConfigError as e:
 RESULTS = CFG.workflow.results_dir.rstrip("/")
 VARIANTS = list(CFG.variants)
 REPO = Path(workflow.basedir)
-CONFIG_FILE = f"{RESULTS}/config/pipeline.yaml"
 CONFIG_TEXT = yaml.safe_dump(to_dict(CFG), sort_keys=False)
+CONFIG_FILE = f"{RESULTS}/config/pipeline-{hashlib.sha256(CONFIG_TEXT.encode()).hexdigest()[:16]}.yaml"
+if not os.path.exists(CONFIG_FILE):
+    io.write_text(CONFIG_FILE, CONFIG_TEXT)
 # File names of a run directory (RUN_FILES: train_variant's declared outputs), of results/summary
 # (SUMMARY_FILES, SUMMARY_REPORT_FILES) and the figures (FIGURES: kind -> Figure(category, title,
 # ext)) come from the run-output contract, which the trainer's writer, aggregation, the plots and
@@ -64,13 +79,34 @@ def module_file(name: str) -> str:
     return spec.origin
 
 
-def section_params(*sections: str) -> dict:
+def canonical(value) -> str:
+    """Parsed config values as canonical JSON: params compare as text, so key order must not count."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def section_params(*sections: str) -> str:
     """The config sections a stage depends on (a params value: a change reruns the stage)."""
-    return {s: to_dict(getattr(CFG, s)) for s in sections}
+    return canonical({s: to_dict(getattr(CFG, s)) for s in sections})
 
 
-def variant_train(variant: str) -> dict:
-    return to_dict(resolve_variant(CFG, variant))
+def variant_train(variant: str) -> str:
+    return canonical(to_dict(resolve_variant(CFG, variant)))
+
+
+def forced(rule: str, outputs) -> bool:
+    """Whether this invocation forces the job (--forcerun RULE or one of its outputs, -f on its
+    outputs, -F). Training reads it as a resource, because resources are no rerun trigger."""
+    ds = workflow.dag_settings
+    targets = {str(t) for t in getattr(ds, "targets", ()) or ()}
+    outs = {str(o) for o in outputs}
+    return bool(ds.forceall or rule in ds.forcerun or outs & {str(f) for f in ds.forcerun}
+                or (ds.forcetargets and outs & targets))
+
+
+def resume_mode(wildcards) -> str:
+    """`rlpipe train --resume`: a forced rerun starts afresh; otherwise (a first run, changed
+    settings, --rerun-incomplete after a crash) rlpipe.trainer.resume decides."""
+    return "never" if forced("train_variant", run_outputs(wildcards.variant).values()) else "auto"
 
 
 def reference_variant() -> str:
@@ -114,7 +150,6 @@ def bench_device() -> str:
 
 def train_inputs(wildcards) -> dict:
     inputs = {
-        "config": ancient(CONFIG_FILE),
         "base": res("base", "model.pt"),
         "tests": tests_done(),
     }

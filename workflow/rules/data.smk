@@ -3,9 +3,9 @@
 
 
 # lint: conda (no environment on purpose, see common.smk)
+# lint: CONFIG_FILE (a global, not a param: see common.smk)
 rule build_corpus:
     input:
-        config=ancient(CONFIG_FILE),
         source=optional_file(CFG.data.corpus_path),
     output:
         res("data", "corpus.txt"),
@@ -14,16 +14,16 @@ rule build_corpus:
     log:
         "logs/build_corpus/build_corpus.log",
     shell:
-        "rlpipe build-corpus --config {input.config} --out {output} > {log} 2>&1"
+        "rlpipe build-corpus --config {CONFIG_FILE} --out {output} > {log} 2>&1"
 
 
 if CFG.tokenizer.path is None:
 
 
     # lint: conda (no environment on purpose, see common.smk)
+    # lint: CONFIG_FILE (a global, not a param: see common.smk)
     rule train_tokenizer:
         input:
-            config=ancient(CONFIG_FILE),
             corpus=res("data", "corpus.txt"),
         output:
             res("tokenizer", "tokenizer.json"),
@@ -32,16 +32,16 @@ if CFG.tokenizer.path is None:
         log:
             "logs/train_tokenizer/train_tokenizer.log",
         shell:
-            "rlpipe train-tokenizer --config {input.config} --corpus {input.corpus} --out {output} > {log} 2>&1"
+            "rlpipe train-tokenizer --config {CONFIG_FILE} --corpus {input.corpus} --out {output} > {log} 2>&1"
 
 
 if CFG.model.base_checkpoint is None:
 
 
     # lint: conda (no environment on purpose, see common.smk)
+    # lint: CONFIG_FILE (a global, not a param: see common.smk)
     rule pretrain_base:
         input:
-            config=ancient(CONFIG_FILE),
             corpus=res("data", "corpus.txt"),
             tokenizer=tokenizer_inputs(),
         output:
@@ -57,16 +57,16 @@ if CFG.model.base_checkpoint is None:
         benchmark:
             "benchmarks/pretrain_base/pretrain_base.tsv"
         shell:
-            "rlpipe pretrain --config {input.config} --corpus {input.corpus} "
+            "rlpipe pretrain --config {CONFIG_FILE} --corpus {input.corpus} "
             "--tokenizer {params.tokenizer} --out {output} > {log} 2>&1"
 
 else:
 
 
     # lint: conda (no environment on purpose, see common.smk)
+    # lint: CONFIG_FILE (a global, not a param: see common.smk)
     rule import_base:
         input:
-            config=ancient(CONFIG_FILE),
             checkpoint=CFG.model.base_checkpoint,
             tokenizer=tokenizer_inputs(),
         output:
@@ -76,15 +76,15 @@ else:
         log:
             "logs/import_base/import_base.log",
         shell:
-            "rlpipe import-base --config {input.config} --out {output} > {log} 2>&1"
+            "rlpipe import-base --config {CONFIG_FILE} --out {output} > {log} 2>&1"
 
 
 # lint: conda (no environment on purpose, see common.smk)
+# lint: CONFIG_FILE (a global, not a param: see common.smk)
 rule evaluate_base:
     # The base model's zero-shot keyword reward on 256 validation prompts; the log warns when it is
     # outside the band where GRPO has something to reinforce and room to improve.
     input:
-        config=ancient(CONFIG_FILE),
         base=res("base", "model.pt"),
         val=res("data", "keywords", "val.jsonl"),
     output:
@@ -96,14 +96,14 @@ rule evaluate_base:
     log:
         "logs/evaluate_base/evaluate_base.log",
     shell:
-        "rlpipe eval-base --config {input.config} --checkpoint {input.base} --dataset {params.dataset} "
+        "rlpipe eval-base --config {CONFIG_FILE} --checkpoint {input.base} --dataset {params.dataset} "
         "--n 256 --out {output} > {log} 2>&1"
 
 
 # lint: conda (no environment on purpose, see common.smk)
+# lint: CONFIG_FILE (a global, not a param: see common.smk)
 rule build_keyword_dataset:
     input:
-        config=ancient(CONFIG_FILE),
         keywords=optional_file(CFG.data.keywords_path),
     output:
         train=res("data", "keywords", "train.jsonl"),
@@ -115,4 +115,4 @@ rule build_keyword_dataset:
     log:
         "logs/build_keyword_dataset/build_keyword_dataset.log",
     shell:
-        "rlpipe build-dataset --config {input.config} --out {params.out} > {log} 2>&1"
+        "rlpipe build-dataset --config {CONFIG_FILE} --out {params.out} > {log} 2>&1"

@@ -1,21 +1,4 @@
-# The resolved config every command reads, and the unit tests that gate all training.
-
-
-# lint: conda (no environment on purpose, see common.smk)
-rule write_config:
-    output:
-        CONFIG_FILE,
-    params:
-        # the whole resolved config: rewritten whenever any value changes (consumers take it as
-        # ancient() and track their own sections, see common.smk)
-        text=CONFIG_TEXT,
-    log:
-        "logs/write_config/write_config.log",
-    run:
-        from rlpipe import io
-
-        io.write_text(output[0], params.text)
-        io.write_text(log[0], f"wrote {output[0]}\n")
+# The unit tests that gate all training (the resolved config is written by common.smk).
 
 
 if CFG.workflow.run_tests:

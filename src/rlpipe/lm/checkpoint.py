@@ -13,12 +13,19 @@ pickled object is refused). ``extra`` is checked at save time for the same reaso
 raised before the file is written, not a surprise at resume time. Weights are stored on CPU so a
 GPU checkpoint loads on a CPU-only machine. Writes are atomic (``rlpipe.io.torch_save``).
 Loading checks every parameter and reports all missing, unexpected and mis-shaped names at once.
+
+Broken files fail with a ``CheckpointError`` naming the file and the cause (not a zip archive:
+empty, truncated or another kind of file; a damaged archive; pickled objects) instead of a
+torch/pickle error. Non-finite weights are refused in both directions: ``save_checkpoint`` never
+replaces a good checkpoint with a NaN/inf one (it raises before writing), and loading a poisoned
+file raises, so a diverged run can never be resumed from it.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +84,28 @@ def _check_loadable(obj: Any, where: str) -> None:
     )
 
 
+def non_finite_tensors(tensors: dict, limit: int = 5) -> list[str]:
+    """Names (with counts) of up to ``limit`` floating tensors in ``tensors`` (a state dict, or
+    nested dicts/lists of tensors such as an optimizer state) holding NaN or inf values."""
+    bad: list[str] = []
+
+    def walk(obj, name: str) -> None:
+        if len(bad) >= limit:
+            return
+        if isinstance(obj, torch.Tensor):
+            if obj.is_floating_point() and not bool(torch.isfinite(obj).all()):
+                bad.append(f"{name} ({int((~torch.isfinite(obj)).sum())} of {obj.numel()} values)")
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{name}.{k}" if name else str(k))
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(v, f"{name}[{i}]")
+
+    walk(tensors, "")
+    return bad
+
+
 def save_checkpoint(path, model: nn.Module, *, tokenizer, optimizer=None, extra: dict | None = None) -> None:
     """Write ``model`` (a ``TransformerLM``), its config and ``tokenizer`` (a path/spec string or a
     ``Tokenizer``, whose ``.spec`` is stored) to ``path`` atomically."""
@@ -96,6 +125,10 @@ def save_checkpoint(path, model: nn.Module, *, tokenizer, optimizer=None, extra:
     opt_state = optimizer.state_dict() if optimizer is not None else None
     if opt_state is not None:
         _check_loadable(opt_state, "optimizer")
+    bad = non_finite_tensors(model.state_dict()) + non_finite_tensors({"optimizer": opt_state or {}})
+    if bad:
+        raise CheckpointError(f"refusing to write checkpoint {path}: non-finite (NaN/inf) values in "
+                              f"{', '.join(bad)}; the previous file, if any, is kept")
     payload = {
         "format": FORMAT,
         "version": VERSION,
@@ -112,12 +145,21 @@ def _read(path, device) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is not ours
+        with open(path, "rb") as f:
+            head = f.read(16)
+        raise CheckpointError(
+            f"checkpoint {path} is not a torch checkpoint file ({path.stat().st_size} bytes starting "
+            f"{head!r}: not a zip archive, so it is empty, truncated or another kind of file)"
+        )
     try:
         payload = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"checkpoint {path} was refused by weights-only loading (it holds pickled objects): {e}"
         ) from e
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"checkpoint {path} is damaged or truncated: {e}") from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an rlpipe checkpoint (no format={FORMAT!r} marker)")
     if payload.get("version") != VERSION:
@@ -127,6 +169,9 @@ def _read(path, device) -> dict:
     missing = [k for k in ("model_config", "model") if k not in payload]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {missing}")
+    bad = non_finite_tensors(payload["model"]) + non_finite_tensors({"optimizer": payload.get("optimizer") or {}})
+    if bad:
+        raise CheckpointError(f"checkpoint {path} is poisoned: non-finite (NaN/inf) values in {', '.join(bad)}")
     return payload
 
 

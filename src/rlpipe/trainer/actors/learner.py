@@ -21,6 +21,12 @@ How this departs from the seed skeleton, and why:
   batches several versions old, unweighted k3 read 147 where the log-ratio estimate read 9.4,
   because exp(log pi_ref/pi_t) is huge on old tokens that pi_t has since learned to avoid.
 - Staleness per row = learner version when the row is trained - version that generated it.
+- Divergence stops the run (``NonFiniteLossError``, naming the optimizer step): a non-finite loss
+  or gradient norm (weights not updated), or, after the update, a non-finite parameter or
+  non-finite log-probs on the step's response tokens (weights so large that the model no longer
+  gives a distribution: ``train.learning_rate: 1e12`` does this in one step). A learner that
+  diverged refuses to save, and ``save_checkpoint`` itself refuses non-finite weights, so
+  ``last.pt`` is always the last checkpoint taken after a finite step.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
+from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, non_finite_tensors, save_checkpoint
 from rlpipe.lm.device import autocast, resolve_device, setup_process
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.rl.grpo import (
@@ -47,7 +53,10 @@ from rlpipe.trainer.profiling import Profiler
 
 
 class NonFiniteLossError(RuntimeError):
-    pass
+    """Training diverged (NaN/inf loss, gradient, weights or log-probs); the message names the step."""
+
+
+REQUIRED_EXTRA = ("step", "next_batch", "samples", "version")  # what a resumable checkpoint carries
 
 
 @dataclass
@@ -96,6 +105,7 @@ class Learner:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=train_cfg.learning_rate,
                                      weight_decay=train_cfg.weight_decay, betas=tuple(train_cfg.betas))
         self.version = 0
+        self.diverged: str | None = None  # why the weights can no longer be trusted (set on divergence)
         self.prof = profiler or Profiler("learner")
         self.version_log: list[VersionEvent] = [VersionEvent("learner", 0, time.time(), "init")]
 
@@ -109,14 +119,21 @@ class Learner:
             t = build_train_tensors(batch, self.pad_id).to(self.device)
             ref = None if ref_log_probs is None else ref_log_probs.to(self.device)
             staleness = (self.version - batch.versions()).float()  # (B,)
-            metrics, pre_lp = self._accumulate_gradients(t, ref)
+            metrics, pre_lp = self._accumulate_gradients(t, ref, step)
             metrics["optim/grad_norm"] = self._optimizer_step(step)
-            metrics.update(self._kl_metrics(t, pre_lp, ref))
+            metrics.update(self._kl_metrics(t, pre_lp, ref, step))
         metrics["staleness/mean"] = float(staleness.mean())
         metrics["staleness/max"] = float(staleness.max())
         return UpdateResult(self.version, metrics, len(batch), int(t.response_mask.sum()))
 
-    def _accumulate_gradients(self, t: TrainTensors, ref: torch.Tensor | None):
+    def _diverged(self, step: int, what: str, updated: bool) -> NonFiniteLossError:
+        self.diverged = f"optimizer step {step}: {what}"
+        kept = ("the weights were updated and are now unusable" if updated else "the weights were not updated")
+        return NonFiniteLossError(f"training diverged at optimizer step {step} (learner version {self.version}): "
+                                  f"{what}; {kept}. Lower train.learning_rate (now {self.cfg.learning_rate:g}); "
+                                  "the last checkpoint on disk is from an earlier, finite step")
+
+    def _accumulate_gradients(self, t: TrainTensors, ref: torch.Tensor | None, step: int):
         c, mb = self.cfg, self.sizes.micro_train_batch_size
         gas = c.gradient_accumulation_steps
         self.model.train()
@@ -135,8 +152,7 @@ class Learner:
                 normalize_constant=c.normalize_constant or float(c.sampling_max_tokens),
                 ref_log_probs=None if ref is None else ref[sl], kl_coef=c.kl_coef)
             if not torch.isfinite(loss):
-                raise NonFiniteLossError(f"non-finite loss {float(loss)} at learner version {self.version}; "
-                                         "weights were not updated (last good checkpoint kept)")
+                raise self._diverged(step, f"non-finite loss {float(loss)}", updated=False)
             pre_lp[sl] = lp.detach()
             sums["loss/policy"] += float(loss)
             sums["loss/clip_frac"] += float(md.get("loss/clip_frac", 0.0)) / gas
@@ -147,20 +163,28 @@ class Learner:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
         if not math.isfinite(grad_norm):
             self.opt.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(f"non-finite gradient norm at learner version {self.version}; "
-                                     "weights were not updated (last good checkpoint kept)")
+            raise self._diverged(step, f"non-finite gradient norm {grad_norm}", updated=False)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        bad = non_finite_tensors(dict(self.model.named_parameters()), limit=3)
+        if bad:
+            raise self._diverged(step, f"the update made parameters non-finite: {', '.join(bad)}", updated=True)
         self.version += 1
         self.version_log.append(VersionEvent("learner", self.version, time.time(), "optimizer_step"))
         return grad_norm
 
     @torch.no_grad()
-    def _kl_metrics(self, t: TrainTensors, pre_lp: torch.Tensor, ref: torch.Tensor | None) -> dict[str, float]:
+    def _kl_metrics(self, t: TrainTensors, pre_lp: torch.Tensor, ref: torch.Tensor | None,
+                    step: int) -> dict[str, float]:
         self.model.eval()
         with autocast(self.device, self.cfg.dtype):
             post = response_log_probs(self.model, t, self.cfg.sampling_temperature)["log_probs"].float()
         self.model.train()
+        n_bad = int((~torch.isfinite(post) & t.response_mask).sum())
+        if n_bad:  # finite but exploded weights: the policy no longer gives a distribution
+            biggest = max(float(p.detach().abs().max()) for p in self.model.parameters())
+            raise self._diverged(step, f"after the update the policy's log-probs are non-finite on {n_bad} "
+                                       f"response tokens (largest |weight| {biggest:.3g})", updated=True)
         w = kl_importance_weights(post, t.old_log_probs)  # (B, T)
         out = {}
         for est in ("log_ratio", "k3"):
@@ -183,11 +207,17 @@ class Learner:
         return self.model.state_dict()
 
     def save(self, path: str, extra: dict) -> None:
+        if self.diverged:
+            raise CheckpointError(f"refusing to write checkpoint {path}: training diverged at {self.diverged}; "
+                                  "the previous checkpoint is kept")
         extra = dict(extra, version=self.version, torch_rng=torch.get_rng_state())
         save_checkpoint(path, self.model, tokenizer=self.tokenizer_ref, optimizer=self.opt, extra=extra)
 
     def restore(self, path: str) -> dict:
-        ckpt = load_checkpoint(path, device=self.device)
+        ckpt = load_checkpoint(path, device=self.device)  # refuses a damaged or poisoned (NaN/inf) file
+        missing = [k for k in REQUIRED_EXTRA if k not in ckpt.extra]
+        if missing:
+            raise CheckpointError(f"checkpoint {path} is not a resumable trainer checkpoint: extra lacks {missing}")
         self.model.load_state_dict(ckpt.model.state_dict())
         if ckpt.optimizer_state is not None:
             self.opt.load_state_dict(ckpt.optimizer_state)

@@ -11,6 +11,14 @@ Driver-side conventions (the metrics are only comparable across variants because
 - Validation runs on the generator, so it measures exactly the weights the generator holds: in
   colocated k-step runs that is at round ends (the first round end at or after each multiple of
   ``val_every``), plus step 0 and the final step.
+
+Failures (every message names the step; the resume advice is given only when a checkpoint exists):
+- an actor that dies (``ActorFailure``) names its role (generator, learner, scorer, colocated
+  worker), the call and the last completed optimizer step; an actor that does not answer within
+  ``train.ray_timeout_s`` likewise;
+- divergence in the learner (``TrainingDiverged``) names the step; nothing is checkpointed after it;
+- an actor's failing checkpoint write or read (``OutputWriteError``, ``CheckpointError``) is
+  re-raised in the driver as that type, naming the file, without the remote traceback.
 """
 
 from __future__ import annotations
@@ -24,14 +32,30 @@ import ray
 
 from rlpipe.analysis.contract import CHECKPOINT_FILE
 from rlpipe.config import PipelineConfig, TrainConfig, to_dict
+from rlpipe.io import OutputWriteError
+from rlpipe.lm.checkpoint import CheckpointError
 from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult
+from rlpipe.trainer.actors.learner import NonFiniteLossError
+from rlpipe.trainer.drivers.progress import ProgressPrinter
 from rlpipe.trainer.profiling import seconds_by_phase
 from rlpipe.trainer.run_writer import RunWriter
-from rlpipe.trainer.weight_sync import ray_actor_class
+from rlpipe.trainer.weight_sync import WeightSyncError, ray_actor_class
 
 
 class ActorFailure(RuntimeError):
-    pass
+    """An actor died or did not answer in time; the message names it and the step."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The learner hit a NaN/inf loss, gradient, weight or log-prob; the message names the step."""
+
+
+#: what a failing actor is called in messages, by actor class
+ROLES = {"ColocatedWorker": "colocated worker (generator + learner)", "LearnerWorker": "learner",
+         "GeneratorWorker": "generator", "Scorer": "scorer"}
+#: errors raised inside an actor that are re-raised in the driver as themselves (their message is
+#: complete: it names the file), instead of Ray's wrapper with the remote traceback
+_PASS_THROUGH = (CheckpointError, OutputWriteError)
 
 
 @dataclass
@@ -53,18 +77,55 @@ class RunContext:
         self.writer = RunWriter(self.out_dir)
         self.sizes = self.train.derived()
         self.driver_events: list[PhaseEvent] = []
+        self.step = 0  # last optimizer step whose result the driver has
+        self.checkpoint_step: int | None = None  # step of the checkpoint on disk (this run's)
+        self.roles: dict[str, str] = {}  # actor id (hex) -> "learner (<variant>/LearnerWorker)"
+        self.progress = ProgressPrinter(self.variant, self.sizes.total_optimizer_steps,
+                                        versions=self.train.mode == "disaggregated")
+        self._new_versions: list = []
 
     # -- Ray --------------------------------------------------------------------------------------
     def get(self, ref, what: str):
-        """``ray.get`` with the configured timeout; a dead or stuck actor becomes a clear error."""
+        """``ray.get`` with the configured timeout; a dead or stuck actor, a diverged learner and a
+        failed checkpoint write become clear errors (see the module docstring)."""
         try:
             return ray.get(ref, timeout=self.train.ray_timeout_s)
         except ray.exceptions.GetTimeoutError as e:
             raise ActorFailure(f"{what}: no answer within train.ray_timeout_s={self.train.ray_timeout_s}s "
-                               "(actor stuck or overloaded)") from e
+                               f"(actor stuck or overloaded){self._where()}. {self.resume_advice()}") from e
         except ray.exceptions.RayActorError as e:
-            raise ActorFailure(f"{what}: the actor died ({type(e).__name__}); see the Ray logs above. "
-                               "Rerun with --resume to continue from the last checkpoint") from e
+            raise ActorFailure(f"{what}: the {self.role_of(e)} actor died ({type(e).__name__}){self._where()}; "
+                               f"see the Ray logs above. {self.resume_advice()}") from e
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, NonFiniteLossError):
+                raise TrainingDiverged(f"{what}: {cause}") from None
+            if isinstance(cause, _PASS_THROUGH):
+                raise type(cause)(f"{what}: {cause}") from None
+            raise
+
+    def role_of(self, err) -> str:
+        """The role of the actor an error comes from, e.g. ``learner (v/LearnerWorker)``."""
+        return self.roles.get(getattr(err, "actor_id", None) or "", "unknown")
+
+    def _where(self) -> str:
+        return f" after optimizer step {self.step} of {self.sizes.total_optimizer_steps}"
+
+    def resume_advice(self) -> str:
+        if self.checkpoint_step is not None and self.checkpoint_path.is_file():
+            return (f"Rerun with --resume to continue from {self.checkpoint_path} "
+                    f"(optimizer step {self.checkpoint_step})")
+        return (f"No checkpoint was written yet (train.checkpoint_every={self.train.checkpoint_every}): "
+                "rerun without --resume to start afresh")
+
+    def sync(self, transport, sender, receivers, step: int):
+        """``transport.sync`` with a failure named like ``get``'s (the dead actor and the step)."""
+        try:
+            return transport.sync(sender, receivers, step)
+        except WeightSyncError as e:
+            dead = e.__cause__ if isinstance(e.__cause__, ray.exceptions.RayActorError) else None
+            who = f"; the {self.role_of(dead)} actor died" if dead is not None else ""
+            raise ActorFailure(f"weight sync after optimizer step {step}: {e}{who}. {self.resume_advice()}") from e
 
     def wait_get(self, ref, what: str, step: int, version: int):
         start = time.time()
@@ -74,11 +135,15 @@ class RunContext:
 
     def actor(self, cls, *, gpus: float, cpus: float, transport: str = "local", **kwargs):
         # named "<variant>/<class>" so operators (and tests) can find the actors of a run
-        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": f"{self.variant}/{cls.__name__}"}
-        return ray_actor_class(cls, transport).options(**opts).remote(**kwargs)
+        name = f"{self.variant}/{cls.__name__}"
+        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": name}
+        handle = ray_actor_class(cls, transport).options(**opts).remote(**kwargs)
+        self.roles[handle._actor_id.hex()] = f"{ROLES.get(cls.__name__, cls.__name__)} ({name})"
+        return handle
 
     # -- logging ----------------------------------------------------------------------------------
     def log_update(self, step: int, res: UpdateResult, batch: RolloutBatch) -> None:
+        self.step = step
         self.samples += res.samples
         self.tokens += res.tokens
         self.writer.add_row({"step": step, "policy_version": res.version,
@@ -101,6 +166,7 @@ class RunContext:
         for phase_events, version_events in logs:
             events = events + list(phase_events)
             self.writer.add_versions(version_events)
+            self._new_versions += [e for e in version_events if e.event in ("optimizer_step", "load_weights")]
         self.writer.add_events(events)
         by_step: dict[int, list[PhaseEvent]] = {}
         for e in events:
@@ -113,6 +179,27 @@ class RunContext:
             dt = max(row["wall_time"] - prev["wall_time"], 1e-9)
             row["perf/samples_per_s"] = (row["samples"] - prev["samples"]) / dt
             row["perf/tokens_per_s"] = row.pop("_tokens") / dt
+
+    def end_round(self, first_step: int, step: int, next_batch: int, generator, learner) -> None:
+        """After a round's steps are finalized: validation (on ``generator``), a checkpoint (of
+        ``learner``) or a flush, then the progress lines of steps ``first_step..step``."""
+        if self.validation_due(first_step, step):
+            self.submit_validation(generator, step)
+        if self.checkpoint_due(first_step, step):
+            self.save_checkpoint(learner, step, next_batch)
+        else:
+            self.collect_validation()
+            self.writer.flush()
+        self.report(first_step, step)
+
+    def report(self, first_step: int, last_step: int) -> None:
+        """Progress lines for completed steps, with the version changes logged since the last call."""
+        for e in sorted(self._new_versions, key=lambda e: e.wall_time):
+            self.progress.version(e.who, e.version, self.writer.rel(e.wall_time))
+        self._new_versions = []
+        for row in sorted(self.writer.rows, key=lambda r: r["step"]):
+            if first_step <= row["step"] <= last_step:
+                self.progress.step(row)
 
     # -- validation -------------------------------------------------------------------------------
     def validation_due(self, first_step: int, last_step: int) -> bool:
@@ -140,20 +227,26 @@ class RunContext:
             last_step == self.sizes.total_optimizer_steps
 
     def save_checkpoint(self, learner, step: int, next_batch: int) -> None:
+        """Snapshot the outputs, then the learner writes ``last.pt`` (the snapshot always covers the
+        checkpoint's step; resume cuts it there). The learner refuses non-finite weights, and it
+        only gets here after finite steps (divergence raises before)."""
         self.collect_validation()
         self.writer.flush(snapshot=True)
         self.get(learner.save.remote(str(self.checkpoint_path),
                                      {"step": step, "next_batch": next_batch, "samples": self.samples,
-                                      "wall_time": self.writer.rel(time.time())}), "checkpoint")
+                                      "wall_time": self.writer.rel(time.time())}), f"checkpoint at step {step}")
+        self.checkpoint_step = step
 
     def restore(self, learner) -> tuple[int, int]:
         """(next rollout batch, last optimizer step) to continue from; (0, 0) on a fresh run."""
         if not (self.resume and self.checkpoint_path.exists()):
             return 0, 0
-        extra = self.get(learner.restore.remote(str(self.checkpoint_path)), "restore checkpoint")
+        extra = self.get(learner.restore.remote(str(self.checkpoint_path)), f"restore {self.checkpoint_path}")
         step = int(extra["step"])
         self.writer.resume_from(step)
         self.samples = int(extra["samples"])
+        self.step = self.checkpoint_step = step
+        self.progress.started(step, self.writer.rel(time.time()))
         return int(extra["next_batch"]), step
 
     def begin(self, generator) -> None:
@@ -163,6 +256,7 @@ class RunContext:
         self.submit_validation(generator, 0)
         self.collect_validation()
         self.writer.t0 = time.time()
+        self.report(0, 0)
 
     def run_info(self, devices: int, device_type: str) -> dict:
         ws = self.train.weight_sync

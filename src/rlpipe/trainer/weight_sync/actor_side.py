@@ -13,10 +13,12 @@ import torch
 from torch import nn
 
 from rlpipe.trainer.weight_sync.payload import (
+    ShmPayload,
     _load_into,
     _reusable,
     flat_weights,
     pack_weights,
+    shm_payload,
     weights_checksum,
 )
 
@@ -94,13 +96,24 @@ class WeightSender(_WeightActor):
         self._weight_sync_pack = pack_weights(flat, device, into)
         return self._weight_sync_pack
 
+    def export_weights_shm(self, pack: bool | None = None) -> ShmPayload:
+        """The object-store payload (``shm_payload``): ``uint8`` numpy buffers that Ray stores out of
+        band, so the receiver reads them from shared memory without a deserialising copy. CPU
+        models send views of their own tensors (``pack=None``): Ray copies them into the object
+        store when this task returns, before the actor can run an optimizer step. Models off the
+        CPU (or ``pack=True``) are packed into a CPU buffer that is refilled on every call."""
+        payload, self._weight_sync_shm_pack = shm_payload(
+            flat_weights(self.model), pack, getattr(self, "_weight_sync_shm_pack", None))
+        return payload
+
 
 class WeightReceiver(_WeightActor):
     """Mixin for actors that receive weights (the Generator). Must be RDT-enabled for rdt."""
 
     weights_version: int = -1
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int, checksum: bool = False) -> LoadAck:
+    def load_weights(self, state: dict[str, torch.Tensor] | ShmPayload, version: int,
+                     checksum: bool = False) -> LoadAck:
         t0 = time.perf_counter()
         nbytes = _load_into(flat_weights(self.model), state)
         self.weights_version = version

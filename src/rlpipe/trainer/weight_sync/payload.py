@@ -1,13 +1,16 @@
-"""Weight payloads: flattening, packing into one buffer per dtype, in-place loading, checksums, sync stats."""
+"""Weight payloads: flattening, packing into one buffer per dtype, shared-memory (object store)
+payloads, in-place loading, checksums, sync stats."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -33,6 +36,14 @@ def flat_weights(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def _dtype(key: str) -> torch.dtype:
+    """``torch.float32`` from its ``str`` (the keys of a packed payload)."""
+    dt = getattr(torch, key.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise WeightSyncError(f"packed weights: {key!r} names no torch dtype")
+    return dt
 
 
 def weights_checksum(state: dict[str, torch.Tensor] | nn.Module) -> str:
@@ -85,6 +96,68 @@ def pack_weights(flat: dict[str, torch.Tensor], device: torch.device | str,
     return out
 
 
+@dataclass
+class ShmPayload:
+    """An object-store payload that Ray keeps in shared memory and hands to the receiver without a
+    copy: every buffer is a 1-D ``uint8`` numpy array, which Ray's pickle5 serialiser stores out of
+    band, so the receiver gets a read-only view into the object store (plasma) and copies from it
+    straight into its own tensors. Torch tensors would instead be pickled in band: a copy into the
+    object store, a deserialising copy on the receiver, per tensor, plus the in-place load.
+
+    ``packed=False``: one buffer per tensor, keyed by name, each a *view* of the sender's CPU
+    tensor, so the only sender-side copy is Ray's into shared memory when the task returns.
+    ``packed=True``: ``pack_weights`` buffers keyed by dtype (``"torch.float32"``), in a reused CPU
+    buffer: for models off the CPU, where a view is impossible and one copy into warm memory beats
+    a fresh CPU tensor per parameter. ``layout`` is ``layout_fingerprint`` of the sender's flat
+    weights; the bytes carry no dtype or shape, so the receiver checks it before reading them."""
+
+    layout: int
+    packed: bool
+    buffers: dict[str, np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(b.nbytes) for b in self.buffers.values())
+
+
+def _bytes_view(t: torch.Tensor) -> np.ndarray:
+    """(N,) uint8 numpy view of a CPU tensor's bytes (a copy only off the CPU or if not contiguous)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def shm_payload(flat: dict[str, torch.Tensor], pack: bool | None = None,
+                into: dict[str, torch.Tensor] | None = None) -> tuple[ShmPayload, dict[str, torch.Tensor] | None]:
+    """``(payload, pack)`` for the object store. ``pack=None`` packs only when some tensor is off the
+    CPU; otherwise the buffers are views of ``flat``. ``into``: the previous pack, refilled when its
+    layout matches (always safe: Ray copies a task's return value into the object store before the
+    task returns, so nothing references the pack afterwards). Returns the pack to keep for reuse."""
+    layout = layout_fingerprint(flat)
+    if pack is None:
+        pack = any(t.device.type != "cpu" for t in flat.values())
+    if not pack:
+        return ShmPayload(int(layout.item()), False, {n: _bytes_view(t) for n, t in flat.items()}), None
+    if into is not None and int(into[LAYOUT_KEY].item()) != int(layout.item()):
+        into = None
+    packed = pack_weights(flat, "cpu", into)
+    bufs = {k: _bytes_view(b) for k, b in packed.items() if k != LAYOUT_KEY}
+    return ShmPayload(int(layout.item()), True, bufs), packed
+
+
+def _shm_tensors(dst: dict[str, torch.Tensor], payload: ShmPayload) -> dict[str, torch.Tensor]:
+    """Torch views (no copy) of ``payload``'s buffers shaped like ``dst``, after the layout check."""
+    if payload.layout != int(layout_fingerprint(dst).item()):
+        raise WeightSyncError("shared-memory weights have another layout than the receiver's model (names, dtypes "
+                              "or shapes differ): sender and receiver must build the same architecture")
+    with warnings.catch_warnings():
+        # Ray's views into the object store are read-only; they are only ever read (copy_ sources)
+        warnings.filterwarnings("ignore", message=".*not writable", category=UserWarning)
+        bufs = {k: torch.from_numpy(b) for k, b in payload.buffers.items()}
+    if payload.packed:
+        typed = {k: b.view(_dtype(k)) for k, b in bufs.items()}
+        return _unpack(dst, {**typed, LAYOUT_KEY: torch.tensor([payload.layout], dtype=torch.int64)})
+    return {n: bufs[n].view(d.dtype).view(d.shape) for n, d in dst.items()}
+
+
 def _reusable(payload: dict[str, torch.Tensor] | None, flat: dict[str, torch.Tensor], device: Any,
               wait_s: float) -> bool:
     """Whether a previous RDT pack may be refilled: same layout and device, and Ray has released
@@ -122,10 +195,13 @@ def _unpack(dst: dict[str, torch.Tensor], payload: dict[str, torch.Tensor]) -> d
     return out
 
 
-def _load_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> int:
-    """Copy ``src`` (named tensors, or a ``pack_weights`` payload) into ``dst`` in place; names,
-    shapes and dtypes must match exactly. Returns the payload bytes."""
-    nbytes = state_bytes({k: v for k, v in src.items() if k != LAYOUT_KEY})
+def _load_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor] | ShmPayload) -> int:
+    """Copy ``src`` (named tensors, a ``pack_weights`` payload or a ``ShmPayload``) into ``dst`` in
+    place; names, shapes and dtypes must match exactly. Returns the payload bytes."""
+    if isinstance(src, ShmPayload):
+        nbytes, src = src.nbytes, _shm_tensors(dst, src)
+    else:
+        nbytes = state_bytes({k: v for k, v in src.items() if k != LAYOUT_KEY})
     if LAYOUT_KEY in src:
         src = _unpack(dst, src)
     if dst.keys() != src.keys():

@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -122,12 +122,31 @@ class _RayTransport(Transport):
         return _stats(self.name, self.backend, version, results[0].bytes, len(results), start, t0, sums)
 
 
+# object-store payloads: how the sender's task returns the weights (``ObjectStoreTransport(payload=)``)
+OBJECT_STORE_PAYLOADS: dict[str, Callable[[Any], Any]] = {
+    # ShmPayload: uint8 numpy views of the model's CPU tensors (packed off the CPU); zero-copy reads
+    "shared": lambda sender: sender.export_weights_shm.remote(None),
+    # ShmPayload packed per dtype even on CPU: one more copy on the sender (measured in the bench)
+    "packed": lambda sender: sender.export_weights_shm.remote(True),
+    # named torch tensors: pickled in band, copied out again on the receiver (the naive baseline)
+    "tensors": lambda sender: sender.export_weights.remote("cpu", False),
+}
+
+
 class ObjectStoreTransport(_RayTransport):
+    """Ray's object store. The default ``payload="shared"`` returns a ``ShmPayload``: the receiver
+    reads the weights from shared memory with no deserialising copy and copies them in place."""
+
     name = "object_store"
 
+    def __init__(self, timeout_s: float, backend: str | None = None, payload: str = "shared"):
+        if payload not in OBJECT_STORE_PAYLOADS:
+            raise ValueError(f"object_store payload {payload!r} is not one of {list(OBJECT_STORE_PAYLOADS)}")
+        super().__init__(timeout_s, None)
+        self.payload = payload
+
     def _export(self, sender: Any, receivers: Sequence[Any]) -> Any:
-        # no clone: returning the tensors serialises (copies) them into the object store
-        return sender.export_weights.remote("cpu", False)  # named tensors: packing would add a copy
+        return OBJECT_STORE_PAYLOADS[self.payload](sender)
 
 
 class RdtTransport(_RayTransport):

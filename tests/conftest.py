@@ -2,7 +2,8 @@
 
 - ``ray_session``: one local Ray instance for every trainer test.
 - ``tiny_base``: a briefly trained micro TransformerLM and a keyword dataset (trainer tests).
-- ``write_config`` / ``make_dataset``: factories for trainer configs and keyword datasets.
+- ``write_config`` / ``make_dataset`` / ``make_base``: factories for trainer configs, keyword datasets
+  and micro base models.
 - ``make_runs``: synthetic ``results/runs/<variant>/`` directories with hand-computed numbers
   (documented in tests/test_aggregate.py, whose expected values depend on them).
 - ``dry_run``: reads the jobs a ``snakemake -n`` printout plans (rule, wildcards, resources).
@@ -146,6 +147,12 @@ def write_config():
     """``write_config(path, train=None, variants=None, **sections) -> path``: a trainer config with
     tiny sizes (``BASE_TRAIN``) and the test variants (``VARIANTS``)."""
     return _write_config
+
+
+@pytest.fixture(scope="session")
+def make_base():
+    """``make_base(dir, pretrain_steps=300, **model_overrides) -> (checkpoint, tokenizer)``."""
+    return _make_base
 
 
 @pytest.fixture(scope="session")

@@ -136,6 +136,43 @@ def test_bench_reader_rlpipe_bench_format(tmp_path):
     assert any("needs 2 GPU" in x for x in sec["sentences"])
 
 
+def _sweep_payload(nbytes: int, obj_s: float, gloo_s: float, memcpy_s: float) -> dict:
+    return {"bytes": nbytes, "memcpy_cpu": {"seconds": memcpy_s, "gbps": nbytes / memcpy_s / 1e9, "repeats": 50},
+            "transports": {"object_store@cpu": {"median_s": obj_s, "all_s": [obj_s] * 3},
+                           "object_store/tensors@cpu": {"median_s": 4 * obj_s, "all_s": [4 * obj_s] * 3},
+                           "rdt/gloo@cpu": {"median_s": gloo_s, "all_s": [gloo_s] * 3}}}
+
+
+def test_bench_sweep_memcpy_rows_and_cpu_verdict(tmp_path):
+    """The sweep shape: the memcpy bound becomes a row; the report compares the best object-store
+    path with the best RDT backend per payload, names the CPU winner and the memcpy multiples."""
+    payload = {"payloads": {"model": _sweep_payload(5 * 10**6, 0.01, 0.02, 0.001),
+                            "synthetic_1MB": _sweep_payload(10**6, 0.008, 0.016, 0.0001),
+                            "synthetic_100MB": _sweep_payload(10**8, 0.05, 0.2, 0.015)}}
+    p = tmp_path / "weight_sync.json"
+    p.write_text(json.dumps(payload))
+    df = aggregate.read_bench_weight_sync(p)
+    big = df[df["payload"] == "synthetic_100MB"].set_index("label")
+    assert big.loc["memcpy@cpu", "median_s"] == pytest.approx(0.015) and big.loc["memcpy@cpu", "n"] == 50
+    assert big.loc["rdt/gloo@cpu", "gbps"] == pytest.approx(0.5)  # 1e8 B / 0.2 s
+    sec = report_text.rdt_section(df)
+    nums, text = sec["numbers"], " ".join(sec["sentences"])
+    assert nums["rdt_gain_bench"] == pytest.approx(0.5)  # first group (model): 0.01 / 0.02
+    assert nums["cpu_rdt_over_object_store"] == pytest.approx(4.0)  # largest payload: 0.2 / 0.05
+    assert nums["cpu_best_fraction_of_memcpy"] == pytest.approx(0.3)  # 0.015 / 0.05
+    assert "object_store 50 ms (2 GB/s, 0.3 of memcpy)" in text and "in-run memcpy bound 15 ms (6.67 GB/s)" in text
+    assert "On CPU the object store wins at every benchmarked payload (synthetic_1MB, model, synthetic_100MB)" in text
+    assert "RDT's best latency is 2.00x to 4.00x the best object-store path's" in text
+    assert "costs 3.3 memcpys of the payload and rdt/gloo 13" in text and "Why:" in text
+    assert "memcpy@cpu" not in text  # the bound is not listed as a transport
+    # RDT faster at the largest payload: the verdict and the why flip with the numbers
+    payload["payloads"]["synthetic_100MB"] = _sweep_payload(10**8, 0.2, 0.05, 0.015)
+    p.write_text(json.dumps(payload))
+    text = " ".join(report_text.rdt_section(aggregate.read_bench_weight_sync(p))["sentences"])
+    assert "the winner depends on the payload: the object store wins at synthetic_1MB, model, RDT at synthetic_100MB" \
+        in text and "RDT sends the tensors straight" in text
+
+
 def test_bench_error_record_is_kept_with_reason(tmp_path):
     p = tmp_path / "weight_sync.json"
     p.write_text(json.dumps([{"transport": "rdt", "backend": "nccl", "error": "needs 2 GPUs"}]))

@@ -121,3 +121,37 @@ def test_foreign_files_are_rejected(tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
     with pytest.raises(TypeError, match="TransformerLM"):
         save_checkpoint(tmp_path / "y.pt", torch.nn.Linear(2, 2), tokenizer=None)
+
+
+@pytest.mark.parametrize("content, cause", [
+    (b"not a checkpoint", "not a torch checkpoint file"),  # another kind of file
+    (b"", "not a torch checkpoint file"),  # empty
+    ("half", "not a torch checkpoint file"),  # truncated: the zip's central directory is gone
+])
+def test_unreadable_files_name_the_file_and_the_cause(tmp_path, content, cause):
+    model, _ = _trained_model_and_optimizer()
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, model, tokenizer=None)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if content == "half" else content)
+    with pytest.raises(CheckpointError, match=cause) as err:
+        load_checkpoint(path)
+    assert str(path) in str(err.value)
+
+
+def test_non_finite_weights_are_never_written_and_never_loaded(tmp_path):
+    model, opt = _trained_model_and_optimizer()
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, model, tokenizer=None, optimizer=opt, extra={"step": 3})
+    before = path.read_bytes()
+    with torch.no_grad():
+        model.layers[1].ffn.w2.weight[0, 0] = float("inf")
+    with pytest.raises(CheckpointError, match=r"refusing to write .*last.pt.*layers\.1\.ffn\.w2\.weight \(1 of"):
+        save_checkpoint(path, model, tokenizer=None, optimizer=opt, extra={"step": 4})
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    # a file poisoned some other way (written by an older rlpipe, or by hand) is refused on load
+    payload = torch.load(path, weights_only=True)
+    payload["model"]["layers.0.attn.q_proj.weight"] = torch.full((16, 16), float("nan"))
+    torch_save(path, payload)
+    with pytest.raises(CheckpointError, match=r"last.pt is poisoned.*layers\.0\.attn\.q_proj\.weight \(256 of 256"):
+        load_checkpoint(path)

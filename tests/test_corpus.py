@@ -11,7 +11,7 @@ import pytest
 from rlpipe.config import ConfigError, DataConfig, PipelineConfig
 from rlpipe.lm.documents import DOC_SEPARATOR, iter_tinystories
 from rlpipe.tasks.keyword.corpus import StoryGenerator, build_corpus, iter_documents, main, split_sentences
-from rlpipe.tasks.keyword.prompt import format_prompt, load_templates
+from rlpipe.tasks.keyword.prompt import format_keyword_prompt, load_templates
 from rlpipe.tasks.keyword.vocabulary import load_keywords, mentions, with_article
 
 
@@ -106,7 +106,7 @@ def test_prompt_documents_hit_rate_and_format():
     hits = 0
     for d in prompt_docs:
         assert d.text.startswith(d.prompt)
-        assert d.prompt in {format_prompt(t, list(d.keywords)) for t in templates}  # the GRPO prompt, exactly
+        assert d.prompt in {format_keyword_prompt(t, list(d.keywords)) for t in templates}  # the GRPO prompt, exactly
         story = d.text[len(d.prompt):]
         assert "\n" not in story
         early = " ".join(split_sentences(story)[:2])

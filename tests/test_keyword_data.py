@@ -10,7 +10,7 @@ import pytest
 from rlpipe.config import ConfigError, DataConfig, PipelineConfig
 from rlpipe.io import read_jsonl
 from rlpipe.tasks.keyword.dataset import KeywordExample, build_dataset, load_split, main
-from rlpipe.tasks.keyword.prompt import format_prompt, load_templates
+from rlpipe.tasks.keyword.prompt import format_keyword_prompt, load_templates
 from rlpipe.tasks.keyword.vocabulary import load_keywords, mentions
 
 
@@ -23,15 +23,15 @@ def test_templates_file():
     assert len(templates) >= 5 and len(set(templates)) == len(templates)
     assert all("{keywords}" in t for t in templates)
     # Seed 000's example prompt is the first template.
-    assert format_prompt(templates[0], ["apple"]) == "Write a story that includes the word: apple\n"
+    assert format_keyword_prompt(templates[0], ["apple"]) == "Write a story that includes the word: apple\n"
 
 
 def test_format_prompt_joins_keywords_and_pluralises():
     t = "Write a story that includes the word{s}: {keywords}"
-    assert format_prompt(t, ["apple", "red"]) == "Write a story that includes the words: apple, red\n"
-    assert format_prompt(t, ["a", "b", "c"]) == "Write a story that includes the words: a, b, c\n"
+    assert format_keyword_prompt(t, ["apple", "red"]) == "Write a story that includes the words: apple, red\n"
+    assert format_keyword_prompt(t, ["a", "b", "c"]) == "Write a story that includes the words: a, b, c\n"
     with pytest.raises(ValueError):
-        format_prompt(t, [])
+        format_keyword_prompt(t, [])
 
 
 def test_bad_template_file(tmp_path):
@@ -69,7 +69,7 @@ def test_jsonl_records(dataset):
         for r in read_jsonl(out / f"{split}.jsonl"):
             assert set(r) == {"prompt", "keywords", "answer", "template"}
             assert len(r["keywords"]) == 1 and r["keywords"][0] in keywords
-            assert r["prompt"] == format_prompt(templates[r["template"]], r["keywords"])
+            assert r["prompt"] == format_keyword_prompt(templates[r["template"]], r["keywords"])
             assert r["prompt"].endswith("\n") and r["prompt"].count("\n") == 1
             assert all(mentions(r["answer"], k) for k in r["keywords"])
 

@@ -16,7 +16,7 @@ from rlpipe.tasks import REWARD_FNS, SORT_REWARD_FNS
 from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn, mentions_keyword
 from rlpipe.tasks.math import grader as rewards
 from rlpipe.tasks.math.grader import last_boxed
-from rlpipe.tasks.math.prompt import format_prompt, load_prompt
+from rlpipe.tasks.math.prompt import format_math_prompt, load_prompt
 from rlpipe.tasks.math.reward import question_only_reward_fn, r1_zero_reward_fn
 from rlpipe.tasks.sorting.reward import (
     sort_distance_reward,
@@ -44,18 +44,18 @@ def test_prompts_load_from_package_data_and_format():
     assert r1_zero.endswith("Assistant: <think>")  # the model continues inside <think>
     assert "{question}" in r1_zero and "<answer> </answer>" in r1_zero and "<think> </think>" in r1_zero
     q = r"What is $\frac{1}{2} + \frac{1}{4}$? Use {braces}."
-    p = format_prompt("r1_zero", q)
+    p = format_math_prompt("r1_zero", q)
     assert f"User: {q}\nAssistant: <think>" in p  # braces in the question survive (no str.format)
     assert p.index("User:") < p.index("Assistant: <think>") and p.endswith("Assistant: <think>")
     assert load_prompt("question_only") == "{question}"
-    assert format_prompt("question_only", q) == q
+    assert format_math_prompt("question_only", q) == q
 
 
 def test_prompt_errors_name_the_bad_value():
     with pytest.raises(ValueError, match="nope"):
         load_prompt("nope")
     with pytest.raises(TypeError, match="question"):
-        format_prompt("r1_zero", None)
+        format_math_prompt("r1_zero", None)
 
 
 def test_registry():

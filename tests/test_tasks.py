@@ -31,4 +31,13 @@ def test_sorting_task_rewards():
     ex = task.train_examples()[0]
     assert task.reward(" ".join(map(str, sorted(ex.ground_truth))), ex.ground_truth)["reward"] == 1.0
     assert task.reward("", ex.ground_truth)["reward"] == 0.0
-    assert set(TASKS) == {"keyword_inclusion", "sorting"}
+
+
+def test_registry_matches_the_config_choices():
+    """Every task the config accepts is registered, and every registered task can be configured."""
+    from typing import get_args
+
+    from rlpipe.config import TrainConfig
+
+    assert set(TASKS) == set(get_args(TrainConfig.model_fields["task"].annotation)) == {
+        "keyword_inclusion", "sorting", "math"}

@@ -14,6 +14,8 @@ from rlpipe.trainer.weight_sync import (
     ActorProbe,
     BackendUnavailableError,
     LocalTransport,
+    ObjectStoreTransport,
+    ShmPayload,
     WeightReceiver,
     WeightSender,
     WeightSyncTimeout,
@@ -178,6 +180,9 @@ def test_preflight_on_this_host():
 
 def test_registry_and_options():
     assert set(TRANSPORTS) == {"local", "object_store", "rdt"}
+    assert make_transport(WeightSyncConfig(transport="object_store", timeout_s=1)).payload == "shared"
+    with pytest.raises(ValueError, match="payload"):
+        ObjectStoreTransport(1, payload="pickle")
     assert actor_options("rdt") == {"enable_tensor_transport": True, "max_concurrency": 1}
     assert actor_options("object_store") == {}
     with pytest.raises(ValueError, match="backend"):
@@ -200,9 +205,33 @@ class Learner(WeightSender):
 class Generator(WeightReceiver):
     def __init__(self):
         self.model = TiedNet(22)
+        self.seen: tuple[str, list[bool]] = ("", [])
 
     def state(self):
         return self.model.state_dict()
+
+    def pointers(self):
+        return {k: v.data_ptr() for k, v in self.model.state_dict().items()}
+
+    def load_weights(self, state, version, checksum=False):
+        bufs = state.buffers.values() if isinstance(state, ShmPayload) else []
+        self.seen = (type(state).__name__, [bool(b.flags.writeable) for b in bufs])
+        return super().load_weights(state, version, checksum)
+
+    def last_payload(self):
+        return self.seen
+
+
+class BigLearner(Learner):
+    def __init__(self):
+        torch.manual_seed(1)
+        self.model = nn.Linear(512, 512)
+
+
+class BigGen(Generator):
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Linear(512, 512)
 
 
 class Stuck(WeightReceiver):
@@ -233,15 +262,22 @@ def actors(ray_session):
         ray.kill(h)
 
 
+TRANSPORT_CASES = {  # every path the trainer or the bench can take on CPU
+    "object_store": lambda: make_transport(WeightSyncConfig(transport="object_store", timeout_s=60)),
+    "object_store-packed": lambda: ObjectStoreTransport(60, payload="packed"),
+    "object_store-tensors": lambda: ObjectStoreTransport(60, payload="tensors"),
+    "rdt-gloo": lambda: make_transport(WeightSyncConfig(transport="rdt", backend="gloo", timeout_s=60)),
+}
+
+
 @pytest.mark.ray
-@pytest.mark.parametrize("cfg", [WeightSyncConfig(transport="object_store", timeout_s=60),
-                                 WeightSyncConfig(transport="rdt", backend="gloo", timeout_s=60)],
-                         ids=["object_store", "rdt-gloo"])
-def test_sync_is_bit_identical(actors, cfg):
+@pytest.mark.parametrize("case", list(TRANSPORT_CASES))
+def test_sync_is_bit_identical(actors, case):
     import ray
 
     learner, gen = actors["learner"], actors["gen"]
-    with make_transport(cfg) as t:
+    ptrs = ray.get(gen.pointers.remote())
+    with TRANSPORT_CASES[case]() as t:
         t.setup(learner, [gen])
         stats = t.sync(learner, [gen], version=1, checksum=True)
         ray.get(learner.step.remote())  # mutate after the sync: the receiver must keep version 1
@@ -252,7 +288,26 @@ def test_sync_is_bit_identical(actors, cfg):
     want = ray.get(learner.export_weights.remote())
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert stats2.bytes == sum(v.numel() * v.element_size() for v in want.values())
-    assert (stats2.transport, stats2.backend) == (cfg.transport, cfg.backend if cfg.transport == "rdt" else None)
+    assert (stats2.transport, stats2.backend) == (("rdt", "gloo") if case == "rdt-gloo" else ("object_store", None))
+    assert ray.get(gen.pointers.remote()) == ptrs  # loaded in place: every tensor kept its storage
+
+
+@pytest.mark.ray
+def test_object_store_payload_is_read_from_shared_memory_without_a_copy(actors):
+    """The default object-store payload reaches the receiver as read-only views into Ray's shared
+    memory (pickle5 out-of-band buffers), not as deserialised copies."""
+    import ray
+
+    # 1 MB: above Ray's 100 KB limit for objects inlined into the task reply, so in shared memory
+    learner, gen = (ray_actor_class(c, "object_store").options(num_cpus=0).remote() for c in (BigLearner, BigGen))
+    t = make_transport(WeightSyncConfig(transport="object_store", timeout_s=60))
+    t.setup(learner, [gen])
+    stats = t.sync(learner, [gen], version=5, checksum=True)
+    assert stats.checksums == [ray.get(learner.weights_checksum.remote())] and stats.bytes > 10**6
+    kind, writeable = ray.get(gen.last_payload.remote())
+    assert kind == "ShmPayload" and writeable == [False, False]  # weight and bias: views, never copies
+    for a in (learner, gen):
+        ray.kill(a)
 
 
 @pytest.mark.ray

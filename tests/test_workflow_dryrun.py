@@ -177,3 +177,16 @@ def test_train_rule_hands_the_resume_decision_to_rlpipe(workdir, tmp_path, make_
     assert train(fail=True).endswith("--resume never")
     assert (workdir / "results/runs/k2/checkpoints/last.pt").exists()  # a failed job keeps its checkpoint
     assert train(force=False).endswith("--resume auto")  # rerun after the failure: rlpipe decides
+
+
+def test_slurm_profile_dry_run(workdir, dry_run):
+    """workflow/profiles/slurm with its executor plugin: every job becomes a SLURM job, training jobs
+    carry the GPUs of their mode and the profile's partition."""
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    shutil.copytree(ROOT / "workflow" / "profiles", workdir / "profiles")
+    out = snakemake(workdir, "-n", "--workflow-profile", str(workdir / "profiles" / "slurm"),
+                    "--configfile", "config/gpu.yaml").stdout
+    assert dry_run.training_gpus(out) == {"onpolicy": 1, "k2": 1, "k4": 1, "k8": 1, "kl_penalty": 1,
+                                          "disagg": 2, "disagg_rdt": 2, "replay": 2}
+    trains = [j for j in dry_run.jobs(out) if j["rule"] == "train_variant"]
+    assert all(j["resources"].get("slurm_partition") == "<gpu partition>" for j in trains), trains[:1]

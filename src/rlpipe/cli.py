@@ -14,6 +14,7 @@ COMMANDS = {
     "train-tokenizer": ("rlpipe.lm.pretrain", "train_tokenizer_main"),
     "pretrain": ("rlpipe.lm.pretrain", "main"),
     "import-base": ("rlpipe.lm.pretrain", "import_base_main"),
+    "export-hf": ("rlpipe.lm.hf_export", "main"),
     "build-dataset": ("rlpipe.tasks.keyword.dataset", "main"),
     "eval-base": ("rlpipe.tasks.keyword.eval", "main"),
     "train": ("rlpipe.trainer.run", "main"),

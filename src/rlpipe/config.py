@@ -191,7 +191,9 @@ class TrainConfig(_Section):
 
     _prefix: ClassVar[str] = "train"
 
-    task: Literal["keyword_inclusion", "sorting"] = Field("keyword_inclusion", description="Task plug-in.")
+    task: Literal["keyword_inclusion", "sorting", "math"] = Field(
+        "keyword_inclusion", description="Task plug-in (rlpipe.tasks.TASKS); 'math' reads a MATH-format dataset "
+        "directory (train.jsonl, val.jsonl) with the r1_zero prompt and grader.")
     mode: Literal["colocated_sync", "colocated_k", "disaggregated"] = Field(
         "colocated_sync",
         description="Driver: Variant A, Variant B (k rollout batches per sync), or one-version-behind async.")
@@ -328,6 +330,9 @@ class WorkflowConfig(_Section):
     run_tests: bool = Field(True, description="Run the unit tests as the first rule.")
     test_args: str = Field("-m 'not slow and not workflow'", description="pytest selection for run_unit_tests.")
     bench_repeats: int = Field(5, ge=1, description="Repeats for the benchmark rules.")
+    bench_sizes_mb: list[Annotated[float, Field(gt=0, le=4096)]] = Field(
+        [1, 10, 100, 1000], min_length=1,
+        description="Synthetic payload sweep of the weight-sync benchmark, in MB (issue 13: 1 MB to 1 GB).")
 
 
 class PipelineConfig(_Section):

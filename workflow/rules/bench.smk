@@ -12,6 +12,7 @@ rule bench_weight_sync:
         res("bench", "weight_sync.json"),
     params:
         repeats=CFG.workflow.bench_repeats,
+        sizes=",".join(f"{mb:g}" for mb in CFG.workflow.bench_sizes_mb),
     threads: CFG.workflow.threads_per_variant
     resources:
         gpu=CFG.workflow.gpus_per_disaggregated,
@@ -20,7 +21,8 @@ rule bench_weight_sync:
     benchmark:
         "benchmarks/bench_weight_sync/bench_weight_sync.tsv"
     shell:
-        "rlpipe bench weight-sync --checkpoint {input.base} --repeats {params.repeats} --out {output} > {log} 2>&1"
+        "rlpipe bench weight-sync --checkpoint {input.base} --repeats {params.repeats} --sizes-mb {params.sizes} "
+        "--out {output} > {log} 2>&1"
 
 
 # lint: conda (no environment on purpose, see common.smk)

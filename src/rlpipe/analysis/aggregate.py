@@ -315,8 +315,16 @@ def _bench_records(data) -> list[dict]:
     if isinstance(data.get("payloads"), dict):  # rlpipe bench weight-sync
         out = []
         for payload, body in data["payloads"].items():
-            for rec in _bench_records((body or {}).get("transports") or {}):
-                out.append({"payload": payload, "bytes": (body or {}).get("bytes"), **rec})
+            body = body if isinstance(body, dict) else {}
+            for rec in _bench_records(body.get("transports") or {}):
+                out.append({"payload": payload, "bytes": body.get("bytes"), **rec})
+            # the in-run memcpy bound, a row per placement that the report divides by
+            for place, key in (("cpu", "memcpy_cpu"), ("gpu", "memcpy_gpu"), ("gpu-shared", "memcpy_gpu")):
+                bound = body.get(key)
+                if isinstance(bound, dict) and "seconds" in bound:
+                    out.append({"payload": payload, "bytes": body.get("bytes"),
+                                "label": f"{report_text.MEMCPY_LABEL}@{place}", "median_s": bound["seconds"],
+                                "gbps": bound.get("gbps"), "repeats": bound.get("repeats", 1)})
         return out
     for key in ("results", "transports", "rows", "records"):
         if isinstance(data.get(key), list):
@@ -328,11 +336,13 @@ def _bench_records(data) -> list[dict]:
 
 def read_bench_weight_sync(path: str | Path) -> pd.DataFrame:
     """Rows ``source=bench`` from a weight-sync bench JSON. Accepted: ``rlpipe bench weight-sync``'s
-    ``{"payloads": {name: {"bytes", "transports": {"object_store@cpu": {"median_s", "all_s",
-    "gbps", ...} | {"skipped": why}}}}}``, and simpler shapes: a list of records, ``{"results":
-    [...]}`` or ``{label: record}``, a record naming ``transport`` [+ ``backend``] or ``label`` with
-    ``median_s`` or a list of ``seconds``. Skipped/failed runs are kept with NaN latency and the
-    reason in ``note``, so the report can say why a number is missing."""
+    ``{"payloads": {name: {"bytes", "memcpy_cpu": {"seconds", "gbps", ...}, "transports":
+    {"object_store@cpu": {"median_s", "all_s", "gbps", ...} | {"skipped": why}}}}}`` (each
+    ``memcpy_cpu`` / ``memcpy_gpu`` bound becomes a row ``memcpy@cpu`` / ``memcpy@gpu`` and ``@gpu-shared``),
+    and simpler shapes: a list of records, ``{"results": [...]}`` or ``{label: record}``, a record
+    naming ``transport`` [+ ``backend``] or ``label`` with ``median_s`` or a list of ``seconds``.
+    Skipped/failed runs are kept with NaN latency and the reason in ``note``, so the report can say
+    why a number is missing."""
     data = json.loads(Path(path).read_text())
     rows = []
     for rec in _bench_records(data):

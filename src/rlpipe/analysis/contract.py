@@ -73,6 +73,7 @@ CHECKPOINT_DIR = "checkpoints"  # also holds the snapshot of the files above tha
 CHECKPOINT_FILE = f"{CHECKPOINT_DIR}/last.pt"
 FINISHED_MARKER = f"{CHECKPOINT_DIR}/FINISHED"  # written by `rlpipe train` when the run finished
 FINGERPRINT_FILE = f"{CHECKPOINT_DIR}/FINGERPRINT"  # the settings the checkpoint belongs to
+RUN_LOCK_FILE = ".lock"  # held (flock) by the one `rlpipe train` writing this run directory
 
 #: The run's declared outputs (Snakemake's train_variant outputs; what aggregation reads), by key.
 #: config.yaml and checkpoints/ are not declared outputs: Snakemake deletes a failed job's outputs,
@@ -89,7 +90,7 @@ RUN_FILES = MappingProxyType({
 #: unless in METRIC_INT_COLUMNS; NaN when not measured at that step.
 METRIC_COLUMNS = (
     "step", "policy_version", "wall_time", "samples",
-    "reward/train_mean", "reward/train_std", "reward/zero_std_frac", "reward/val_mean",
+    "reward/train_mean", "reward/train_std", "reward/zero_std_frac", "reward/val_mean", "reward/errors",
     "loss/policy", "loss/clip_frac", "optim/grad_norm", "policy/entropy",
     "kl/ref_log_ratio", "kl/ref_k3", "kl/prev_log_ratio", "kl/prev_k3", "response/length_mean",
     *(metric_time_column(p) for p in TIMED_PHASES),

@@ -3,14 +3,102 @@
 Used by the ColocatedWorker, by the Scorer actor, and by the disaggregated driver when no Scorer
 actor is configured. ``use_std_normalization: false`` turns the default ``normalized_rewards``
 delta mode into ``centered_rewards`` (Dr. GRPO Eq. 4), so the seed-001 switch keeps its meaning.
+
+A reward function that fails on one sample must not stop the step: ``guarded_rewards`` calls it on
+each sample in a daemon thread with a deadline (``REWARD_TIMEOUT_S``, above the math grader's own
+10 s per answer). A sample whose reward raises, hangs past the deadline, or returns something that
+is not a reward dict with a finite ``reward`` scores 0 with a logged warning. All of these, and the
+samples for which a task reward logged a warning under ``rlpipe.tasks`` (``never_raise`` and the
+math grader do when they score a failure 0 themselves; that score is kept), are counted in the
+``reward/errors`` metric: failures in the rollout batch the step trained on. A hung call's thread
+cannot be killed; it is left running as a daemon and the step goes on.
 """
 
 from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from rlpipe.rl.advantages import compute_advantages, reward_stats
 from rlpipe.rl.records import RolloutBatch
+
+logger = logging.getLogger(__name__)
+
+REWARD_TIMEOUT_S = 60.0  # per sample; read at call time (tests lower it)
+ERRORS_METRIC = "reward/errors"
+_TASK_LOGGER = "rlpipe.tasks"  # the task rewards log their swallowed exceptions below this logger
+_THREAD_PREFIX = "rlpipe-reward-"
+
+
+def _zeros() -> dict[str, float]:
+    return {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
+
+
+class _FailureLog(logging.Handler):
+    """Records, per sample index, warnings logged under ``rlpipe.tasks`` by a reward thread."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.failed: dict[int, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.threadName.startswith(_THREAD_PREFIX):
+            self.failed.setdefault(int(record.threadName[len(_THREAD_PREFIX):]), record.getMessage())
+
+
+def _call(fn: Callable, args: tuple, index: int, timeout_s: float) -> tuple[Any, str | None]:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args)
+        except Exception as e:  # the failure is reported by the caller
+            box["error"] = f"raised {type(e).__name__}: {e}"
+
+    t = threading.Thread(target=target, name=f"{_THREAD_PREFIX}{index}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        return None, f"no result within {timeout_s:g}s (hung; its thread is abandoned)"
+    return box.get("value"), box.get("error")
+
+
+def _valid(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value["reward"]))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return False
+
+
+def guarded_rewards(reward_fn: Callable[[str, Any], dict], responses: Sequence[str], ground_truths: Sequence[Any],
+                    timeout_s: float | None = None) -> tuple[list[dict[str, float]], int]:
+    """``(reward dicts, number of failed samples)``: ``reward_fn(response, ground_truth)`` per
+    sample, a failed one (see the module docstring) scoring 0 with a warning."""
+    timeout_s = REWARD_TIMEOUT_S if timeout_s is None else timeout_s
+    out: list[dict[str, float]] = []
+    failures = 0
+    log = _FailureLog()
+    task_logger = logging.getLogger(_TASK_LOGGER)
+    task_logger.addHandler(log)
+    try:
+        for i, (response, gt) in enumerate(zip(responses, ground_truths, strict=True)):
+            value, error = _call(reward_fn, (response, gt), i, timeout_s)
+            if error is None and not _valid(value):
+                error = f"returned {str(value)[:80]!r}, not a reward dict with a finite 'reward'"
+            if error is not None:
+                logger.warning("reward %s failed on sample %d (scored 0): %s",
+                               getattr(reward_fn, "__name__", reward_fn), i, error)
+                value = _zeros()
+            failures += error is not None or i in log.failed  # a logged failure already scored itself
+            out.append(value)
+    finally:
+        task_logger.removeHandler(log)
+    return out, failures
 
 
 def advantage_mode(train_cfg) -> str:
@@ -22,8 +110,8 @@ def advantage_mode(train_cfg) -> str:
 
 def score_batch(batch: RolloutBatch, task, train_cfg) -> RolloutBatch:
     """Fill ``batch.rewards``/``batch.advantages`` (B,) and ``batch.reward_metrics`` in place."""
-    scores = [task.reward(r, gt) for r, gt in zip(batch.responses, batch.ground_truths, strict=True)]
-    raw = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)  # (B,)
+    scores, failures = guarded_rewards(task.reward, batch.responses, batch.ground_truths)
+    raw = torch.tensor([float(s["reward"]) for s in scores], dtype=torch.float32)  # (B,)
     adv = compute_advantages(raw, batch.group_size, advantage_mode(train_cfg), train_cfg.advantage_eps)
     meta = reward_stats(raw, batch.group_size)
     batch.rewards, batch.advantages = raw, adv.float()
@@ -32,7 +120,8 @@ def score_batch(batch: RolloutBatch, task, train_cfg) -> RolloutBatch:
         "reward/train_mean": float(raw.mean()),
         "reward/train_std": meta["reward/std"],
         "reward/zero_std_frac": float(meta["reward/zero_std_frac"]),
-        "reward/format_mean": float(sum(s["format_reward"] for s in scores) / len(scores)),
+        "reward/format_mean": float(sum(float(s.get("format_reward", 0.0)) for s in scores) / len(scores)),
+        ERRORS_METRIC: float(failures),
         "response/length_mean": float(lengths.mean()),
     }
     return batch

@@ -16,6 +16,7 @@ from rlpipe.tasks.base import Example, Task
 from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
 from rlpipe.tasks.keyword.task import KeywordInclusionTask
 from rlpipe.tasks.math.reward import question_only_reward_fn, r1_zero_reward_fn
+from rlpipe.tasks.math.task import MathTask
 from rlpipe.tasks.reward_dict import RewardDict
 from rlpipe.tasks.sorting.reward import (
     sort_distance_reward_fn,
@@ -37,6 +38,7 @@ SORT_REWARD_FNS: dict[str, Callable[..., RewardDict]] = {
 TASKS: dict[str, type[Task]] = {
     KeywordInclusionTask.name: KeywordInclusionTask,
     SortingTask.name: SortingTask,
+    MathTask.name: MathTask,
 }
 
 
@@ -46,5 +48,5 @@ def make_task(name: str, dataset_dir: str | Path | None) -> Task:
     return TASKS[name](dataset_dir)
 
 
-__all__ = ["REWARD_FNS", "SORT_REWARD_FNS", "TASKS", "Example", "KeywordInclusionTask", "SortingTask", "Task",
-           "make_task"]
+__all__ = ["REWARD_FNS", "SORT_REWARD_FNS", "TASKS", "Example", "KeywordInclusionTask", "MathTask", "SortingTask",
+           "Task", "make_task"]

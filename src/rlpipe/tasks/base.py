@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -24,9 +25,20 @@ class Example:
     ground_truth: Any
 
 
+class DatasetError(ValueError):
+    """A task's dataset cannot be used; the message names the file (and line)."""
+
+
 class Task(ABC):
     name: str = ""
     stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False  # keep the matched stop string in the response
+
+    @classmethod  # noqa: B027 - an optional hook: most tasks need no dataset
+    def check_dataset(cls, dataset_dir: str | Path | None) -> None:
+        """Open and validate the dataset before any work (the trainer calls it before Ray starts);
+        raise ``FileNotFoundError`` or ``DatasetError`` naming the file and line. Default: the task
+        needs no dataset."""
 
     @abstractmethod
     def train_examples(self) -> list[Example]: ...

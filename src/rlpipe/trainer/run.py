@@ -1,10 +1,32 @@
 """``rlpipe train``: run one GRPO variant with the Ray trainer and write its outputs.
 
-Everything that can be checked is checked before Ray starts: the config and the variant's
-derived sizes, the base checkpoint, the dataset, the weight-sync backend. A local Ray instance
-started here listens on 127.0.0.1 only and has no dashboard unless ``ray.include_dashboard``;
-``ray.address`` attaches to an existing cluster instead (then Ray places GPUs; on a local
-instance the job first pins its GPU slots, see ``rlpipe.trainer.gpu_slots``).
+Everything that can be checked is checked before Ray starts, each failure naming the key or file:
+the config and the variant's derived sizes (``ConfigError``); the base checkpoint, opened and
+verified in the driver (a damaged, foreign or NaN-poisoned file raises ``CheckpointError``, not an
+actor death) and the tokenizer it references (it must load, and fit the model's vocabulary); the
+dataset (keyword task: ``train.jsonl`` and ``val.jsonl`` parse, every line a ``prompt`` string and a
+non-empty ``keywords`` list; ``InputError`` names file and line); the weight-sync backend; and,
+when resuming, ``checkpoints/last.pt`` and the snapshot beside it.
+
+Then ``<out>/.lock`` is taken (``rlpipe.trainer.lock``: a second ``rlpipe train`` on the same
+directory refuses at once) before the resume decision touches the directory, and held to the end.
+
+Resuming from a damaged checkpoint or snapshot (truncated, corrupt, NaN-poisoned, missing steps)
+is an error naming the file, in ``--resume auto`` as in ``always``: silently starting afresh would
+throw away the run's progress on what may be a transient fault, so the user decides (the message
+says how: ``--resume never`` starts afresh and deletes ``checkpoints/``).
+
+Network exposure of a local Ray instance (measured on Ray 2.60, ``_init_ray``): it is started with
+no dashboard (unless ``ray.include_dashboard``) and ``_node_ip_address="127.0.0.1"``, but Ray
+rewrites that to the machine's own address, and its servers do not bind to loopback: the GCS, the
+raylet (two ports) and every worker listen on all interfaces, the dashboard agent opens ports on
+0.0.0.0 and on the node address even without a dashboard, and the runtime-env agent listens on the
+node address. What protects them is Ray's token authentication, on by default since 2.5x: every
+RPC needs the session's token. ``_init_ray`` therefore never starts a local instance with
+``RAY_AUTH_MODE=disabled`` (it resets it to ``token`` and says so). ``ray.address`` attaches to an
+existing cluster instead; the client then needs ``RAY_AUTH_MODE=token`` and the cluster's token
+(``RAY_AUTH_TOKEN`` or the token file ``ray start`` wrote), and Ray places the actors and GPUs (on a
+local instance the job first pins its GPU slots, see ``rlpipe.trainer.gpu_slots``).
 """
 
 from __future__ import annotations
@@ -13,9 +35,11 @@ import argparse
 import contextlib
 import logging
 import os
+import sys
 from pathlib import Path
 
 from rlpipe import io
+from rlpipe.analysis.contract import CHECKPOINT_FILE
 from rlpipe.config import (
     ConfigError,
     load_config,
@@ -23,21 +47,73 @@ from rlpipe.config import (
     to_dict,
     variant_gpus,
 )
+from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
+from rlpipe.lm.tokenizer import load_tokenizer
+from rlpipe.tasks import TASKS
+from rlpipe.tasks.base import DatasetError
 from rlpipe.trainer import resume as resume_policy
+from rlpipe.trainer.actors.learner import REQUIRED_EXTRA
 from rlpipe.trainer.drivers.colocated import run_colocated
-from rlpipe.trainer.drivers.common import RunContext
+from rlpipe.trainer.drivers.common import ActorFailure, RunContext, TrainingDiverged
 from rlpipe.trainer.drivers.disaggregated import run_disaggregated
 from rlpipe.trainer.gpu_slots import acquire_gpus
+from rlpipe.trainer.lock import RunLockedError, run_lock
 from rlpipe.trainer.resume import ResumeError
-from rlpipe.trainer.weight_sync import make_transport
+from rlpipe.trainer.run_writer import SnapshotError, read_snapshot
+from rlpipe.trainer.weight_sync import WeightSyncError, make_transport
 
 
-def _check_inputs(train_cfg, base: str, dataset: str | None) -> None:
+class InputError(ValueError):
+    """An input file (base checkpoint, tokenizer, dataset) is unusable; the message names it."""
+
+
+def _check_base(base: str) -> str:
+    """Open the base checkpoint and its tokenizer here, so a bad one fails before any actor.
+    Returns the tokenizer reference as an absolute path (actors on a cluster do not share the
+    driver's working directory), or the spec unchanged when it is no path (``tiktoken:gpt2``)."""
     if not Path(base).is_file():
         raise FileNotFoundError(f"--base: checkpoint {base} not found (run `rlpipe pretrain` first)")
-    if train_cfg.task == "keyword_inclusion":
-        if dataset is None or not (Path(dataset) / "train.jsonl").is_file():
-            raise FileNotFoundError(f"--dataset: {dataset}/train.jsonl not found (run `rlpipe build-dataset`)")
+    try:
+        ckpt = load_checkpoint(base)
+    except CheckpointError as e:
+        raise CheckpointError(f"--base: {e}") from None
+    if ckpt.tokenizer is None:
+        raise InputError(f"--base: checkpoint {base} names no tokenizer (save it with tokenizer=...)")
+    try:
+        tok = load_tokenizer(ckpt.tokenizer)
+    except Exception as e:  # the tokenizer loaders raise many types (OSError, ValueError, Exception)
+        raise InputError(f"--base: the tokenizer {ckpt.tokenizer} that checkpoint {base} references cannot be "
+                         f"loaded: {type(e).__name__}: {e}") from None
+    if tok.vocab_size > ckpt.model_config.vocab_size:
+        raise InputError(f"--base: the tokenizer {ckpt.tokenizer} has {tok.vocab_size} tokens but the model in "
+                         f"{base} only {ckpt.model_config.vocab_size} (vocab_size)")
+    return os.path.abspath(ckpt.tokenizer) if os.path.exists(ckpt.tokenizer) else ckpt.tokenizer
+
+
+def _check_inputs(train_cfg, base: str, dataset: str | None) -> str:
+    """Every input file, opened and checked; returns the tokenizer reference (see ``_check_base``)."""
+    tokenizer = _check_base(base)
+    try:
+        TASKS[train_cfg.task].check_dataset(dataset)
+    except DatasetError as e:
+        raise InputError(f"--dataset: {e}") from None
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"--dataset: {e}") from None
+    return tokenizer
+
+
+def _check_resumable(out_dir: str) -> None:
+    """The checkpoint and snapshot a resume would read: loadable, finite, consistent."""
+    path = Path(out_dir) / CHECKPOINT_FILE
+    fix = "rerun with --resume never to start afresh (deletes its checkpoints/)"
+    try:
+        extra = load_checkpoint(path).extra
+        missing = [k for k in REQUIRED_EXTRA if k not in extra]
+        if missing:
+            raise CheckpointError(f"checkpoint {path} is not a resumable trainer checkpoint: extra lacks {missing}")
+        read_snapshot(out_dir, int(extra["step"]))
+    except (CheckpointError, SnapshotError) as e:
+        raise ResumeError(f"cannot resume {out_dir}: {e}; {fix}") from None
 
 
 def _init_ray(cfg, num_cpus: float) -> None:
@@ -51,6 +127,11 @@ def _init_ray(cfg, num_cpus: float) -> None:
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, runtime_env=env, log_to_driver=True)
         return
+    if os.environ.get("RAY_AUTH_MODE", "token") != "token":
+        # the local servers listen on all interfaces (see the module docstring): the token is their lock
+        print(f"rlpipe train: RAY_AUTH_MODE={os.environ['RAY_AUTH_MODE']} ignored for the local Ray instance; "
+              "token authentication stays on", file=sys.stderr, flush=True)
+    os.environ["RAY_AUTH_MODE"] = "token"
     ray.init(num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
              dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", runtime_env=env,
              logging_level=logging.WARNING, configure_logging=True)
@@ -72,22 +153,32 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
         threads: int | None = None, resume: str = "never") -> dict:
     cfg = load_config(config_path)
     train_cfg = resolve_variant(cfg, variant)
-    _check_inputs(train_cfg, base, dataset)
+    # absolute: actors on a Ray cluster run in another working directory
+    base, dataset = os.path.abspath(base), (os.path.abspath(dataset) if dataset else None)
+    tokenizer = _check_inputs(train_cfg, base, dataset)
     if train_cfg.mode == "disaggregated":
         make_transport(train_cfg.weight_sync)  # an unavailable backend fails before Ray starts
     gpus = variant_gpus(cfg, variant)
     disagg = train_cfg.mode == "disaggregated"
     actor_threads = _actor_threads(train_cfg.threads, threads or cfg.workflow.threads_per_variant, disagg)
     fingerprint = resume_policy.run_fingerprint(to_dict(train_cfg), to_dict(cfg.model), variant, base, dataset)
-    decision = resume_policy.decide(out_dir, fingerprint, resume)
-    print(f"rlpipe train {variant}: {decision.reason}", flush=True)
-    resume_policy.prepare(out_dir, fingerprint, decision)
-    resolved = to_dict(cfg)
-    resolved["train"] = to_dict(train_cfg)
-    resolved["variant"] = variant
-    io.write_yaml(Path(out_dir) / "config.yaml", resolved)
-    os.environ.setdefault("OMP_NUM_THREADS", str(actor_threads))
-    ctx = RunContext(cfg, train_cfg, variant, base, dataset, Path(out_dir), actor_threads, decision.resume)
+    with run_lock(out_dir):  # before anything in out_dir is read or changed
+        decision = resume_policy.decide(out_dir, fingerprint, resume)
+        if decision.resume:
+            _check_resumable(out_dir)
+        print(f"rlpipe train {variant}: {decision.reason}", flush=True)
+        resume_policy.prepare(out_dir, fingerprint, decision)
+        resolved = to_dict(cfg)
+        resolved["train"] = to_dict(train_cfg)
+        resolved["variant"] = variant
+        io.write_yaml(Path(out_dir) / "config.yaml", resolved)
+        os.environ.setdefault("OMP_NUM_THREADS", str(actor_threads))
+        ctx = RunContext(cfg, train_cfg, variant, base, dataset, Path(out_dir), actor_threads, decision.resume,
+                         tokenizer=tokenizer)
+        return _run_with_ray(ctx, cfg, gpus, actor_threads, disagg)
+
+
+def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: bool) -> dict:
     import ray
 
     with _gpu_slots(cfg, gpus):
@@ -97,12 +188,12 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
         try:
             info = _drive(ctx, gpus)
             ctx.writer.finish(info)
-            resume_policy.mark_finished(out_dir)
+            resume_policy.mark_finished(ctx.out_dir)
         finally:
             if owns_ray:
                 ray.shutdown()
             else:
-                _kill_run_actors(variant)
+                _kill_run_actors(ctx.variant)
     return info
 
 
@@ -143,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         info = run(a.config, a.variant, a.out, a.base, a.dataset, a.threads, a.resume)
-    except (ConfigError, FileNotFoundError, ResumeError) as e:
-        p.error(str(e))
+    except (ConfigError, FileNotFoundError, ResumeError, InputError, CheckpointError, RunLockedError) as e:
+        p.error(str(e))  # bad input: usage error, exit status 2, nothing started
+    except (ActorFailure, TrainingDiverged, WeightSyncError, io.OutputWriteError) as e:
+        print(f"rlpipe train {a.variant}: error: {e}", file=sys.stderr, flush=True)
+        return 1
     print(f"variant {a.variant}: {info['total_optimizer_steps']} steps, {info['total_samples']} samples -> {a.out}")
     return 0

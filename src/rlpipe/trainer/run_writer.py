@@ -6,6 +6,11 @@ checkpoint also snapshots them into ``checkpoints/`` (Snakemake deletes a failed
 outputs, so the run directory's copies may be gone by the time the job is rerun). On ``--resume``
 the snapshot is read back and cut at the checkpoint's step, so the resumed run's steps continue
 without duplicates or gaps; wall times continue from the last recorded one.
+
+A snapshot that cannot be read (truncated or corrupt parquet/JSONL), lacks the metrics file, or
+does not reach the checkpoint's step raises ``SnapshotError`` naming the file (``check_snapshot``
+runs before Ray starts; ``resume_from`` reads through the same checks) rather than failing inside
+pandas or pyarrow or resuming with a gap in the steps.
 """
 
 from __future__ import annotations
@@ -21,8 +26,52 @@ from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.rl.records import PhaseEvent, VersionEvent
 
-# Back-compat alias (tests/test_trainer.py compares ``list(df.columns)`` with it); the contract's
-# tuple is the declaration.
+
+class SnapshotError(ValueError):
+    """A ``checkpoints/`` snapshot file cannot be resumed from; the message names the file."""
+
+
+def _read_parquet(p: Path, required: tuple[str, ...]) -> pd.DataFrame:
+    try:
+        df = pd.read_parquet(p)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise SnapshotError(f"{p} is unreadable (truncated or corrupt): {type(e).__name__}: {e}") from e
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise SnapshotError(f"{p} lacks columns {missing}")
+    return df
+
+
+def read_snapshot(run_dir: str | Path, step: int) -> dict[str, list[dict]]:
+    """The snapshot of ``run_dir/checkpoints/`` cut at optimizer step ``step``: ``metrics``,
+    ``events``, ``versions``, ``rollouts`` record lists. Raises ``SnapshotError`` naming the file
+    when one cannot be read or the metrics do not hold every step ``0..step``."""
+    d = Path(run_dir) / contract.CHECKPOINT_DIR
+    metrics_path = d / contract.METRICS_FILE
+    if not metrics_path.is_file():
+        raise SnapshotError(f"{metrics_path} is missing (every checkpoint writes it first)")
+    metrics = _read_parquet(metrics_path, ("step", "wall_time", "samples", "policy_version"))
+    have = set(metrics["step"].astype(int))
+    gap = sorted(set(range(step + 1)) - have)
+    if gap:
+        raise SnapshotError(f"{metrics_path} lacks steps {gap[:5]}{'...' if len(gap) > 5 else ''} "
+                            f"of the checkpoint's 0..{step}")
+    rows = metrics[metrics["step"] <= step].to_dict("records")
+    last_wall = max([r["wall_time"] for r in rows] or [0.0])
+    out = {"metrics": rows, "events": [], "versions": [], "rollouts": []}
+    for key, name, cols, col, limit in (("events", contract.EVENTS_FILE, contract.EVENT_COLUMNS, "step", step),
+                                        ("versions", contract.VERSIONS_FILE, contract.VERSION_COLUMNS,
+                                         "wall_time", last_wall)):
+        if (d / name).is_file():
+            df = _read_parquet(d / name, cols)
+            out[key] = df[df[col] <= limit].to_dict("records")
+    rollouts = d / contract.ROLLOUTS_FILE
+    if rollouts.is_file():
+        try:
+            out["rollouts"] = [r for r in io.read_jsonl(rollouts) if r["step"] <= step]
+        except (ValueError, KeyError, TypeError) as e:
+            raise SnapshotError(f"{rollouts} is unreadable (truncated or corrupt): {e}") from e
+    return out
 
 
 class RunWriter:
@@ -41,21 +90,10 @@ class RunWriter:
     # -- resume ---------------------------------------------------------------------------------
     def resume_from(self, step: int) -> None:
         """Reload outputs of a killed run, dropping everything after optimizer step ``step``."""
-        def load(name: str, col: str, limit: float) -> list[dict]:
-            p = self.dir / contract.CHECKPOINT_DIR / name
-            if not p.exists():
-                return []
-            df = pd.read_parquet(p)
-            return df[df[col] <= limit].to_dict("records")
-
-        self.rows = load(contract.METRICS_FILE, "step", step)
-        self.events = load(contract.EVENTS_FILE, "step", step)
-        last_wall = max([r["wall_time"] for r in self.rows] or [0.0])
-        self.versions = load(contract.VERSIONS_FILE, "wall_time", last_wall)
-        if (self.dir / contract.CHECKPOINT_DIR / contract.ROLLOUTS_FILE).exists():
-            self.rollouts = [r for r in io.read_jsonl(self.dir / contract.CHECKPOINT_DIR / contract.ROLLOUTS_FILE)
-                             if r["step"] <= step]
-        self.t0 = time.time() - last_wall
+        snap = read_snapshot(self.dir, step)
+        self.rows = [{c: math.nan for c in contract.METRIC_COLUMNS} | r for r in snap["metrics"]]
+        self.events, self.versions, self.rollouts = snap["events"], snap["versions"], snap["rollouts"]
+        self.t0 = time.time() - max([r["wall_time"] for r in self.rows] or [0.0])
 
     @property
     def last_step(self) -> int:

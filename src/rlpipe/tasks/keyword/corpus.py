@@ -12,7 +12,7 @@ with keywords "extracted from the TinyStoriesV2 dataset". rlpipe must run withou
 
 Departure from the seeds, and why: the corpus also contains *prompt-formatted* documents
 (``data.keyword_prompt_fraction`` of them): a keyword prompt exactly as the GRPO dataset writes it
-(``rlpipe.tasks.keyword.prompt.format_prompt``: template + ``"\\n"``), then a story. With probability
+(``rlpipe.tasks.keyword.prompt.format_keyword_prompt``: template + ``"\\n"``), then a story. With probability
 ``data.keyword_hit_rate`` the story contains the keyword(s), always in its first or second
 sentence; otherwise it introduces other keywords in the same slot and never the requested one. A
 base model pretrained on this mix copies the keyword sometimes but not reliably, which gives GRPO
@@ -45,7 +45,7 @@ from pathlib import Path
 from rlpipe.config import ConfigError, DataConfig, PipelineConfig, load_config
 from rlpipe.io import atomic_path
 from rlpipe.lm.documents import DOC_SEPARATOR, iter_tinystories
-from rlpipe.tasks.keyword.prompt import format_prompt, load_templates
+from rlpipe.tasks.keyword.prompt import format_keyword_prompt, load_templates
 from rlpipe.tasks.keyword.vocabulary import load_keywords, mentions, with_article
 
 # Plain generated stories that introduce an object in their first two sentences (like every
@@ -349,7 +349,7 @@ def iter_documents(cfg: PipelineConfig) -> Iterator[Document]:
             story = gen.story(required=kws if hit else (), avoid=() if hit else kws, keyword_slot=True)
         else:
             story = _tinystories_hit(source, kws, rng) if hit else source
-        prompt = format_prompt(rng.choice(templates), kws)
+        prompt = format_keyword_prompt(rng.choice(templates), kws)
         yield Document(prompt + story, tuple(kws), hit, prompt)
 
 

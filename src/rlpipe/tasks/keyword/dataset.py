@@ -34,7 +34,7 @@ from pathlib import Path
 from rlpipe.config import ConfigError, PipelineConfig, load_config
 from rlpipe.io import read_jsonl, write_json, write_jsonl
 from rlpipe.tasks.keyword.corpus import StoryGenerator
-from rlpipe.tasks.keyword.prompt import format_prompt, load_templates
+from rlpipe.tasks.keyword.prompt import format_keyword_prompt, load_templates
 from rlpipe.tasks.keyword.vocabulary import load_keywords
 
 SPLITS = ("train", "val")
@@ -71,7 +71,7 @@ def make_examples(cfg: PipelineConfig) -> list[KeywordExample]:
             continue
         seen.add((t, frozenset(kws)))
         answer = gen.story(required=kws)
-        out.append(KeywordExample(format_prompt(templates[t], kws), kws, answer, t))
+        out.append(KeywordExample(format_keyword_prompt(templates[t], kws), kws, answer, t))
     if len(out) < data.num_prompts:
         raise ConfigError(f"data.num_prompts ({data.num_prompts}): could only draw {len(out)} distinct prompts")
     return out

@@ -41,9 +41,9 @@ def load_templates(path: str | Path | None = None) -> list[str]:
     return templates
 
 
-def format_prompt(template: str, keywords: list[str] | tuple[str, ...]) -> str:
+def format_keyword_prompt(template: str, keywords: list[str] | tuple[str, ...]) -> str:
     """The exact model input: ``"Write a story that includes the word: apple\\n"``."""
     if not keywords:
-        raise ValueError("format_prompt needs at least one keyword")
+        raise ValueError("format_keyword_prompt needs at least one keyword")
     body = template.format(keywords=KEYWORD_JOINER.join(keywords), s="" if len(keywords) == 1 else "s")
     return body + PROMPT_END

@@ -19,6 +19,38 @@ Departures from the seeds and why:
   everything (``verify(log(10001), 9123456789)`` makes sympy build ``10001**9123456789``). Both
   score 0. Only answers that hit the time limit make a reward depend on machine speed. If no child
   process can be started, grading falls back to this process, unbounded, with a warning.
+
+Grading policy. Checked against a reference MATH grader, plain math-verify got three kinds of answer
+wrong; each is fixed before math-verify sees the text, on both answer and ground truth:
+
+* percentages: math-verify reads ``12.5\\%`` as 0.125 and matches integers only against the bare
+  number (``50\\%`` = 50, but ``12.5\\%`` != 12.5). A trailing ``\\%`` / ``%`` / ``\\text{\\%}``
+  now adds a second reading, the bare number: ``12.5\\%`` matches 12.5 (and still 0.125).
+* ``\\varnothing`` is rewritten to ``\\emptyset`` (math-verify read it as a symbol named varnothing).
+* choice letters: when answer and ground truth are both lists of capital letters (``A, C``,
+  ``\\text{A,C}``, ``(A) and (C)``, ``\\textbf{(B)}``), they match iff the letters are the same,
+  in any order (math-verify read one as a set {a, c}, the other as a tuple).
+
+The default (``strict=False``) is otherwise math-verify's equivalence, more lenient than the
+course's grader (the PRM800K/Hendrycks rules behind ``drgrpo_grader``): it accepts unsimplified
+answers (``2+2``, ``5!``, ``\\frac{2}{4}``, ``10^{3}`` for 4, 120, 1/2, 1000) and decimals rounded
+to 6 places (``0.333333`` for 1/3, ``1.414214`` for sqrt 2). RL reward keeps that leniency.
+``strict=True`` (per call, or ``configure_math_grader(strict=True)`` as the default; it travels to
+the child process with each request) is for accuracies to compare with numbers published with the
+course's grader:
+
+* decimals are exact: each float becomes the rational it spells, so ``0.5`` = 1/2 and ``0.125`` =
+  1/8, but ``0.333333`` != 1/3 and ``1.414214`` != sqrt 2 (sympy's 15-digit comparison still applies);
+* when the ground truth is a rational number (or a tuple, set or interval of them, infinities
+  allowed), the answer must write each one as a simplified literal: an integer, a decimal, or a
+  reduced fraction ``p/q`` / ``\\frac{p}{q}`` with q > 1 (after normalisation, which
+  drops ``\\left``, units, ``x =``, thousands commas, ``^\\circ``, and ``\\%``), or spell it exactly
+  as the ground truth does. ``2+2``, ``5!``, ``\\frac{2}{4}``, ``\\frac{8}{2}``, ``10^{3}`` fail;
+* a percentage reads only as its number (the course grader strips ``\\%``): ``25\\%`` = 25 != 0.25.
+
+Strict mode does not judge the form of irrational or symbolic answers (``\\frac{1}{\\sqrt2}`` =
+``\\frac{\\sqrt2}{2}``, as in the course grader) nor of matrix entries, and like the default it reads
+a number out of surrounding words (``The answer is 5.``), which the course grader would not.
 """
 
 from __future__ import annotations
@@ -185,29 +217,157 @@ def _parse(text: str, max_chars: int = MAX_ANSWER_CHARS + 2) -> tuple[Any, ...]:
 
 _DOLLAR = re.compile(r"(?<!\\)\$")  # a math delimiter; an escaped \$ is a dollar sign
 
+# --------------------------------------------------------------------------- answer forms (fixes, strict mode)
 
-def _readings(answer: str, lenient: bool) -> tuple[Any, ...]:
-    """Parsed readings of an answer: the ``$...$``-wrapped text (or the text itself if it already
-    holds an unescaped ``$``); in lenient mode also math-verify's reading of the bare text (prose,
-    last number)."""
-    answer = answer.strip()
+_SYNONYMS = ((re.compile(r"\\varnothing(?![A-Za-z])"), r"\\emptyset"),)  # math-verify reads \varnothing as a symbol
+_PERCENT = re.compile(r"\s*(?:\\%|(?<!\\)%|\\text\{\s*\\?%\s*\})(?=\s*(?:(?<!\\)\$)?\s*\.?\s*$)")
+_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_CHOICE_SPLIT = re.compile(r"\s*(?:,|;|\band\b)\s*")
+_CHOICE = re.compile(r"\(?([A-Z])\)?")
+
+
+def _normalise(answer: str) -> str:
+    for pattern, repl in _SYNONYMS:
+        answer = pattern.sub(repl, answer)
+    return answer.strip()
+
+
+def choice_letters(text: str) -> tuple[str, ...] | None:
+    """Sorted capital letters when ``text`` is a list of choice letters (``A, C``, ``\\text{A,C}``,
+    ``(A) and (C)``, ``$\\textbf{(B)}$``); None otherwise."""
+    if not isinstance(text, str) or len(text) > 100:
+        return None
+    t, prev = _DOLLAR.sub("", text), None
+    while prev != t:
+        prev, t = t, _WRAPPER.sub(r"\1", t)
+    letters = []
+    for part in _CHOICE_SPLIT.split(t.strip().rstrip(".").strip()):
+        m = _CHOICE.fullmatch(part)
+        if m is None:
+            return None
+        letters.append(m.group(1))
+    return tuple(sorted(letters))
+
+
+def _exact(reading: Any) -> Any:
+    """Strict mode: every decimal becomes the rational it spells (``0.333333`` -> 333333/10^6), so
+    math-verify's 6-decimal float rounding never applies."""
+    if isinstance(reading, str):
+        return reading
+    sp = _sympy()
+    try:
+        floats = reading.atoms(sp.Float)
+        return reading.xreplace({f: sp.Rational(str(f)) for f in floats}) if floats else reading
+    except Exception:  # not a sympy object with atoms: keep it as parsed
+        return reading
+
+
+def _all_rational(expr: Any) -> bool:
+    """A rational number, or a tuple/set/interval of rationals (and +-oo): the golds whose
+    answers strict mode wants written as simplified literals."""
+    sp = _sympy()
+    if isinstance(expr, sp.Rational) or expr in (sp.oo, -sp.oo):
+        return True
+    if isinstance(expr, sp.Interval):
+        return _all_rational(expr.start) and _all_rational(expr.end)
+    if isinstance(expr, (sp.FiniteSet, sp.Tuple)):
+        return bool(expr.args) and all(_all_rational(a) for a in expr.args)
+    return False
+
+
+_SQUASH = re.compile(r"\s+|\\[!,;: ]|\\left|\\right|\^\{?\\circ\}?|\\%|%|\\\$|\.$")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
+_VAR_PREFIX = re.compile(r"^[A-Za-z]\w?=")
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)|[+-]?\\infty")
+_FRACTION = re.compile(r"[+-]?(?:\\[dt]?frac\{([+-]?\d+)\}\{(\d+)\}|([+-]?\d+)/(\d+))")
+
+
+def _squash(text: str) -> str:
+    return _VAR_PREFIX.sub("", _SQUASH.sub("", text))
+
+
+def _simplified_literal(text: str) -> bool:
+    """An integer, a decimal, +-infinity, or a reduced fraction p/q with q > 1."""
+    if _NUMBER.fullmatch(text):
+        return True
+    m = _FRACTION.fullmatch(text)
+    if m is None:
+        return False
+    p, q = (int(g) for g in (m.groups()[:2] if m.group(1) is not None else m.groups()[2:]))
+    return q > 1 and math.gcd(p, q) == 1
+
+
+def _simplified_form(pred: str, container: bool) -> bool:
+    """Whether math-verify's normalised answer string ``pred`` writes each number as a simplified
+    literal: the whole string, or each element of a tuple/set/interval."""
+    s = _squash(pred)
+    if not container:
+        return _simplified_literal(_THOUSANDS.sub("", s))
+    for opener, closer in (("\\{", "\\}"), ("(", ")"), ("[", "]"), ("(", "]"), ("[", ")"), ("{", "}")):
+        if s.startswith(opener) and s.endswith(closer):
+            s = s[len(opener):len(s) - len(closer)]
+            break
+    return all(_simplified_literal(part) for part in s.split(","))
+
+
+def _form_ok(group: tuple[Any, ...], gold: tuple[Any, ...]) -> bool:
+    """Strict mode: an answer (one parse: its sympy reading and normalised string) to a rational
+    gold must be written in simplest form; other golds set no form requirement."""
+    sp = _sympy()
+    exprs = [r for r in gold if not isinstance(r, str)]
+    if not exprs or not _all_rational(exprs[0]):
+        return True
+    container = isinstance(exprs[0], (sp.Interval, sp.FiniteSet, sp.Tuple))
+    gold_strs = {_squash(r) for r in gold if isinstance(r, str)}
+    return any(_squash(s) in gold_strs or _simplified_form(s, container) for s in group if isinstance(s, str))
+
+
+# --------------------------------------------------------------------------- readings and verification
+
+
+def _reading_groups(answer: str, lenient: bool, strict: bool = False) -> tuple[tuple[Any, ...], ...]:
+    """Parsed readings of an answer, one group per parse (sympy reading, normalised string): the
+    ``$...$``-wrapped text (or the text itself if it already holds an unescaped ``$``); in lenient
+    mode also math-verify's reading of the bare text (prose, last number). A percentage is also read
+    as its number (``12.5\\%`` as 12.5 besides 0.125); in strict mode only as its number, and
+    decimals are exact (``_exact``)."""
+    answer = _normalise(answer)
     if not answer:
         return ()
-    if _DOLLAR.search(answer):
-        return _parse(answer)
-    wrapped = _parse(f"${answer}$")
-    return wrapped + _parse(answer) if lenient else wrapped
+    texts = [answer]
+    number = _PERCENT.sub("", answer, count=1).strip()
+    if number != answer and number.strip("$ "):
+        texts = [number] if strict else [answer, number]
+    groups: list[tuple[Any, ...]] = []
+    for text in texts:
+        if _DOLLAR.search(text):
+            groups.append(_parse(text))
+            continue
+        groups.append(_parse(f"${text}$"))
+        if lenient:
+            groups.append(_parse(text))
+    if strict:
+        groups = [tuple(_exact(r) for r in g) for g in groups]
+    return tuple(g for g in groups if g)
+
+
+def _readings(answer: str, lenient: bool, strict: bool = False) -> tuple[Any, ...]:
+    return tuple(r for group in _reading_groups(answer, lenient, strict) for r in group)
+
+
+def _gold_text(gold: str) -> str:
+    """A ``\\boxed{}`` gold (a full solution) reduced to the box's content."""
+    boxed = last_boxed(gold) if "\\boxed{" in gold else None
+    return boxed if boxed is not None else gold
 
 
 @functools.lru_cache(maxsize=4096)
-def _gold_readings(gold: str) -> tuple[Any, ...]:
-    """Readings of one ground truth (cached: a group's G responses share it). A ``\\boxed{}`` gold
-    (a full solution) is reduced to its content; a gold with no math reading also gets the bare-text
-    reading."""
-    boxed = last_boxed(gold) if "\\boxed{" in gold else None
-    readings = _readings(boxed if boxed is not None else gold, lenient=False)
+def _gold_readings(gold: str, strict: bool = False) -> tuple[Any, ...]:
+    """Readings of one ground truth (cached: a group's G responses share it): those of
+    ``_gold_text``; a gold with no math reading also gets the bare-text reading."""
+    readings = _readings(_gold_text(gold), lenient=False, strict=strict)
     if all(isinstance(r, str) for r in readings):
-        readings = readings + _readings(gold, lenient=True)
+        readings = readings + _readings(gold, lenient=True, strict=strict)
     return readings
 
 
@@ -223,28 +383,39 @@ def _ground_truths(ground_truth: Any) -> list[str]:
     return out
 
 
-def _verify_any(preds: tuple[Any, ...], ground_truth: Any, fast: bool) -> bool:
-    """Whether any parsed prediction equals any acceptable ground truth. Caller holds the lock."""
+def _verify_any(groups: tuple[tuple[Any, ...], ...], letters: tuple[str, ...] | None, ground_truth: Any,
+                fast: bool, strict: bool) -> bool:
+    """Whether the parsed answer (``groups``; ``letters`` if it is a list of choice letters) equals
+    any acceptable ground truth. Two choice-letter lists are compared as letters; strict mode
+    drops readings not in simplest form (``_form_ok``). Caller holds the lock."""
     from math_verify import verify
 
-    if not preds:
-        return False
     for gold in _ground_truths(ground_truth):
-        golds = _gold_readings(gold)
-        if golds and verify(list(golds), list(preds), strict=fast, timeout_seconds=None):
+        gold_letters = choice_letters(_gold_text(gold)) if letters is not None else None
+        if gold_letters is not None:
+            if letters == gold_letters:
+                return True
+            continue
+        golds = _gold_readings(gold, strict)
+        preds = [r for g in groups if not strict or _form_ok(g, golds) for r in g]
+        if golds and preds and verify(list(golds), preds, strict=fast, timeout_seconds=None):
             return True
     return False
 
 
-def _grade_local(kind: str, text: str, golds: list[str], fast: bool) -> tuple[bool, bool]:
+def _grade_local(kind: str, text: str, golds: list[str], fast: bool, strict: bool = False) -> tuple[bool, bool]:
     """(an answer was read, it matches a gold), in this process. ``kind``: "answer" (an extracted
-    answer: ``_readings``) or "prose" (free text: math-verify's own extraction)."""
+    answer: ``_reading_groups``) or "prose" (free text: math-verify's own extraction)."""
     with _MV_LOCK:
         if kind == "prose":
-            preds = _parse(_TAG.sub(" ", text), max_chars=MAX_TAIL_CHARS)
+            parsed = _parse(_TAG.sub(" ", text), max_chars=MAX_TAIL_CHARS)
+            if strict:
+                parsed = tuple(_exact(r) for r in parsed)
+            groups, letters = ((parsed,) if parsed else ()), None
         else:
-            preds = _readings(text, lenient=not fast)
-        return bool(preds), _verify_any(preds, golds, fast)
+            groups = _reading_groups(text, lenient=not fast, strict=strict)
+            letters = choice_letters(text)
+        return bool(groups) or letters is not None, _verify_any(groups, letters, golds, fast, strict)
 
 
 # --------------------------------------------------------------------------- killable grader process
@@ -350,7 +521,8 @@ def _serve_grader() -> None:
             time.sleep(float(req["text"]))
         reply: dict[str, Any] = {"found": False, "ok": False}
         try:
-            reply["found"], reply["ok"] = _grade_local(req["kind"], req["text"], req["golds"], req["fast"])
+            reply["found"], reply["ok"] = _grade_local(req["kind"], req["text"], req["golds"], req["fast"],
+                                                       req.get("strict", False))
         except Exception as err:
             reply["error"] = f"{type(err).__name__}: {err}"[:300]
         replies.write(json.dumps(reply) + "\n")
@@ -361,26 +533,31 @@ _GRADER = _GraderProcess()
 atexit.register(_GRADER.close)
 os.register_at_fork(after_in_child=_GRADER.forget_after_fork)
 _ISOLATED = True
+_STRICT = False
 
 
-def configure_math_grader(isolated: bool = True, timeout_s: float = 10.0) -> None:
+def configure_math_grader(isolated: bool = True, timeout_s: float = 10.0, strict: bool = False) -> None:
     """``isolated=False`` grades in this process with no time limit (no child process; a
-    pathological answer can then hang the caller). ``timeout_s``: per answer when isolated."""
-    global _ISOLATED, GRADER_TIMEOUT_S
+    pathological answer can then hang the caller). ``timeout_s``: per answer when isolated.
+    ``strict``: the default for calls that pass ``strict=None`` (see the module doc)."""
+    global _ISOLATED, GRADER_TIMEOUT_S, _STRICT
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    _ISOLATED, GRADER_TIMEOUT_S = isolated, float(timeout_s)
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict must be a bool, got {strict!r}")
+    _ISOLATED, GRADER_TIMEOUT_S, _STRICT = isolated, float(timeout_s), strict
     if not isolated:
         _GRADER.close()
 
 
-def _grade(kind: str, text: str, ground_truth: Any, fast: bool) -> tuple[bool, bool]:
+def _grade(kind: str, text: str, ground_truth: Any, fast: bool, strict: bool | None = None) -> tuple[bool, bool]:
     global _ISOLATED
+    strict = _STRICT if strict is None else bool(strict)
     golds = _ground_truths(ground_truth)
     if not text.strip() or (kind == "answer" and len(text.strip()) > MAX_ANSWER_CHARS):
         return False, False  # (too long: it would not be parsed anyway; don't ship it to the child)
     if _ISOLATED:
-        payload = {"kind": kind, "text": text, "golds": golds, "fast": bool(fast)}
+        payload = {"kind": kind, "text": text, "golds": golds, "fast": bool(fast), "strict": strict}
         try:
             reply = _GRADER.request(payload, GRADER_TIMEOUT_S)
         except (OSError, RuntimeError):
@@ -392,11 +569,20 @@ def _grade(kind: str, text: str, ground_truth: Any, fast: bool) -> tuple[bool, b
                 logger.warning("math grading of %r took over %.3g s; scoring 0", text[:80], GRADER_TIMEOUT_S)
                 return False, False
             return reply
-    return _grade_local(kind, text, golds, fast)
+    return _grade_local(kind, text, golds, fast, strict)
 
 
-def answers_match(answer: str, ground_truth: Any, fast: bool = True) -> bool:
+def answers_match(answer: str, ground_truth: Any, fast: bool = True, strict: bool | None = None) -> bool:
     """Whether ``answer`` (extracted answer text) equals the ground truth (a str or number, or a
-    list of acceptable ones) under math-verify; ``fast`` as in the module doc. Thread-safe."""
-    return isinstance(answer, str) and _grade("answer", answer, ground_truth, fast)[1]
+    list of acceptable ones) under math-verify; ``fast`` and ``strict`` (None: the configured
+    default) as in the module doc. Thread-safe."""
+    return isinstance(answer, str) and _grade("answer", answer, ground_truth, fast, strict)[1]
 
+
+def parses(answer: str) -> bool:
+    """Whether math-verify reads a value from ``answer`` (a ground truth), in this process: used
+    to check answers taken from datasets before training starts."""
+    if not isinstance(answer, str) or not answer.strip():
+        return False
+    with _MV_LOCK:
+        return any(not isinstance(r, str) for r in _readings(answer, lenient=False))

@@ -24,7 +24,7 @@ def load_prompt(name: str) -> str:
     return text.removesuffix("\n")
 
 
-def format_prompt(name: str, question: str) -> str:
+def format_math_prompt(name: str, question: str) -> str:
     """Insert ``question`` at ``{question}``. Plain replacement, not ``str.format``: questions are
     full of LaTeX braces."""
     if not isinstance(question, str):

@@ -11,6 +11,8 @@
   ("final answer is", the last ``$...$``, the last number). format = 1 iff an answer was read;
   reward = answer.
 
+Both take ``strict`` (None: the default set by ``configure_math_grader``): ``strict=True``
+grades like the course's grader (simplified answers, exact decimals) for comparable accuracies.
 Equivalence, its departures from the course grader and its time bounds: ``rlpipe.tasks.math.grader``.
 """
 
@@ -31,13 +33,14 @@ from rlpipe.tasks.reward_dict import RewardDict, never_raise, scores, zeros
 
 
 @never_raise
-def r1_zero_reward_fn(response: str, ground_truth: Any, fast: bool = True) -> RewardDict:
+def r1_zero_reward_fn(response: str, ground_truth: Any, fast: bool = True, strict: bool | None = None) -> RewardDict:
     """Grade a continuation of the ``r1_zero`` prompt (it starts inside ``<think>``).
 
     format_reward = 1 iff ``"</think> <answer>"`` and then ``"</answer>"`` occur. The answer is the
     text between them, or the content of its last ``\\boxed{}`` when it has one (an unclosed
     ``\\boxed{`` is no answer). answer_reward = 1 iff format_reward = 1 and ``answers_match``.
-    reward = answer_reward (so 1 only when format and answer are both right).
+    reward = answer_reward (so 1 only when format and answer are both right). ``strict``: the
+    course-comparable grading of ``rlpipe.tasks.math.grader`` (None: ``configure_math_grader``'s).
     """
     if not isinstance(response, str):
         return zeros()
@@ -46,24 +49,25 @@ def r1_zero_reward_fn(response: str, ground_truth: Any, fast: bool = True) -> Re
         return zeros()
     if "\\boxed{" in answer:
         answer = last_boxed(answer)
-    return scores(True, answer is not None and answers_match(answer, ground_truth, fast))
+    return scores(True, answer is not None and answers_match(answer, ground_truth, fast, strict))
 
 
 @never_raise
-def question_only_reward_fn(response: str, ground_truth: Any, fast: bool = True) -> RewardDict:
+def question_only_reward_fn(response: str, ground_truth: Any, fast: bool = True,
+                            strict: bool | None = None) -> RewardDict:
     """Grade a response to the bare-question prompt (no format requirement).
 
     The answer is the content of the last ``\\boxed{}`` (an unclosed one: no answer); without
     one, math-verify reads the last ``MAX_TAIL_CHARS`` characters itself, XML-like tags replaced
     by spaces (its "final answer is" anchors, the last ``$...$``, the last number).
-    format_reward = 1 iff an answer was read; reward = answer_reward.
+    format_reward = 1 iff an answer was read; reward = answer_reward. ``strict`` as above.
     """
     if not isinstance(response, str):
         return zeros()
     if "\\boxed{" in response:
         boxed = last_boxed(response)
-        found, ok = _grade("answer", boxed, ground_truth, fast) if boxed is not None else (False, False)
+        found, ok = _grade("answer", boxed, ground_truth, fast, strict) if boxed is not None else (False, False)
     else:
-        found, ok = _grade("prose", response[-MAX_TAIL_CHARS:], ground_truth, fast)
+        found, ok = _grade("prose", response[-MAX_TAIL_CHARS:], ground_truth, fast, strict)
     return scores(found, ok) if found else zeros()
 

@@ -21,6 +21,7 @@ from rlpipe.lm.device import autocast, resolve_device, setup_process
 from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.rl.records import RolloutBatch, VersionEvent
+from rlpipe.rl.scoring import guarded_rewards
 from rlpipe.tasks import Example
 from rlpipe.trainer.profiling import Profiler
 
@@ -30,15 +31,16 @@ def sample_seed(run_seed: int, step: int) -> int:
 
 
 class Generator:
-    def __init__(self, checkpoint: str, train_cfg, *, stop: tuple[str, ...] = (), threads: int = 1,
-                 profiler: Profiler | None = None):
+    def __init__(self, checkpoint: str, train_cfg, *, tokenizer: str | None = None, stop: tuple[str, ...] = (),
+                 include_stop: bool = False, threads: int = 1, profiler: Profiler | None = None):
         setup_process(threads, train_cfg.seed)
         self.cfg = train_cfg
         self.device = resolve_device(train_cfg.device)
         ckpt = load_checkpoint(checkpoint, device=self.device)
         self.model = ckpt.model.eval()
-        self.tokenizer = load_tokenizer(ckpt.tokenizer)
+        self.tokenizer = load_tokenizer(tokenizer or ckpt.tokenizer)
         self.stop = tuple(stop)
+        self.include_stop = include_stop  # the task's grader reads the stop string (r1_zero's </answer>)
         self.version = 0
         self.prof = profiler or Profiler("generator")
         self.version_log: list[VersionEvent] = [VersionEvent("generator", 0, time.time(), "init")]
@@ -48,7 +50,7 @@ class Generator:
         c = self.cfg
         return SamplingParams(n=n, temperature=c.sampling_temperature, top_p=c.sampling_top_p,
                               max_tokens=c.sampling_max_tokens, min_tokens=c.sampling_min_tokens,
-                              stop=self.stop, seed=seed)
+                              stop=self.stop, include_stop_str_in_output=self.include_stop, seed=seed)
 
     @torch.inference_mode()
     def _sample(self, examples: list[Example], n: int, seed: int):
@@ -81,7 +83,8 @@ class Generator:
         seed at the training temperature; also returns a few scored examples."""
         with self.prof.phase("validate", step, self.version):
             responses = self._sample(examples, 1, self.cfg.val_seed).response_text
-            rewards = [reward_fn(r, e.ground_truth)["reward"] for r, e in zip(responses, examples, strict=True)]
+            scores, _ = guarded_rewards(reward_fn, responses, [e.ground_truth for e in examples])
+            rewards = [float(s["reward"]) for s in scores]  # a failing sample scores 0 (logged)
         shown = [{"prompt": e.prompt, "response": r, "reward": w, "ground_truth": e.ground_truth}
                  for e, r, w in list(zip(examples, responses, rewards, strict=True))[:4]]
         return float(sum(rewards) / max(1, len(rewards))), shown

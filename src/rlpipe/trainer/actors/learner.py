@@ -93,7 +93,8 @@ def response_log_probs(model, t: TrainTensors, temperature: float, entropy: bool
 
 
 class Learner:
-    def __init__(self, checkpoint: str, train_cfg, *, threads: int = 1, profiler: Profiler | None = None):
+    def __init__(self, checkpoint: str, train_cfg, *, tokenizer: str | None = None, threads: int = 1,
+                 profiler: Profiler | None = None):
         setup_process(threads, train_cfg.seed)
         self.cfg = train_cfg
         self.sizes = train_cfg.derived()
@@ -101,7 +102,7 @@ class Learner:
         ckpt = load_checkpoint(checkpoint, device=self.device)
         self.model = ckpt.model.train()
         self.tokenizer_ref = ckpt.tokenizer
-        self.pad_id = load_tokenizer(ckpt.tokenizer).pad_token_id
+        self.pad_id = load_tokenizer(tokenizer or ckpt.tokenizer).pad_token_id
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=train_cfg.learning_rate,
                                      weight_decay=train_cfg.weight_decay, betas=tuple(train_cfg.betas))
         self.version = 0
@@ -129,9 +130,8 @@ class Learner:
     def _diverged(self, step: int, what: str, updated: bool) -> NonFiniteLossError:
         self.diverged = f"optimizer step {step}: {what}"
         kept = ("the weights were updated and are now unusable" if updated else "the weights were not updated")
-        return NonFiniteLossError(f"training diverged at optimizer step {step} (learner version {self.version}): "
-                                  f"{what}; {kept}. Lower train.learning_rate (now {self.cfg.learning_rate:g}); "
-                                  "the last checkpoint on disk is from an earlier, finite step")
+        return NonFiniteLossError(f"training diverged at optimizer step {step}: {what}; {kept} and are never "
+                                  f"checkpointed. Lower train.learning_rate (now {self.cfg.learning_rate:g})")
 
     def _accumulate_gradients(self, t: TrainTensors, ref: torch.Tensor | None, step: int):
         c, mb = self.cfg, self.sizes.micro_train_batch_size

@@ -18,12 +18,12 @@ from rlpipe.trainer.profiling import Profiler
 
 
 class ReferenceModel:
-    def __init__(self, checkpoint: str, train_cfg, *, profiler: Profiler | None = None):
+    def __init__(self, checkpoint: str, train_cfg, *, tokenizer: str | None = None, profiler: Profiler | None = None):
         self.cfg = train_cfg
         self.device = resolve_device(train_cfg.device)
         ckpt = load_checkpoint(checkpoint, device=self.device)
         self.model = ckpt.model.eval().requires_grad_(False)
-        self.pad_id = load_tokenizer(ckpt.tokenizer).pad_token_id
+        self.pad_id = load_tokenizer(tokenizer or ckpt.tokenizer).pad_token_id
         self.prof = profiler or Profiler("reference")
 
     @torch.no_grad()

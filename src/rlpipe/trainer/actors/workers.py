@@ -26,13 +26,15 @@ from rlpipe.trainer.weight_sync import SyncStats, WeightReceiver, WeightSender, 
 
 
 class ColocatedWorker:
-    def __init__(self, checkpoint: str, train_cfg, dataset_dir: str | None, threads: int):
+    def __init__(self, checkpoint: str, train_cfg, dataset_dir: str | None, threads: int,
+                 tokenizer: str | None = None):
         self.cfg = train_cfg
         self.task = make_task(train_cfg.task, dataset_dir)
         self.prof = Profiler("colocated")
-        self.generator = Generator(checkpoint, train_cfg, stop=self.task.stop, threads=threads, profiler=self.prof)
-        self.learner = Learner(checkpoint, train_cfg, threads=threads, profiler=self.prof)
-        self.reference = ReferenceModel(checkpoint, train_cfg, profiler=self.prof)
+        self.generator = Generator(checkpoint, train_cfg, tokenizer=tokenizer, stop=self.task.stop, threads=threads,
+                                   profiler=self.prof, include_stop=self.task.include_stop_str_in_output)
+        self.learner = Learner(checkpoint, train_cfg, tokenizer=tokenizer, threads=threads, profiler=self.prof)
+        self.reference = ReferenceModel(checkpoint, train_cfg, tokenizer=tokenizer, profiler=self.prof)
 
     def rollout(self, batch_index: int, step: int) -> RolloutBatch:
         n = self.cfg.derived().n_prompts_per_rollout_batch
@@ -72,11 +74,11 @@ class ColocatedWorker:
 
 
 class LearnerWorker(WeightSender):
-    def __init__(self, checkpoint: str, train_cfg, threads: int):
+    def __init__(self, checkpoint: str, train_cfg, threads: int, tokenizer: str | None = None):
         self.cfg = train_cfg
         self.prof = Profiler("learner")
-        self.learner = Learner(checkpoint, train_cfg, threads=threads, profiler=self.prof)
-        self.reference = ReferenceModel(checkpoint, train_cfg, profiler=self.prof)
+        self.learner = Learner(checkpoint, train_cfg, tokenizer=tokenizer, threads=threads, profiler=self.prof)
+        self.reference = ReferenceModel(checkpoint, train_cfg, tokenizer=tokenizer, profiler=self.prof)
 
     def update(self, batch: RolloutBatch, step: int) -> UpdateResult:
         ref = self.reference.log_probs(batch, step, self.learner.version)
@@ -100,10 +102,12 @@ class LearnerWorker(WeightSender):
 
 
 class GeneratorWorker(WeightReceiver):
-    def __init__(self, checkpoint: str, train_cfg, dataset_dir: str | None, threads: int):
+    def __init__(self, checkpoint: str, train_cfg, dataset_dir: str | None, threads: int,
+                 tokenizer: str | None = None):
         self.cfg = train_cfg
         self.task = make_task(train_cfg.task, dataset_dir)
-        self.generator = Generator(checkpoint, train_cfg, stop=self.task.stop, threads=threads)
+        self.generator = Generator(checkpoint, train_cfg, tokenizer=tokenizer, stop=self.task.stop, threads=threads,
+                                   include_stop=self.task.include_stop_str_in_output)
 
     def rollout(self, batch_index: int, step: int) -> RolloutBatch:
         n = self.cfg.derived().n_prompts_per_rollout_batch

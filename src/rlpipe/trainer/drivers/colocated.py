@@ -21,13 +21,14 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
     k, spb = t.k, ctx.sizes.train_steps_per_rollout_batch
     worker = ctx.actor(ColocatedWorker, gpus=min(gpus, 1), cpus=ctx.threads,
                        checkpoint=ctx.base_checkpoint, train_cfg=t, dataset_dir=ctx.dataset_dir,
-                       threads=ctx.threads)
+                       threads=ctx.threads, tokenizer=ctx.tokenizer)
     next_batch, step = ctx.restore(worker)
     if step == 0:
         ctx.begin(worker)
     for round_start in range(next_batch, t.n_grpo_steps, k):
         first_step = step + 1
-        batches = [ctx.wait_get(worker.rollout.remote(b, b * spb + 1), f"rollout batch {b}", b * spb + 1, step)
+        batches = [ctx.wait_get(worker.rollout.remote(b, b * spb + 1), f"rollout batch {b} (for step {b * spb + 1})",
+                                b * spb + 1, step)
                    for b in range(round_start, round_start + k)]
         if step == 0:
             ctx.writer.update_row(0, ctx.get(worker.initial_kl.remote(batches[0]), "initial KL"))
@@ -37,13 +38,7 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
                 ctx.log_update(step, ctx.get(worker.update.remote(sub, step), f"update step {step}"), sub)
         ctx.log_sync(step, ctx.get(worker.sync_weights.remote(step), f"weight sync after step {step}"))
         ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
-        if ctx.validation_due(first_step, step):
-            ctx.submit_validation(worker, step)
-        if ctx.checkpoint_due(first_step, step):
-            ctx.save_checkpoint(worker, step, round_start + k)
-        else:
-            ctx.collect_validation()
-            ctx.writer.flush()
+        ctx.end_round(first_step, step, round_start + k, worker, worker)
     ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
     ctx.collect_validation()
     return ctx.run_info(devices=max(1, min(gpus, 1)), device_type=DEVICE_GPU if gpus else DEVICE_CPU)

@@ -51,7 +51,7 @@ class TrainingDiverged(RuntimeError):
 
 
 #: what a failing actor is called in messages, by actor class
-ROLES = {"ColocatedWorker": "colocated worker (generator + learner)", "LearnerWorker": "learner",
+ROLES = {"ColocatedWorker": "colocated worker", "LearnerWorker": "learner",
          "GeneratorWorker": "generator", "Scorer": "scorer"}
 #: errors raised inside an actor that are re-raised in the driver as themselves (their message is
 #: complete: it names the file), instead of Ray's wrapper with the remote traceback
@@ -68,6 +68,7 @@ class RunContext:
     out_dir: Path
     threads: int
     resume: bool
+    tokenizer: str | None = None  # absolute tokenizer reference for the actors (None: the checkpoint's)
     writer: RunWriter = field(init=False)
     samples: int = 0
     tokens: int = 0
@@ -79,7 +80,7 @@ class RunContext:
         self.driver_events: list[PhaseEvent] = []
         self.step = 0  # last optimizer step whose result the driver has
         self.checkpoint_step: int | None = None  # step of the checkpoint on disk (this run's)
-        self.roles: dict[str, str] = {}  # actor id (hex) -> "learner (<variant>/LearnerWorker)"
+        self.roles: dict[str, str] = {}  # actor id (hex) -> "learner actor (<variant>/LearnerWorker)"
         self.progress = ProgressPrinter(self.variant, self.sizes.total_optimizer_steps,
                                         versions=self.train.mode == "disaggregated")
         self._new_versions: list = []
@@ -91,22 +92,31 @@ class RunContext:
         try:
             return ray.get(ref, timeout=self.train.ray_timeout_s)
         except ray.exceptions.GetTimeoutError as e:
-            raise ActorFailure(f"{what}: no answer within train.ray_timeout_s={self.train.ray_timeout_s}s "
-                               f"(actor stuck or overloaded){self._where()}. {self.resume_advice()}") from e
+            raise ActorFailure(f"{what}: no answer from the {self._callee(ref)} within train.ray_timeout_s="
+                               f"{self.train.ray_timeout_s}s (stuck or overloaded){self._where()}. "
+                               f"{self.resume_advice()}") from e
         except ray.exceptions.RayActorError as e:
-            raise ActorFailure(f"{what}: the {self.role_of(e)} actor died ({type(e).__name__}){self._where()}; "
+            dead = self._dead_actor(e) or e
+            raise ActorFailure(f"{what}: the {self.role_of(dead)} died ({type(dead).__name__}){self._where()}; "
                                f"see the Ray logs above. {self.resume_advice()}") from e
         except ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, NonFiniteLossError):
-                raise TrainingDiverged(f"{what}: {cause}") from None
+                raise TrainingDiverged(f"{what}: {cause}. {self.checkpoint_state()}") from None
             if isinstance(cause, _PASS_THROUGH):
                 raise type(cause)(f"{what}: {cause}") from None
             raise
 
     def role_of(self, err) -> str:
-        """The role of the actor an error comes from, e.g. ``learner (v/LearnerWorker)``."""
-        return self.roles.get(getattr(err, "actor_id", None) or "", "unknown")
+        """The actor an error comes from, e.g. ``learner actor (v/LearnerWorker)``."""
+        return self.roles.get(getattr(err, "actor_id", None) or "", "actor (unknown)")
+
+    def _callee(self, ref) -> str:
+        """The actor a ref's task runs on (``ObjectRef.task_id().actor_id()``)."""
+        try:
+            return self.roles.get(ref.task_id().actor_id().hex(), "actor")
+        except Exception:  # not an actor task's ref
+            return "actor"
 
     def _where(self) -> str:
         return f" after optimizer step {self.step} of {self.sizes.total_optimizer_steps}"
@@ -118,14 +128,34 @@ class RunContext:
         return (f"No checkpoint was written yet (train.checkpoint_every={self.train.checkpoint_every}): "
                 "rerun without --resume to start afresh")
 
+    def checkpoint_state(self) -> str:
+        if self.checkpoint_step is not None and self.checkpoint_path.is_file():
+            return f"The checkpoint on disk, {self.checkpoint_path}, is from optimizer step {self.checkpoint_step}"
+        return "No checkpoint of this run is on disk"
+
     def sync(self, transport, sender, receivers, step: int):
-        """``transport.sync`` with a failure named like ``get``'s (the dead actor and the step)."""
+        """``transport.sync`` with a dead actor reported like ``get`` does (which one, the step)."""
         try:
             return transport.sync(sender, receivers, step)
         except WeightSyncError as e:
-            dead = e.__cause__ if isinstance(e.__cause__, ray.exceptions.RayActorError) else None
-            who = f"; the {self.role_of(dead)} actor died" if dead is not None else ""
-            raise ActorFailure(f"weight sync after optimizer step {step}: {e}{who}. {self.resume_advice()}") from e
+            dead = self._dead_actor(e)
+            if dead is None:
+                raise ActorFailure(f"weight sync after optimizer step {step}: {e}. {self.resume_advice()}") from e
+            raise ActorFailure(f"weight sync after optimizer step {step}: the {self.role_of(dead)} died "
+                               f"({type(dead).__name__}){self._where()}; see the Ray logs above. "
+                               f"{self.resume_advice()}") from e
+
+    def _dead_actor(self, err: BaseException):
+        """The actor death behind ``err`` (through ``__cause__`` and Ray's ``cause``), if any: the
+        innermost one of this run's actors (a receiver's task fails when the sender it reads from
+        died; Ray wraps that death in the receiver's task error)."""
+        found, seen = [], 0
+        while err is not None and seen < 8:
+            if isinstance(err, ray.exceptions.RayActorError):
+                found.append(err)
+            err, seen = err.__cause__ or getattr(err, "cause", None), seen + 1
+        known = [f for f in found if getattr(f, "actor_id", None) in self.roles]
+        return (known or found or [None])[-1]
 
     def wait_get(self, ref, what: str, step: int, version: int):
         start = time.time()
@@ -138,7 +168,7 @@ class RunContext:
         name = f"{self.variant}/{cls.__name__}"
         opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": name}
         handle = ray_actor_class(cls, transport).options(**opts).remote(**kwargs)
-        self.roles[handle._actor_id.hex()] = f"{ROLES.get(cls.__name__, cls.__name__)} ({name})"
+        self.roles[handle._actor_id.hex()] = f"{ROLES.get(cls.__name__, cls.__name__)} actor ({name})"
         return handle
 
     # -- logging ----------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ Transports
 =================  ==========================================================================
 ``local``          in-process copy (``copy_weights``) for the ColocatedWorker, which holds the
                    learner's and the generator's model in one actor.
-``object_store``   Ray's default: the sender's task returns CPU tensors, Ray serialises them into
-                   its object store and every receiver deserialises a copy.
+``object_store``   Ray's object store: the sender's task returns a ``ShmPayload`` (``uint8`` numpy
+                   views of its CPU tensors), which Ray copies once into shared memory and every
+                   receiver reads zero-copy while copying it into its own tensors.
 ``rdt/gloo``       Ray Direct Transport over a gloo collective group (CPU tensors): the tensors
                    stay in the sender's process and go sender -> receiver over a socket, with no
                    object-store serialisation. Works on CPU-only machines.
@@ -61,9 +62,42 @@ separates, while the copy costs one memcpy of the model. ``wait_tensor_freed`` i
 decide, without blocking (50 ms at most), whether the previous pack may be refilled instead of
 allocating a fresh model-sized buffer (fresh memory is page-faulted: packing 100 MB took ~60 ms
 fresh vs ~10 ms reused); a pack some ref still points to is never touched (tested). Memory: one
-model-sized pack on the sender (two while an old ref is still alive). The object store gets named,
-unpacked tensors: the return value is serialised (copied) when the task returns, so no copy is
-needed, and packing measured slower there (34 vs 27 ms for the 5.5 MB model).
+model-sized pack on the sender (two while an old ref is still alive).
+
+The object store: torch tensors returned from a task are pickled *in band* -- copied into the
+object store, then deserialised into fresh tensors on the receiver (page-faulted), then copied
+into the model: 100 MB took ~330-440 ms on the 2-core dev machine. A ``ShmPayload`` instead holds
+``uint8`` numpy arrays, which Ray's pickle5 serialiser stores out of band: the receiver gets
+read-only views into the object store's shared memory (no deserialising copy; tested) and copies
+from them straight into its tensors: ~50 ms for 100 MB at load average ~2 (two memcpys plus Ray's
+fixed ~10 ms), ~90 ms with the 2 cores 2-3x oversubscribed by other processes. A
+CPU model sends views of its own tensors, not a pack: Ray copies the return value into the object
+store when the task returns -- before an actor with ``max_concurrency=1`` can run an optimizer
+step -- so a pack would only add a memcpy (~15 ms per 100 MB here, measured as
+``object_store/packed`` in ``rlpipe bench weight-sync``). A model off the CPU is packed per dtype
+into a CPU buffer refilled on every sync (one device-to-host copy per tensor into warm memory,
+instead of a fresh CPU tensor each); the receiver checks the layout fingerprint either way, since
+the bytes carry no dtype or shape. ``ObjectStoreTransport(payload="tensors")`` keeps the naive
+path for comparison.
+
+What bounds rdt/gloo on CPU (100 MB, 2 cores, one torch thread per actor, Ray 2.60): ~190 ms per
+sync = pack ~18 ms (a warm memcpy; the pack is reused) + the transfer ~50 ms + ~60 ms of page
+faults in the receive buffer + the in-place load ~18 ms + ~45 ms of Ray round trips (export task,
+metadata to the driver, ``__ray_send__``/``__ray_recv__`` tasks, the load task; ~16 ms at 1 MB).
+Per-tensor overhead is gone (packed). Socket buffers are not the limit: gloo over loopback TCP
+moves 100 MB between two warm buffers in ~45 ms (~2.2 GB/s, about half a memcpy, as every byte is
+copied into and out of the kernel), and fixed ``SO_SNDBUF``/``SO_RCVBUF`` sizes were slower than
+Linux's autotuning in a loopback probe. Threads: gloo sends and receives on one thread each, and
+both actors keep a core busy during the transfer, so more threads cannot help on 2 cores. The page
+faults are Ray's: for two-sided transports (gloo, nccl) it allocates a fresh ``torch.empty``
+receive buffer per transfer, and ``set_target_for_ref`` (receive into our own buffer) only works
+for one-sided transports fetched with ``ray.get``. Setting ``THP_MEM_ALLOC_ENABLE=1`` in the
+actors' environment (torch then requests transparent huge pages for large CPU allocations)
+removed those faults in a probe (fresh receive 109 -> 48 ms, sync ~190 -> ~120 ms); it is a
+process-wide memory policy, so it is left to the run's Ray ``runtime_env`` (``rlpipe bench
+weight-sync --thp`` measures it). Even then the object store wins on CPU: fewer copies, fewer
+round trips. RDT's advantage needs GPUs (NCCL, CUDA IPC, NIXL), which this CPU machine cannot
+measure.
 
 Timing and failures: every sync is timed on the driver (``SyncStats.seconds``: from submitting
 the export to the last receiver's ack), logged with bytes and GB/s (decimal, bytes moved to all
@@ -75,9 +109,10 @@ Departures from the seeds: seed 000 §3.4 uses NCCL and seed 002 Problem 12 uses
 ``@ray.method(tensor_transport=...)`` hard-coded on ``Learner.get_weights`` returning
 ``state_dict()``. Here the backend is chosen per call with ``.options(tensor_transport=...)`` so one
 actor class serves every transport from config; gloo is added so that RDT runs (and is tested) on
-CPU-only machines; tied weights are de-duplicated; rdt payloads are packed; and the receiver
-copies in place instead of ``load_state_dict`` so the generator's tensors (and any CUDA graphs or
-KV caches pointing at them) keep their storage.
+CPU-only machines; tied weights are de-duplicated; rdt payloads are packed; object-store
+payloads are shared-memory views read without a deserialising copy; and the receiver copies in
+place instead of ``load_state_dict`` so the generator's tensors (and any CUDA graphs or KV caches
+pointing at them) keep their storage.
 """
 
 from __future__ import annotations
@@ -103,15 +138,18 @@ from rlpipe.trainer.weight_sync.errors import (
 )
 from rlpipe.trainer.weight_sync.payload import (
     LAYOUT_KEY,
+    ShmPayload,
     SyncStats,
     copy_weights,
     flat_weights,
     layout_fingerprint,
     pack_weights,
+    shm_payload,
     state_bytes,
     weights_checksum,
 )
 from rlpipe.trainer.weight_sync.transports import (
+    OBJECT_STORE_PAYLOADS,
     TRANSPORTS,
     LocalTransport,
     ObjectStoreTransport,
@@ -127,11 +165,13 @@ __all__ = [
     "LAYOUT_KEY",
     "LoadAck",
     "LocalTransport",
+    "OBJECT_STORE_PAYLOADS",
     "ObjectStoreTransport",
     "RDT_BACKENDS",
     "RDT_TIMEOUT_ENV",
     "RdtBackend",
     "RdtTransport",
+    "ShmPayload",
     "SyncStats",
     "TRANSPORTS",
     "Transport",
@@ -148,6 +188,7 @@ __all__ = [
     "pack_weights",
     "preflight",
     "ray_actor_class",
+    "shm_payload",
     "state_bytes",
     "weights_checksum",
 ]

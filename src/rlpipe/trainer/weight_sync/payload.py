@@ -153,9 +153,14 @@ def _shm_tensors(dst: dict[str, torch.Tensor], payload: ShmPayload) -> dict[str,
         warnings.filterwarnings("ignore", message=".*not writable", category=UserWarning)
         bufs = {k: torch.from_numpy(b) for k, b in payload.buffers.items()}
     if payload.packed:
-        typed = {k: b.view(_dtype(k)) for k, b in bufs.items()}
+        typed = {k: _typed(b, _dtype(k)) for k, b in bufs.items()}
         return _unpack(dst, {**typed, LAYOUT_KEY: torch.tensor([payload.layout], dtype=torch.int64)})
-    return {n: bufs[n].view(d.dtype).view(d.shape) for n, d in dst.items()}
+    return {n: _typed(bufs[n], d.dtype).view(d.shape) for n, d in dst.items()}
+
+
+def _typed(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``buf``'s bytes as ``dtype`` (a view; numpy gives empty arrays a stride torch cannot view)."""
+    return buf.view(dtype) if buf.numel() else torch.empty(0, dtype=dtype)
 
 
 def _reusable(payload: dict[str, torch.Tensor] | None, flat: dict[str, torch.Tensor], device: Any,

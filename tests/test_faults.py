@@ -1,0 +1,498 @@
+"""Faults injected into ``rlpipe train``: each one gives a clear error naming what failed (actor,
+step, file), and what is left on disk is never mistaken for valid later.
+
+- actor death (learner, scorer, colocated worker; the generator is in test_disaggregated.py);
+- divergence (``train.learning_rate: 1e12``) and the checkpoint refusal behind it;
+- a write failing mid-file (disk full, file-size limit);
+- two ``rlpipe train`` on one run directory;
+- a damaged checkpoint or snapshot on ``--resume``;
+- a reward function that raises or hangs on one sample.
+Tests that start Ray carry ``ray``; the others run without it. The measured times to fail are
+printed (``-s`` shows them) and bounded well below ``train.ray_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from rlpipe.analysis import contract
+from rlpipe.io import OutputWriteError, torch_save
+from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
+from rlpipe.trainer import run as run_module
+from rlpipe.trainer.drivers.common import ActorFailure, TrainingDiverged
+from rlpipe.trainer.lock import RunLockedError, run_lock
+from rlpipe.trainer.resume import ResumeError
+from rlpipe.trainer.run_writer import RunWriter, read_snapshot
+
+VARIANTS = {"onpolicy": {"mode": "colocated_sync"}, "disagg": {"mode": "disaggregated"},
+            "scorer": {"mode": "disaggregated", "scorer_actor": True}}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, tiny_base, write_config):
+    tmp = tmp_path_factory.mktemp("faults")
+    return {"tmp": tmp, "base": tiny_base[0], "data": tiny_base[1], "write": write_config}
+
+
+def config(env, name: str, **train) -> str:
+    return str(env["write"](env["tmp"] / f"{name}.yaml", train=train, variants=VARIANTS))
+
+
+def train(env, cfg: str, variant: str, out: Path, **kw) -> dict:
+    return run_module.run(cfg, variant, str(out), env["base"], env["data"], threads=2, **kw)
+
+
+def temp_files(*dirs: Path) -> list[str]:
+    return [p.name for d in dirs if d.exists() for p in d.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fails the test if the run gets past its checks (Ray may be up from other tests)."""
+    started = []
+    monkeypatch.setattr(run_module, "_run_with_ray", lambda *a, **k: started.append("driver"))
+    yield
+    assert not started, "the run got past its checks and started driving actors"
+
+
+# --------------------------------------------------------------------------- actor death
+
+
+def _kill_when(path: Path, actor_name: str, out: Path, record: dict) -> threading.Thread:
+    """Once ``path`` exists: check the run holds its lock, then kill the named actor."""
+    import ray
+
+    def go():
+        deadline = time.time() + 120
+        while time.time() < deadline and not path.exists():
+            time.sleep(0.05)
+        try:
+            with run_lock(out):
+                record["lock_held"] = False
+        except RunLockedError:
+            record["lock_held"] = True
+        ray.kill(ray.get_actor(actor_name), no_restart=True)
+        record["killed_at"] = time.time()
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("variant, actor, role, checkpoint", [
+    ("disagg", "LearnerWorker", "learner", True),
+    ("scorer", "Scorer", "scorer", False),
+    ("onpolicy", "ColocatedWorker", "colocated worker", True),
+])
+def test_actor_death_names_actor_and_step_and_advises_resume_only_with_a_checkpoint(
+        env, ray_session, tmp_path, variant, actor, role, checkpoint):
+    cfg = config(env, f"death_{variant}", n_grpo_steps=40, checkpoint_every=1 if checkpoint else 100,
+                 ray_timeout_s=60.0)
+    out = tmp_path / "run"
+    trigger = out / (contract.CHECKPOINT_FILE if checkpoint else contract.METRICS_FILE)
+    record: dict = {}
+    killer = _kill_when(trigger, f"{variant}/{actor}", out, record)
+    with pytest.raises(ActorFailure) as err:
+        train(env, cfg, variant, out)
+    failed_after = time.time() - record["killed_at"]
+    killer.join()
+    msg = str(err.value)
+    print(f"\n{variant}/{actor} killed: failed after {failed_after:.2f}s: {msg}")
+    assert failed_after < 30  # the death is reported at once, not after ray_timeout_s (60 s)
+    assert record["lock_held"]  # the running trainer held <out>/.lock
+    assert f"the {role} actor ({variant}/{actor}) died" in msg
+    assert int(_after_step(msg)) >= 1
+    if checkpoint:
+        ck = load_checkpoint(out / contract.CHECKPOINT_FILE)
+        assert f"Rerun with --resume to continue from {out / contract.CHECKPOINT_FILE} " \
+               f"(optimizer step {ck.extra['step']})" in msg
+    else:
+        assert "Rerun with --resume" not in msg and "No checkpoint was written yet" in msg
+        assert not (out / contract.CHECKPOINT_FILE).exists()
+
+
+def _after_step(msg: str) -> str:
+    import re
+
+    m = re.search(r"after optimizer step (\d+) of 40", msg)
+    assert m, msg
+    return m.group(1)
+
+
+def test_weight_sync_failure_names_the_dead_actor_behind_it(env, tmp_path):
+    """A sender that dies fails the receiver's load task; the sync error names the sender and the
+    step (no Ray needed: the error chain is what Ray and the transport build)."""
+    import ray
+
+    from rlpipe.config import load_config, resolve_variant
+    from rlpipe.trainer.drivers.common import RunContext
+    from rlpipe.trainer.weight_sync import WeightSyncError
+
+    cfg = load_config(config(env, "sync"))
+    ctx = RunContext(cfg, resolve_variant(cfg, "disagg"), "disagg", env["base"], env["data"], tmp_path, 1, False)
+    ctx.roles = {"aa01": "learner actor (disagg/LearnerWorker)", "bb02": "generator actor (disagg/GeneratorWorker)"}
+    ctx.step = 1
+
+    class DeadSender:
+        def sync(self, sender, receivers, version):
+            died = ray.exceptions.RayActorError(actor_id="aa01", error_msg="killed")
+            try:
+                raise ray.exceptions.RayTaskError("load_weights", "tb", died) from died
+            except ray.exceptions.RayTaskError as e:
+                raise WeightSyncError(f"weight sync object_store (version {version}) failed: {e}") from e
+
+    with pytest.raises(ActorFailure) as err:
+        ctx.sync(DeadSender(), None, [None], 1)
+    msg = str(err.value)
+    assert msg.startswith("weight sync after optimizer step 1: the learner actor (disagg/LearnerWorker) died")
+    assert "after optimizer step 1 of 2" in msg and "No checkpoint was written yet" in msg
+
+
+# --------------------------------------------------------------------------- divergence
+
+
+@pytest.mark.ray
+def test_exploding_learning_rate_stops_at_the_step_and_checkpoints_nothing_after_it(env, ray_session, tmp_path):
+    cfg = config(env, "lr", learning_rate=1e12, n_grpo_steps=3, checkpoint_every=1)
+    out = tmp_path / "run"
+    with pytest.raises(TrainingDiverged) as err:
+        train(env, cfg, "onpolicy", out)
+    msg = str(err.value)
+    assert msg.startswith("update step 1: training diverged at optimizer step 1: ")
+    assert "non-finite" in msg and "learning_rate (now 1e+12)" in msg
+    assert "No checkpoint of this run is on disk" in msg
+    # step 1 already diverged: no checkpoint at all (the only finite weights are the base's)
+    assert sorted(p.name for p in (out / contract.CHECKPOINT_DIR).iterdir()) == ["FINGERPRINT"]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_diverged_learner_keeps_the_last_finite_checkpoint(env, tmp_path, monkeypatch):
+    """Two finite steps and a checkpoint, then an exploding step: the learner names the step,
+    refuses to save, and last.pt stays the finite step-2 checkpoint (no Ray: the roles directly)."""
+    from rlpipe.config import load_config, resolve_variant
+    from rlpipe.rl.scoring import score_batch
+    from rlpipe.tasks import make_task
+    from rlpipe.trainer.actors.generator import Generator
+    from rlpipe.trainer.actors.learner import Learner, NonFiniteLossError
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    t = resolve_variant(load_config(config(env, "unit")), "onpolicy")
+    task = make_task(t.task, env["data"])
+    gen, learner = Generator(env["base"], t, stop=task.stop), Learner(env["base"], t)
+
+    def batch(step):
+        return score_batch(gen.generate(task.prompts_for_batch(step, 2, 0), step), task, t)
+
+    for step in (1, 2):
+        learner.train_step(batch(step), None, step)
+    path = tmp_path / "last.pt"
+    learner.save(str(path), {"step": 2, "next_batch": 2, "samples": 16})
+    good = path.read_bytes()
+    for group in learner.opt.param_groups:
+        group["lr"] = 1e12
+    with pytest.raises(NonFiniteLossError, match="diverged at optimizer step 3: .*non-finite"):
+        learner.train_step(batch(3), None, 3)
+    with pytest.raises(CheckpointError, match="refusing to write .*last.pt: training diverged at optimizer step 3"):
+        learner.save(str(path), {"step": 3, "next_batch": 3, "samples": 24})
+    assert path.read_bytes() == good and temp_files(tmp_path) == []
+    ck = load_checkpoint(path)
+    assert ck.extra["step"] == 2 and all(torch.isfinite(p).all() for p in ck.model.parameters())
+
+
+# --------------------------------------------------------------------------- disk full
+
+
+def _fail_mid_file(monkeypatch, should_fail):
+    """``DataFrame.to_parquet`` writes half the file and then fails with ENOSPC when
+    ``should_fail(path)``: a disk that fills up in the middle of a write."""
+    real = pd.DataFrame.to_parquet
+
+    def to_parquet(self, path, *a, **k):
+        if not should_fail(Path(path)):
+            return real(self, path, *a, **k)
+        real(self, path, *a, **k)
+        data = Path(path).read_bytes()
+        Path(path).write_bytes(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", to_parquet)
+
+
+def test_disk_full_mid_parquet_keeps_the_previous_snapshot(tmp_path, monkeypatch):
+    w = RunWriter(tmp_path)
+    for step in (0, 1):
+        w.add_row({"step": step, "policy_version": step, "wall_time": float(step), "samples": 8 * step})
+    w.flush(snapshot=True)
+    ckpt_dir = tmp_path / contract.CHECKPOINT_DIR
+    before = (ckpt_dir / contract.METRICS_FILE).read_bytes()
+    w.add_row({"step": 2, "policy_version": 2, "wall_time": 2.0, "samples": 16})
+    _fail_mid_file(monkeypatch, lambda p: p.parent == ckpt_dir and p.name.startswith(".metrics.parquet"))
+    with pytest.raises(OutputWriteError) as err:
+        w.flush(snapshot=True)
+    assert str(ckpt_dir / contract.METRICS_FILE) in str(err.value) and "No space left" in str(err.value)
+    assert err.value.errno == errno.ENOSPC
+    assert (ckpt_dir / contract.METRICS_FILE).read_bytes() == before  # the old file, intact
+    assert temp_files(tmp_path, ckpt_dir) == []  # the half-written temporary file is gone
+    assert [r["step"] for r in read_snapshot(tmp_path, 1)["metrics"]] == [0, 1]
+
+
+def test_file_size_limit_mid_checkpoint_keeps_the_previous_checkpoint(env, tmp_path):
+    """A real short write: the checkpoint is rewritten under RLIMIT_FSIZE (in a subprocess)."""
+    path = tmp_path / "last.pt"
+    shutil.copy(env["base"], path)
+    before = path.read_bytes()
+    code = f"""
+import resource, signal, sys, torch
+from rlpipe.io import OutputWriteError
+from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
+ck = load_checkpoint({str(path)!r})
+with torch.no_grad():
+    next(ck.model.parameters()).add_(1.0)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process at the limit
+resource.setrlimit(resource.RLIMIT_FSIZE, ({len(before) // 3}, resource.RLIM_INFINITY))
+try:
+    save_checkpoint({str(path)!r}, ck.model, tokenizer=ck.tokenizer)
+except OutputWriteError as e:
+    print(e)
+    sys.exit(3)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert f"could not write {path}" in r.stdout
+    assert path.read_bytes() == before and temp_files(tmp_path) == []
+    load_checkpoint(path)
+
+
+@pytest.mark.ray
+def test_disk_full_mid_run_fails_naming_the_file_and_resume_continues(env, ray_session, tmp_path, monkeypatch):
+    cfg = config(env, "diskfull", n_grpo_steps=3, checkpoint_every=1)
+    out = tmp_path / "run"
+    ckpt_dir = out / contract.CHECKPOINT_DIR
+    calls = []
+
+    def second_snapshot(p: Path) -> bool:
+        if p.parent == ckpt_dir and p.name.startswith(".metrics.parquet"):
+            calls.append(p)
+            return len(calls) == 2  # the snapshot of the step-2 checkpoint
+        return False
+
+    _fail_mid_file(monkeypatch, second_snapshot)
+    with pytest.raises(OutputWriteError) as err:
+        train(env, cfg, "onpolicy", out)
+    assert f"could not write {ckpt_dir / contract.METRICS_FILE}" in str(err.value)
+    assert temp_files(out, ckpt_dir) == []
+    assert pd.read_parquet(ckpt_dir / contract.METRICS_FILE)["step"].tolist() == [0, 1]
+    assert load_checkpoint(ckpt_dir / "last.pt").extra["step"] == 1  # consistent with the snapshot
+    monkeypatch.undo()
+    train(env, cfg, "onpolicy", out, resume="always")
+    m = pd.read_parquet(out / contract.METRICS_FILE)
+    assert m["step"].tolist() == [0, 1, 2, 3] and m["samples"].tolist() == [0, 8, 16, 24]
+
+
+# --------------------------------------------------------------------------- two trainers, one directory
+
+
+def test_second_trainer_on_the_same_run_dir_refuses_at_once(env, tmp_path, no_ray, capsys):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom rlpipe.trainer.lock import run_lock\n"
+        f"with run_lock({str(out)!r}):\n    print('locked', flush=True)\n    time.sleep(120)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        args = ["--config", config(env, "lock"), "--variant", "onpolicy", "--out", str(out), "--base", env["base"],
+                "--dataset", env["data"]]
+        with pytest.raises(SystemExit) as exc:
+            run_module.main(args)
+        assert exc.value.code == 2
+        msg = capsys.readouterr().err
+        assert f"{out} is in use by another `rlpipe train` (pid {holder.pid} on " in msg
+        assert str(out / ".lock") in msg
+        assert not (out / contract.CHECKPOINT_DIR).exists() and not (out / "config.yaml").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with run_lock(out):  # the kernel released the killed holder's lock
+        pass
+
+
+# --------------------------------------------------------------------------- damaged resume state
+
+
+@pytest.fixture(scope="module")
+def finished_run(env, ray_session):
+    cfg = config(env, "resume_src", n_grpo_steps=2, checkpoint_every=1)
+    out = env["tmp"] / "resume_src"
+    train(env, cfg, "onpolicy", out)
+    (out / contract.FINISHED_MARKER).unlink()  # as if it had been killed after its last checkpoint
+    return cfg, out
+
+
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _poison(p: Path) -> None:
+    payload = torch.load(p, weights_only=True)
+    payload["model"]["layers.1.ffn.w1.weight"][3, 3] = math.inf
+    torch_save(p, payload)
+
+
+def _cut_second_line(p: Path) -> None:
+    data = p.read_bytes()
+    p.write_bytes(data[: data.index(b"\n") + 20])
+
+
+def _drop_steps(p: Path) -> None:
+    df = pd.read_parquet(p)
+    df[df.step == 0].to_parquet(p, index=False)
+
+
+DAMAGE = {  # file under checkpoints/ -> (damage, expected words)
+    "truncated metrics snapshot": (contract.METRICS_FILE, _truncate, "is unreadable (truncated or corrupt)"),
+    "snapshot without the checkpoint's steps": (contract.METRICS_FILE, _drop_steps, "lacks steps [1, 2]"),
+    "truncated rollouts snapshot": (contract.ROLLOUTS_FILE, _cut_second_line, "is unreadable (truncated or corrupt)"),
+    "truncated last.pt": ("last.pt", _truncate, "is not a torch checkpoint file"),
+    "garbage last.pt": ("last.pt", lambda p: p.write_bytes(b"\x00" * 1000), "is not a torch checkpoint file"),
+    "NaN-poisoned last.pt": ("last.pt", _poison, "is poisoned: non-finite (NaN/inf) values in layers.1.ffn.w1.weight"),
+}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("mode", ["always", "auto"])
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_resume_state_is_a_clear_error_naming_the_file(env, finished_run, tmp_path, damage, mode, no_ray):
+    """Decision (see rlpipe.trainer.run): an error before Ray, in --resume auto as in always,
+    never a crash inside pandas or torch and never a silent restart that discards the run."""
+    cfg, src = finished_run
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    name, hurt, words = DAMAGE[damage]
+    target = out / contract.CHECKPOINT_DIR / name
+    hurt(target)
+    state = {p.name: p.read_bytes() for p in (out / contract.CHECKPOINT_DIR).iterdir()}
+    with pytest.raises(ResumeError) as err:
+        train(env, cfg, "onpolicy", out, resume=mode)
+    msg = str(err.value)
+    assert f"cannot resume {out}" in msg and str(target) in msg and words in msg
+    assert "--resume never to start afresh" in msg
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+    assert {p.name: p.read_bytes() for p in (out / contract.CHECKPOINT_DIR).iterdir()} == state  # untouched
+
+
+@pytest.mark.ray
+def test_the_learner_refuses_a_poisoned_checkpoint_on_restore_too(env, finished_run, tmp_path, monkeypatch):
+    cfg, src = finished_run
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    _poison(out / contract.CHECKPOINT_FILE)
+    monkeypatch.setattr(run_module, "_check_resumable", lambda out_dir: None)  # only the actor's check left
+    with pytest.raises(CheckpointError, match=r"restore .*last.pt: checkpoint .*last.pt is poisoned"):
+        train(env, cfg, "onpolicy", out, resume="always")
+
+
+# --------------------------------------------------------------------------- reward faults
+
+
+def test_guarded_rewards_scores_failures_zero_and_counts_them(monkeypatch):
+    from rlpipe.rl import scoring
+    from rlpipe.tasks.reward_dict import never_raise
+
+    release = threading.Event()
+
+    @never_raise
+    def swallowed(response, gt):
+        raise RuntimeError("swallowed")
+
+    def reward(response, gt):
+        if response == "raise":
+            raise ValueError("bad sample")
+        if response == "hang":
+            release.wait(30)
+        if response == "nan":
+            return {"reward": math.nan}
+        if response == "swallowed":
+            return swallowed(response, gt)
+        return {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
+
+    responses = ["ok", "raise", "hang", "ok", "nan", "swallowed", None]
+    scores, failures = scoring.guarded_rewards(reward, responses, ["gt"] * len(responses), timeout_s=0.3)
+    release.set()
+    assert [s["reward"] for s in scores] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert failures == 4  # raise, hang, nan, and the failure never_raise swallowed (and logged)
+
+
+@pytest.mark.ray
+def test_reward_that_raises_or_hangs_on_one_sample_scores_zero_and_the_run_goes_on(
+        env, ray_session, tmp_path, monkeypatch, caplog):
+    """Disaggregated without a Scorer actor scores in the driver, i.e. in this process."""
+    from rlpipe.rl import scoring
+    from rlpipe.tasks.keyword.task import KeywordInclusionTask
+
+    real, calls, release = KeywordInclusionTask.reward, [], threading.Event()
+
+    def flaky(self, response, ground_truth):
+        calls.append(response)
+        if len(calls) == 3:  # batch 0 (step 1), sample 2
+            raise RuntimeError("reward bug")
+        if len(calls) == 13:  # batch 1 (step 2), sample 4
+            release.wait(60)
+        return real(self, response, ground_truth)
+
+    monkeypatch.setattr(KeywordInclusionTask, "reward", flaky)
+    monkeypatch.setattr(scoring, "REWARD_TIMEOUT_S", 0.5)
+    cfg = config(env, "reward", n_grpo_steps=3)
+    try:
+        train(env, cfg, "disagg", tmp_path / "run")
+    finally:
+        release.set()
+    m = pd.read_parquet(tmp_path / "run" / contract.METRICS_FILE)
+    assert m["step"].tolist() == [0, 1, 2, 3]
+    assert m["reward/errors"].tolist()[1:] == [1.0, 1.0, 0.0]
+    warned = [r.getMessage() for r in caplog.records if r.name == "rlpipe.rl.scoring"]
+    assert any("failed on sample 2 (scored 0): raised RuntimeError: reward bug" in w for w in warned), warned
+    assert any("failed on sample 4 (scored 0): no result within 0.5s" in w for w in warned), warned
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+TIMING = ("time/", "perf/", "wall_time", "sync/seconds", "sync/gbps")
+
+
+@pytest.mark.ray
+def test_same_seed_same_metrics_colocated_and_disaggregated(env, ray_session, tmp_path):
+    """Every non-timing metric, the rollouts and the final weights are identical across two runs of
+    the same seed, for a colocated and a disaggregated variant (the driver's docstring lists what
+    may differ elsewhere: timing, the interleaving of the two actors' events, GPU kernels)."""
+    cfg = config(env, "determinism", n_grpo_steps=2)
+    cols = [c for c in contract.METRIC_COLUMNS if not c.startswith(TIMING)]
+    for variant in ("onpolicy", "disagg"):
+        a, b = tmp_path / variant / "a", tmp_path / variant / "b"
+        train(env, cfg, variant, a)
+        train(env, cfg, variant, b)
+        ma, mb = pd.read_parquet(a / contract.METRICS_FILE), pd.read_parquet(b / contract.METRICS_FILE)
+        assert ma["reward/train_mean"].notna().sum() == 2
+        pd.testing.assert_frame_equal(ma[cols], mb[cols], check_exact=True)
+        ra = [json.loads(x) for x in (a / contract.ROLLOUTS_FILE).read_text().splitlines()]
+        assert ra == [json.loads(x) for x in (b / contract.ROLLOUTS_FILE).read_text().splitlines()]
+        va, vb = (pd.read_parquet(d / contract.VERSIONS_FILE) for d in (a, b))
+        key = ["who", "version", "event"]
+        assert sorted(map(tuple, va[key].values.tolist())) == sorted(map(tuple, vb[key].values.tolist()))
+        wa = load_checkpoint(a / contract.CHECKPOINT_FILE).model.state_dict()
+        wb = load_checkpoint(b / contract.CHECKPOINT_FILE).model.state_dict()
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), variant

@@ -1,0 +1,153 @@
+"""Weight payloads without Ray: the object store's shared-memory payload (``ShmPayload``) against the
+naive named-tensor payload, packing, in-place loads, layout checks; the bench's bookkeeping."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rlpipe.bench import weight_sync as bench
+from rlpipe.trainer.weight_sync import (
+    ShmPayload,
+    WeightReceiver,
+    WeightSender,
+    WeightSyncError,
+    flat_weights,
+    shm_payload,
+    weights_checksum,
+)
+
+
+class MixedNet(nn.Module):
+    """Every dtype family a model may hold: fp32 and bf16 parameters, an int64 and a bool buffer, a
+    0-d tensor, an empty one, a tied matrix and a non-contiguous (transposed) parameter."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.emb = nn.Embedding(30, 8)
+        self.head = nn.Linear(8, 30, bias=False)
+        self.head.weight = self.emb.weight
+        self.low = nn.Parameter(torch.randn(5, 3, generator=g).to(torch.bfloat16))
+        self.t = nn.Parameter(torch.randn(4, 6, generator=g).t())  # (6, 4), not contiguous
+        self.register_buffer("count", torch.tensor(seed, dtype=torch.int64))
+        self.register_buffer("mask", torch.rand(7, generator=g) > 0.5)
+        self.register_buffer("empty", torch.zeros(0, 3))
+        with torch.no_grad():
+            self.emb.weight.copy_(torch.randn(30, 8, generator=g))
+
+
+class Peer(WeightSender, WeightReceiver):
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+
+def _equal(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["views", "packed"])
+def test_shm_payload_equals_the_naive_per_tensor_path(pack):
+    """naive (named torch tensors) vs optimised (ShmPayload): the receiver ends bit-identical."""
+    src = MixedNet(1)
+    naive, shm = Peer(MixedNet(2)), Peer(MixedNet(3))
+    assert not _equal(src, naive.model)
+    ptrs = {k: v.data_ptr() for k, v in shm.model.state_dict().items()}
+    naive.load_weights(Peer(src).export_weights("cpu", False), version=1)
+    payload = Peer(src).export_weights_shm(pack)
+    assert isinstance(payload, ShmPayload) and payload.packed is pack
+    assert all(b.dtype == np.uint8 and b.ndim == 1 for b in payload.buffers.values())
+    ack = shm.load_weights(payload, version=1, checksum=True)
+    assert _equal(src, naive.model) and _equal(src, shm.model)
+    assert ack.checksum == weights_checksum(src) == weights_checksum(naive.model)
+    assert ack.bytes == payload.nbytes == sum(t.numel() * t.element_size() for t in flat_weights(src).values())
+    # in place: every tensor keeps its storage, the tie survives
+    assert {k: v.data_ptr() for k, v in shm.model.state_dict().items()} == ptrs
+    assert shm.model.head.weight.data_ptr() == shm.model.emb.weight.data_ptr()
+
+
+def test_shm_views_share_the_senders_memory_and_packs_are_reused_copies():
+    model = MixedNet(4)
+    views, none = shm_payload(flat_weights(model), pack=None)  # CPU model: views, nothing to keep
+    assert none is None and not views.packed
+    assert np.shares_memory(views.buffers["emb.weight"], model.emb.weight.detach().numpy())
+    first, kept = shm_payload(flat_weights(model), pack=True)
+    addr = first.buffers["torch.float32"].ctypes.data
+    assert not np.shares_memory(first.buffers["torch.float32"], model.emb.weight.detach().numpy())
+    second, _ = shm_payload(flat_weights(model), pack=True, into=kept)
+    assert second.buffers["torch.float32"].ctypes.data == addr  # refilled, not reallocated
+    assert set(second.buffers) == {"torch.float32", "torch.bfloat16", "torch.int64", "torch.bool"}
+    other, _ = shm_payload(flat_weights(nn.Linear(3, 3)), pack=True, into=kept)  # another layout: fresh
+    assert other.buffers["torch.float32"].ctypes.data != addr
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["views", "packed"])
+def test_shm_payload_with_another_layout_is_refused(pack):
+    # same byte count, other dtypes and shapes: without the layout check the bytes would be misread
+    sender = nn.Module()
+    sender.register_buffer("w", torch.ones(2, 4, dtype=torch.float16))
+    receiver = nn.Module()
+    receiver.register_buffer("w", torch.zeros(2, 2))
+    payload = Peer(sender).export_weights_shm(pack)
+    assert payload.nbytes == 16
+    with pytest.raises(WeightSyncError, match="another layout"):
+        Peer(receiver).load_weights(payload, version=1)
+    assert torch.equal(receiver.w, torch.zeros(2, 2))  # nothing was written
+
+
+def test_read_only_buffers_load_without_a_copy_or_warning():
+    """Ray hands the receiver read-only views into shared memory: loading must accept them."""
+    payload = Peer(MixedNet(5)).export_weights_shm(False)
+    ro = {k: np.frombuffer(b.tobytes(), dtype=np.uint8) for k, b in payload.buffers.items()}  # read-only
+    assert not any(b.flags.writeable for b in ro.values())
+    dst = Peer(MixedNet(6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns about non-writable arrays unless we handle them
+        dst.load_weights(ShmPayload(payload.layout, False, ro), version=2)
+    assert _equal(dst.model, MixedNet(5))
+
+
+# --------------------------------------------------------------------------- bench bookkeeping
+
+
+def test_bench_synthetic_payload_sizes_and_repeats():
+    for mb in (1, 4.2, 10):
+        spec = {"kind": "synthetic", "mb": mb}
+        model = bench.build_model(spec)
+        shapes = [tuple(t.shape) for t in model.state_dict().values()]
+        assert all(s[1] == 1024 and s[0] <= 1024 for s in shapes)
+        assert bench.payload_bytes(spec) == sum(t.numel() * 4 for t in model.state_dict().values())
+        assert abs(bench.payload_bytes(spec) - mb * 1e6) < 4096
+    assert [bench.timed_repeats(n, 5) for n in (1e6, 1e8, 1e9, 1e10)] == [5, 5, 3, 3]
+    assert bench.timed_repeats(1e9, 1) == 1
+    assert bench.memcpy_repeats(1e6) == 200 and bench.memcpy_repeats(1e9) == 10
+    assert bench._parse(["--sizes-mb", "1, 100"]).sizes_mb == [1.0, 100.0]
+    assert bench._parse([]).sizes_mb == [1.0, 10.0, 100.0, 1000.0]
+    with pytest.raises(SystemExit):
+        bench._parse(["--sizes-mb", "0"])
+
+
+def _run(s: float, memcpy_s: float) -> dict:
+    return {"median_s": s, "gbps": 1.0 / s, "fraction_of_memcpy": memcpy_s / s}
+
+
+def test_bench_best_and_cpu_verdict_by_hand():
+    timed = {"object_store@cpu": _run(0.05, 0.015), "object_store/tensors@cpu": _run(0.4, 0.015),
+             "rdt/gloo@cpu": _run(0.2, 0.015)}
+    best = bench.best_of(timed, "cpu")
+    assert best["object_store"] == "object_store" and best["rdt"] == "rdt/gloo" and best["winner"] == "object_store"
+    assert best["rdt_over_object_store"] == pytest.approx(4.0)
+    assert best["winner_fraction_of_memcpy"] == pytest.approx(0.3)
+    payloads = {"synthetic_100MB": {"bytes": 10**8, "best": {"cpu": best}},
+                "synthetic_1MB": {"bytes": 10**6, "best": {"cpu": dict(best, winner_fraction_of_memcpy=0.01)}}}
+    v = bench.cpu_verdict(payloads)
+    assert v["cpu_winner"] == {"synthetic_100MB": "object_store", "synthetic_1MB": "object_store"}
+    assert v["goal"]["met"] is True and v["goal"]["fraction_of_memcpy"] == {"synthetic_100MB": pytest.approx(0.3)}
+    payloads["synthetic_100MB"]["best"]["cpu"] = dict(best, winner_fraction_of_memcpy=0.29)
+    assert bench.cpu_verdict(payloads)["goal"]["met"] is False
+    assert bench.cpu_verdict({"synthetic_1MB": payloads["synthetic_1MB"]})["goal"]["met"] is None  # not measured

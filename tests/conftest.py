@@ -214,8 +214,11 @@ def _events(mode: str, phases: dict, sync: list[float]) -> pd.DataFrame:
     return df.astype({c: "int64" for c in contract.EVENT_INT_COLUMNS})
 
 
-def _make_runs(root: Path, variants=("onpolicy", "k2", "disagg"), device_type: str = contract.DEVICE_CPU) -> Path:
-    """Write synthetic results/runs/<variant>/ directories following ``rlpipe.analysis.contract``."""
+def _make_runs(root: Path, variants=("onpolicy", "k2", "disagg"), device_type: str = contract.DEVICE_CPU,
+               conditions: dict[str, dict] | None = None) -> Path:
+    """Write synthetic results/runs/<variant>/ directories following ``rlpipe.analysis.contract``;
+    ``conditions[variant]``, when given, is that run's run_info ``conditions`` (else it has none,
+    like a run from before they were recorded)."""
     for v in variants:
         mode, devices, wall, phases, sync, k = SPECS[v]
         d = root / v
@@ -236,13 +239,15 @@ def _make_runs(root: Path, variants=("onpolicy", "k2", "disagg"), device_type: s
                 "wall_time_s": wall, "total_samples": 32, "total_optimizer_steps": 4, "k": k,
                 "transport": "object_store" if mode == "disaggregated" else "local", "backend": None,
                 "finished": True}
+        if conditions and v in conditions:
+            info["conditions"] = conditions[v]
         (d / contract.RUN_INFO_FILE).write_text(json.dumps(info))
     return root
 
 
 @pytest.fixture(scope="session")
 def make_runs():
-    """``make_runs(root, variants=("onpolicy", "k2", "disagg"), device_type="cpu") -> root``."""
+    """``make_runs(root, variants=("onpolicy", "k2", "disagg"), device_type="cpu", conditions=None) -> root``."""
     return _make_runs
 
 

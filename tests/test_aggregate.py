@@ -275,3 +275,120 @@ def test_last_valid_skips_trailing_nans():
     assert math.isnan(frames.last_valid(pd.Series([np.nan], dtype=float)))
     assert frames.col(pd.DataFrame({"a": ["1", "x"]}), "a").tolist()[0] == 1.0
     assert frames.col(pd.DataFrame({"a": [1]}), "missing").isna().all()
+
+
+# --------------------------------------------------------------------------- conditions (issue 12)
+
+
+def _cond(other_frac: float, load: float, contended: bool) -> dict:
+    """A run_info ``conditions`` dict on a 2-CPU machine over a 40 s run."""
+    return {"load_avg_start": load - 0.5, "load_avg_end": load, "cpus": 2, "run_cores": 2.0, "wall_s": 40.0,
+            "own_cpu_s": 70.0, "other_cpu_s": other_frac * 80.0, "other_cpu_frac": other_frac,
+            "contended": contended, "note": ""}
+
+
+QUIET = _cond(0.02, 1.2, False)
+BUSY = _cond(0.35, 3.1, True)
+
+
+def _discussion(runs, ref="onpolicy"):
+    table = aggregate.summarize(runs, ref)
+    sync = aggregate.weight_sync_frame(runs, [])
+    disc = report_text.discussion(table, aggregate.stack_frames(runs, "metrics"),
+                                  aggregate.stack_frames(runs, "versions"), sync, ref, {},
+                                  aggregate.rollouts_frame(runs))
+    return table, {s["id"]: s for s in disc["sections"]}
+
+
+def test_conditions_columns_in_the_summary(tmp_path, make_runs):
+    root = make_runs(tmp_path / "runs", conditions={"onpolicy": QUIET, "disagg": BUSY})
+    t = by_variant(aggregate.summarize(aggregate.load_runs(root), "onpolicy"))
+    assert t["disagg"]["load_avg_max"] == pytest.approx(3.1) and t["disagg"]["other_cpu_frac"] == pytest.approx(0.35)
+    assert bool(t["disagg"]["contended"]) and not bool(t["onpolicy"]["contended"])
+    assert t["onpolicy"]["load_avg_max"] == pytest.approx(1.2)
+    # k2 recorded no conditions (an older run): NaN / False, not a made-up value
+    assert math.isnan(t["k2"]["load_avg_max"]) and math.isnan(t["k2"]["other_cpu_frac"])
+    assert not bool(t["k2"]["contended"])
+    html = aggregate.table_html(aggregate.summarize(aggregate.load_runs(root), "onpolicy"))
+    assert "<th>contended</th>" in html and "35%" in html and not re.search(r"\bnan\b", html, re.IGNORECASE)
+
+
+def test_contended_run_is_flagged_and_draws_no_conclusion(tmp_path, make_runs):
+    root = make_runs(tmp_path / "runs", conditions={"onpolicy": QUIET, "k2": QUIET, "disagg": BUSY})
+    _, sec = _discussion(aggregate.load_runs(root))
+    disagg = " ".join(sec["disagg"]["sentences"])
+    assert ("measured under contention: other processes took 35% of the CPUs during disagg; no conclusion is drawn "
+            "from this comparison") in disagg
+    # neither the speedup nor the share of the overlap bound is stated as a finding
+    assert "speedup 1.60x" not in disagg and "of the bound" not in disagg and "exceeds the overlap bound" not in disagg
+    assert "disagg 25 s x 2 = 0.0139 (contended)" in disagg and "onpolicy 40 s x 1 = 0.0111;" in disagg
+    assert sec["disagg"]["numbers"]["contended_disagg"] is True
+    # the uncontended pair (k2 vs onpolicy) still gets its conclusion
+    kstep = " ".join(sec["kstep"]["sentences"])
+    assert "a speedup of 1.25x" in kstep and "under contention" not in kstep
+    assert sec["kstep"]["numbers"]["contended_k2"] is False
+    conditions = sec["profiling"]["sentences"][-1]
+    assert conditions.startswith("Run conditions")
+    assert "disagg load average up to 3.1, other processes 35% of the CPUs (contended)" in conditions
+    assert "k2 load average up to 1.2, other processes 2% of the CPUs;" in conditions
+    assert "1 run(s) were timed under contention" in conditions
+    assert sec["profiling"]["numbers"]["contended_runs"] == 1
+
+
+def test_contended_reference_flags_every_comparison(tmp_path, make_runs):
+    root = make_runs(tmp_path / "runs", conditions={"onpolicy": BUSY, "k2": QUIET, "disagg": BUSY})
+    _, sec = _discussion(aggregate.load_runs(root))
+    kstep = " ".join(sec["kstep"]["sentences"])
+    assert "k2 vs 'onpolicy' throughput: measured under contention: other processes took 35% of the CPUs during " \
+           "onpolicy; no conclusion is drawn from this comparison." in kstep
+    assert "a speedup of" not in kstep and "took 12% less time" not in kstep  # no noise verdict either
+    assert "2 weight syncs instead of 4" in kstep  # counts are not timings: still reported
+    disagg = " ".join(sec["disagg"]["sentences"])
+    assert "35% of the CPUs during disagg and 35% of the CPUs during onpolicy" in disagg
+    prof = " ".join(sec["profiling"]["sentences"])
+    assert "'onpolicy' was timed under contention" in prof and "2 run(s) were timed under contention" in prof
+
+
+def test_runs_without_conditions_keep_their_conclusions(runs):
+    _, sec = _discussion(runs)
+    assert "speedup 1.60x over 'onpolicy'" in " ".join(sec["disagg"]["sentences"])
+    assert "a speedup of 1.25x" in " ".join(sec["kstep"]["sentences"])
+    cond = sec["profiling"]["sentences"][-1]
+    assert cond.startswith("Run conditions: no run recorded") and "could be checked for contention" in cond
+
+
+def test_conditions_sentence_with_some_runs_unrecorded(tmp_path, make_runs):
+    root = make_runs(tmp_path / "runs", conditions={"onpolicy": QUIET})
+    _, sec = _discussion(aggregate.load_runs(root))
+    cond = sec["profiling"]["sentences"][-1]
+    assert "disagg not recorded; k2 not recorded; onpolicy load average up to 1.2, other processes 2% of" in cond
+    assert cond.endswith("No run with recorded conditions was timed under contention.")
+
+
+def test_run_transport_and_replay_comparisons_check_contention():
+    table = pd.DataFrame([
+        {"variant": "disagg", "contended": True, "other_cpu_frac": 0.4, "samples_per_s": 1.0,
+         "val_reward_final": 0.5, "val_reward_best": 0.6, "replay_reuse_mean": math.nan,
+         "replay_age_mean": math.nan, "staleness_max": 1.0},
+        {"variant": "disagg_rdt", "contended": False, "other_cpu_frac": 0.01, "samples_per_s": 2.0,
+         "val_reward_final": 0.5, "val_reward_best": 0.6, "replay_reuse_mean": math.nan,
+         "replay_age_mean": math.nan, "staleness_max": 1.0},
+        {"variant": "replay", "contended": False, "other_cpu_frac": 0.01, "samples_per_s": 3.0,
+         "val_reward_final": 0.4, "val_reward_best": 0.6, "replay_reuse_mean": 1.5,
+         "replay_age_mean": 0.8, "staleness_max": 2.0}])
+    sync = pd.DataFrame([
+        {"source": "run", "variant": "disagg", "payload": "", "label": "object_store", "median_s": 0.2, "n": 4,
+         "bytes": 1e6, "gbps": 0.005, "note": ""},
+        {"source": "run", "variant": "disagg_rdt", "payload": "", "label": "rdt/gloo", "median_s": 0.05, "n": 4,
+         "bytes": 1e6, "gbps": 0.02, "note": ""}], columns=list(contract.WEIGHT_SYNC_COLUMNS))
+    text = " ".join(report_text.rdt_section(sync, table)["sentences"])
+    assert "object_store vs rdt/gloo in the training runs: measured under contention: other processes took 40% " \
+           "of the CPUs during disagg; no conclusion is drawn from this comparison." in text
+    assert "faster than" not in text
+    # without the table (or with both runs quiet) the comparison is stated
+    assert "rdt/gloo is 4.00x faster than object_store" in " ".join(report_text.rdt_section(sync)["sentences"])
+    replay = " ".join(report_text.replay_section(table)["sentences"])
+    assert "throughput measured under contention: other processes took 40% of the CPUs during disagg" in replay
+    assert "samples/s" not in replay
+    table.loc[0, "contended"] = False
+    assert "throughput 3 vs 1 samples/s" in " ".join(report_text.replay_section(table)["sentences"])

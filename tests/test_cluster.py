@@ -5,16 +5,18 @@ working directory, and ``rlpipe train`` runs as a subprocess from a third direct
 ``--base``/``--dataset`` paths and a checkpoint whose tokenizer reference is relative: the actors run
 in the cluster's working directory, so every path that crosses to them must be absolute
 (``rlpipe.trainer.run`` resolves them). Token authentication stays on: the job finds the token that
-``ray start`` wrote. The test stops the head it started, whatever happens.
+``ray start`` wrote. The test stops the head it started (its process group only), whatever happens.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -35,19 +37,33 @@ def free_port() -> int:
 
 @pytest.fixture
 def ray_head(tmp_path):
-    """(address, env) of a fresh head node; stopped afterwards."""
+    """(address, env) of a fresh head node, in its own process group; only that group is stopped
+    afterwards (``ray stop`` would also kill every other Ray instance of this user, e.g. the test
+    session's)."""
     head_dir = tmp_path / "head"
     head_dir.mkdir()
     port = free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_worker_niceness": "0"}
-    start = [str(RAY), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-             "--include-dashboard=false", "--disable-usage-stats"]
-    proc = subprocess.run(start, cwd=head_dir, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    start = [str(RAY), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
+             "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
+    log = open(head_dir / "ray_start.log", "w")
+    proc = subprocess.Popen(start, cwd=head_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
+        deadline = time.time() + 180
+        while "Ray runtime started" not in (head_dir / "ray_start.log").read_text():
+            assert proc.poll() is None and time.time() < deadline, (head_dir / "ray_start.log").read_text()[-3000:]
+            time.sleep(0.5)
         yield f"127.0.0.1:{port}", env
     finally:
-        subprocess.run([str(RAY), "stop", "--force"], cwd=head_dir, env=env, capture_output=True, timeout=120)
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        log.close()
 
 
 def test_training_attaches_to_a_cluster_started_elsewhere(tmp_path, tiny_base, write_config, ray_head):

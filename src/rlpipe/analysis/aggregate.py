@@ -28,6 +28,10 @@ Definitions (the seeds name the quantities, not their formulas; these are our ch
   could give over running them back to back. ``overlap_achieved = (T_gen + T_train) / wall`` is what
   the run got, and ``bound_fraction = speedup_vs_ref / overlap_bound`` compares the measured speedup
   against the bound.
+- conditions: ``load_avg_max`` (larger of the 1-minute load averages at the start and end of
+  training), ``other_cpu_frac`` (share of the machine's CPU time other processes took during the
+  run) and ``contended`` (decided when the run was recorded, ``rlpipe.trainer.conditions``), from
+  run_info ``conditions``; NaN / False for runs that recorded none.
 - weight-sync latency: the median of the per-step ``sync/seconds`` (robust to the first sync's
   warm-up), labelled ``transport[/backend]`` from run_info.
 """
@@ -187,6 +191,22 @@ def sync_stats(run: RunData) -> dict:
     }
 
 
+def conditions_stats(info: dict) -> dict:
+    """The run's machine conditions (run_info ``conditions``, ``rlpipe.trainer.conditions``):
+    the larger of the start / end load averages, the share of the CPUs other processes took, and
+    whether the run was contended. NaN / False for a run that recorded none (older runs, or an
+    attached cluster where other CPU time is not measured)."""
+    cond = info.get("conditions") if isinstance(info.get("conditions"), dict) else {}
+
+    def num(key):
+        v = cond.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+    loads = [x for x in (num("load_avg_start"), num("load_avg_end")) if not math.isnan(x)]
+    return {"load_avg_max": max(loads) if loads else math.nan, "other_cpu_frac": num("other_cpu_frac"),
+            "contended": cond.get("contended") is True}
+
+
 def overlap_numbers(phases: dict[str, float], wall: float) -> dict:
     t_gen = sum(phases.get(p, 0.0) or 0.0 for p in GEN_PHASES)
     t_train = sum(phases.get(p, 0.0) or 0.0 for p in TRAIN_PHASES)
@@ -231,6 +251,7 @@ def run_row(run: RunData) -> dict:
         "staleness_max": float(col(run.metrics, "staleness/max").max()),
         "replay_reuse_mean": float(col(run.metrics, "replay/reuse_mean").mean()),
         "replay_age_mean": float(col(run.metrics, "replay/age_mean").mean()),
+        **conditions_stats(info),
     }
     row.update(overlap_numbers(phases, wall) if mode == "disaggregated" else
                {"t_gen_s": math.nan, "t_train_s": math.nan, "overlap_bound": math.nan,
@@ -412,6 +433,8 @@ TABLE_COLUMNS = {  # column -> (header, format)
     "sync_label": ("sync transport", "{}"), "sync_median_s": ("sync median (s)", "{:.4f}"),
     "overlap_bound": ("overlap bound", "{:.2f}x"), "overlap_achieved": ("overlap achieved", "{:.2f}x"),
     "bound_fraction": ("speedup / bound", "{:.0%}"),
+    "load_avg_max": ("load avg (max)", "{:.2f}"), "other_cpu_frac": ("other processes' CPU %", "{:.0%}"),
+    "contended": ("contended", "{}"),
 }
 
 
@@ -434,7 +457,8 @@ def table_html(table: pd.DataFrame) -> str:
     body = shown.to_html(index=False, escape=True, border=0, classes="summary")
     note = (f"<p>Speedup = samples/s relative to <b>{ref}</b> (= its wall time / this wall time when both "
             "consumed the same samples). Device-hours = wall time x devices (GPU-hours on GPU runs). "
-            "Shares are of the stacked phase time; 'n/a' = not measured for this variant.</p>")
+            "Shares are of the stacked phase time; 'n/a' = not measured for this variant. Contended: other "
+            "processes took the run's CPU while it was timed (its timing comparisons are no finding).</p>")
     style = ("<style>table.summary{border-collapse:collapse;font:13px sans-serif}"
              "table.summary td,table.summary th{border:1px solid #ccc;padding:3px 6px;text-align:right}</style>")
     return f"<!doctype html><html><head><meta charset='utf-8'>{style}</head><body>{body}{note}</body></html>\n"

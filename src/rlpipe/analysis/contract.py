@@ -118,8 +118,14 @@ ROLLOUT_KEYS = ("step", "version", "prompt", "response", "reward", "ground_truth
 #: run_info.json, written when the run finishes.
 RUN_INFO_KEYS = ("variant", "mode", "devices", "device_type", "threads", "wall_time_s",
                  "total_samples", "total_optimizer_steps", "transport", "backend", "finished")
-#: Extra keys the drivers add (k of colocated_k, replay enabled, the variant's train config).
-RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config")
+#: Extra keys the drivers add (k of colocated_k, replay enabled, the variant's train config) and
+#: ``rlpipe train`` adds (``conditions``: the machine's load over the run, see below).
+RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions")
+#: run_info ``conditions``: what else the machine was doing while the run was timed
+#: (``rlpipe.trainer.conditions``; ``None`` = not measured). ``contended`` marks timings taken while
+#: other processes took the run's CPU; the report draws no timing conclusion from such a run.
+RUN_CONDITIONS_KEYS = ("load_avg_start", "load_avg_end", "cpus", "run_cores", "wall_s", "own_cpu_s",
+                       "other_cpu_s", "other_cpu_frac", "contended", "note")
 
 #: ``device_type`` values the drivers write: a run on GPUs is billed in GPU-hours, any other in
 #: device-hours (wall time x devices).

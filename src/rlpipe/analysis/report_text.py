@@ -14,6 +14,11 @@ Choices the seeds leave open:
 - "Rapid growth": the step where the 5-point moving average of KL rises fastest.
 - The k-steps "why": the ideal gain of removing all but one in k weight syncs is
   ``wall / (wall - (1 - 1/k) * sync_time)`` of the reference; we report it next to the measured one.
+- Contention (project issue 12): a run whose run_info says ``conditions.contended`` was timed while
+  other processes took its CPU (``rlpipe.trainer.conditions``). Every sentence that compares timings
+  between runs (k-step speedups, the disaggregated speedup and overlap bound, transport latencies
+  measured in the runs, replay throughput) says so instead of stating the comparison
+  (``contention_caveat``), and the profiling section lists every run's conditions.
 """
 
 from __future__ import annotations
@@ -74,6 +79,48 @@ def row_of(table: pd.DataFrame, variant: str) -> dict | None:
 
 def missing(variant: str) -> str:
     return f"No data: variant '{variant}' is not in this run (not configured, or its run is missing)."
+
+
+def contended(row: dict | None) -> bool:
+    """Whether a summary row's run was timed under contention (False when unrecorded)."""
+    v = None if row is None else row.get("contended")
+    return v is not None and not nan(v) and bool(v)
+
+
+def contention_caveat(*rows: dict | None) -> str:
+    """'' when no run of a timing comparison was contended, else the clause that says so and
+    withholds the conclusion: "measured under contention: other processes took 35% of the CPUs
+    during disagg; no conclusion is drawn from this comparison"."""
+    hit = [r for r in rows if contended(r)]
+    if not hit:
+        return ""
+    during = " and ".join(
+        f"{fpct(r.get('other_cpu_frac')) if not nan(r.get('other_cpu_frac')) else 'part'} of the CPUs during "
+        f"{r['variant']}" for r in hit)
+    return f"measured under contention: other processes took {during}; no conclusion is drawn from this comparison"
+
+
+def conditions_sentence(table: pd.DataFrame) -> str:
+    """Each run's machine conditions: the larger 1-minute load average and other processes' share."""
+    if not len(table) or "other_cpu_frac" not in table.columns:
+        return "Run conditions: no run recorded what else the machine was doing while it was timed."
+    parts = []
+    for _, r in table.iterrows():
+        if nan(r.get("other_cpu_frac")) and nan(r.get("load_avg_max")):
+            parts.append(f"{r['variant']} not recorded")
+            continue
+        other = "" if nan(r.get("other_cpu_frac")) else \
+            f", other processes {fpct(r['other_cpu_frac'])} of the CPUs"
+        parts.append(f"{r['variant']} load average up to {fnum(r.get('load_avg_max'))}{other}"
+                     + (" (contended)" if contended(r) else ""))
+    unknown = sum(p.endswith(" not recorded") for p in parts)
+    if unknown == len(parts):
+        return ("Run conditions: no run recorded what else the machine was doing while it was timed (runs from "
+                "before conditions were recorded), so no timing comparison could be checked for contention.")
+    n = sum(contended(r) for _, r in table.iterrows())
+    tail = (f" {n} run(s) were timed under contention: timing comparisons with them draw no conclusion." if n
+            else f" No run{' with recorded conditions' if unknown else ''} was timed under contention.")
+    return "Run conditions (what else the machine did while each run was timed): " + "; ".join(parts) + "." + tail
 
 
 def section(sid: str, title: str, sentences: list[str], numbers: dict | None = None) -> dict:
@@ -187,6 +234,13 @@ STACK = (*contract.STACK_PHASES, contract.OTHER)
 
 def profiling_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
     title = "Profiling: where the time goes (seed 000 Problem 5 and 7)"
+    sec = _profiling(table, metrics, ref, title)
+    sec["sentences"].append(conditions_sentence(table))
+    sec["numbers"]["contended_runs"] = int(sum(contended(r) for _, r in table.iterrows())) if len(table) else 0
+    return sec
+
+
+def _profiling(table: pd.DataFrame, metrics: pd.DataFrame, ref: str, title: str) -> dict:
     r = row_of(table, ref)
     if r is None:
         return section("profiling", title, [missing(ref)])
@@ -205,6 +259,9 @@ def profiling_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> d
     s = [f"In '{ref}' ({fsec(r['wall_time_s'])} wall time): {parts}.",
          f"{top} dominates" + (f", {known[top] / known['update']:.1f}x the update time" if known.get("update")
                                and top != "update" else "") + (f": {why}." if why else ".") + val]
+    if contended(r):
+        s.append(f"'{ref}' was timed under contention (other processes took {fpct(r.get('other_cpu_frac'))} of the "
+                 "CPUs): its phase times include waiting for a core, so its shares may be skewed.")
     return section("profiling", title, s, {"dominant": top, **{phase_share_column(p): shares[p] for p in STACK}})
 
 
@@ -247,15 +304,22 @@ def kstep_section(table: pd.DataFrame, ref: str) -> dict:
         if k and not nan(base["time_weight_sync_s"]):
             ideal = base["wall_time_s"] / (base["wall_time_s"] - (1 - 1 / k) * base["time_weight_sync_s"])
         same = "" if r["equal_samples"] else " (NOTE: different sample totals, so this is a throughput ratio)"
-        s.append(f"{r['variant']}: {fnum(r['samples_per_s'])} samples/s vs {fnum(base['samples_per_s'])} for "
-                 f"'{ref}', a speedup of {fx(r['speedup_vs_ref'])}{same}; {r['num_syncs']} weight syncs "
-                 f"instead of {base['num_syncs']}; removing those syncs alone would give {fx(ideal)}; "
-                 f"final validation reward {fnum(r['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
+        caveat = contention_caveat(r, base)
+        nums[f"contended_{r['variant']}"] = bool(caveat)
+        if caveat:
+            s.append(f"{r['variant']} vs '{ref}' throughput: {caveat}. {r['num_syncs']} weight syncs instead of "
+                     f"{base['num_syncs']}; final validation reward {fnum(r['val_reward_final'])} vs "
+                     f"{fnum(base['val_reward_final'])}.")
+        else:
+            s.append(f"{r['variant']}: {fnum(r['samples_per_s'])} samples/s vs {fnum(base['samples_per_s'])} for "
+                     f"'{ref}', a speedup of {fx(r['speedup_vs_ref'])}{same}; {r['num_syncs']} weight syncs "
+                     f"instead of {base['num_syncs']}; removing those syncs alone would give {fx(ideal)}; "
+                     f"final validation reward {fnum(r['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
         nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
         nums[f"ideal_{r['variant']}"] = ideal
         work = _same_work_ratio(r, base)
         nums[f"work_ratio_{r['variant']}"] = work
-        if not nan(work) and abs(work - 1) > SAME_WORK_TOLERANCE:
+        if not caveat and not nan(work) and abs(work - 1) > SAME_WORK_TOLERANCE:
             s.append(f"{r['variant']} did the same generation, reference and update work as '{ref}', yet "
                      f"those phases took {fpct(abs(work - 1))} {'less' if work < 1 else 'more'} time: that "
                      "part of the gap is the machine's speed during the run (noise), not the schedule.")
@@ -290,9 +354,17 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
     rows = [base] + [r for _, r in table[table["mode"] == "colocated_k"].iterrows()] + [r for _, r in dis.iterrows()]
     s = ["Wall time and " + unit + ": " + "; ".join(
         f"{r['variant']} {fsec(r['wall_time_s'])} x {fnum(r['devices'])} = {fnum(r['device_hours'], 3)}"
-        for r in rows) + "."]
+        + (" (contended)" if contended(r) else "") for r in rows) + "."]
     nums = {}
     for _, r in dis.iterrows():
+        caveat = contention_caveat(r, base)
+        nums[f"contended_{r['variant']}"] = bool(caveat)
+        nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
+        nums[f"bound_{r['variant']}"] = r["overlap_bound"]
+        if caveat:
+            s.append(f"{r['variant']} ({fnum(r['devices'])} devices) vs '{ref}': its speedup, {unit.split(' ')[0]} "
+                     f"ratio and share of the overlap bound were {caveat}.")
+            continue
         s.append(f"{r['variant']}: speedup {fx(r['speedup_vs_ref'])} over '{ref}' with {fnum(r['devices'])} devices, "
                  f"so {fx(r['device_hours'] / base['device_hours'] if base['device_hours'] else math.nan)} its "
                  f"{unit.split(' ')[0]}. Measured T_gen = {fsec(r['t_gen_s'])}, T_train = {fsec(r['t_train_s'])}: "
@@ -304,8 +376,6 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
                      f"{fsec(time_outside_work(base))} of its wall time outside generation and training (validation "
                      f"{fsec(base['time_validate_s'])}, weight sync {fsec(base['time_weight_sync_s'])}), "
                      f"{r['variant']} {fsec(time_outside_work(r))}.")
-        nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
-        nums[f"bound_{r['variant']}"] = r["overlap_bound"]
     s.append("Why: overlap hides the shorter side behind the longer one, so the bound is (T_gen + T_train) / "
              "max(T_gen, T_train) and approaches 2x only when both sides take equal time; weight syncs "
              "between processes, the one-version-behind wait, and (on CPU) the driver and Ray processes sharing the "
@@ -318,8 +388,9 @@ MEMCPY_LABEL = "memcpy"  # bench rows of the in-run memcpy bound, "memcpy@cpu" (
 
 
 def _transport_groups(sync: pd.DataFrame):
-    """(source, description, payload, placement, bytes, {transport: median s}) per comparable
-    group: same source, payload and placement (the bench labels runs ``transport@placement``)."""
+    """(source, description, payload, placement, bytes, {transport: median s}, variants) per
+    comparable group: same source, payload and placement (the bench labels runs
+    ``transport@placement``); variants are the training runs of a ``run`` group."""
     rows = sync[sync["median_s"].notna()].copy() if len(sync) else sync
     if not len(rows):
         return []
@@ -332,7 +403,8 @@ def _transport_groups(sync: pd.DataFrame):
         what = "in the training runs" if source == "run" else f"in the benchmark ({pay or 'payload'}"
         what += f", {place})" if source != "run" and place else (")" if source != "run" else "")
         nbytes = g["bytes"].max() if "bytes" in g.columns else math.nan
-        out.append((source, what, pay, place, nbytes, g.groupby("transport")["median_s"].median()))
+        variants = [v for v in g["variant"].astype(str).unique() if v] if "variant" in g.columns else []
+        out.append((source, what, pay, place, nbytes, g.groupby("transport")["median_s"].median(), variants))
     return out
 
 
@@ -400,12 +472,14 @@ def _cpu_verdict(cpu: list[_Pair]) -> list[str]:
     return s + [units + why + fixed]
 
 
-def rdt_section(sync: pd.DataFrame) -> dict:
+def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None) -> dict:
     """Every group's latencies (with GB/s and fraction of the memcpy bound where known), the best
-    RDT backend against the best object-store path per group, and a CPU verdict over the bench."""
+    RDT backend against the best object-store path per group, and a CPU verdict over the bench.
+    A comparison between training runs draws no conclusion when one of them was contended
+    (``table``: the summary table holding their conditions)."""
     title = "Weight-sync latency: object store vs RDT (seed 000 Problem 9, seed 002 Problem 12)"
     s, nums, cpu = [], {}, []
-    for source, what, pay, place, nbytes, by in _transport_groups(sync):
+    for source, what, pay, place, nbytes, by, variants in _transport_groups(sync):
         bound = by.get(MEMCPY_LABEL, math.nan)
         lat = by.drop(MEMCPY_LABEL, errors="ignore")
         if not len(lat):
@@ -417,7 +491,12 @@ def rdt_section(sync: pd.DataFrame) -> dict:
             bo, br = min(obj, key=obj.get), min(rdt, key=rdt.get)
             ratio = obj[bo] / rdt[br]
             (win, lose) = (br, bo) if ratio > 1 else (bo, br)
-            s.append(f"{win} is {fx(ratio if ratio > 1 else 1 / ratio)} faster than {lose} {what}.")
+            caveat = contention_caveat(*(row_of(table, v) for v in variants)) if table is not None else ""
+            if caveat:
+                s.append(f"{bo} vs {br} {what}: {caveat}.")
+                nums[f"contended_{source}"] = True
+            else:
+                s.append(f"{win} is {fx(ratio if ratio > 1 else 1 / ratio)} faster than {lose} {what}.")
             nums.setdefault(f"rdt_gain_{source}", ratio)
             if source == "bench" and place == "cpu":
                 cpu.append(_Pair(nbytes, pay, bo, obj[bo], br, rdt[br], bound))
@@ -473,10 +552,12 @@ def replay_section(table: pd.DataFrame) -> dict:
     s = [(f"replay reused each stored group {fnum(rep['replay_reuse_mean'])} times on average with a mean "
          f"sample age of {fnum(rep['replay_age_mean'])} policy versions (max staleness {fnum(rep['staleness_max'])}).")]
     if base is not None:
+        caveat = contention_caveat(rep, base)
+        speed = (f"throughput {caveat}" if caveat else
+                 f"throughput {fnum(rep['samples_per_s'])} vs {fnum(base['samples_per_s'])} samples/s")
         s.append(f"Final / best validation reward: replay {fnum(rep['val_reward_final'])} / "
                  f"{fnum(rep['val_reward_best'])} "
-                 f"vs disagg {fnum(base['val_reward_final'])} / {fnum(base['val_reward_best'])}; throughput "
-                 f"{fnum(rep['samples_per_s'])} vs {fnum(base['samples_per_s'])} samples/s.")
+                 f"vs disagg {fnum(base['val_reward_final'])} / {fnum(base['val_reward_best'])}; {speed}.")
     else:
         s.append(missing("disagg") + " (the replay run's baseline)")
     return section("replay", title, s, {"reuse": rep["replay_reuse_mean"], "age": rep["replay_age_mean"]})
@@ -508,7 +589,7 @@ def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFram
         kl_section(table, metrics, reference),
         kstep_section(table, reference),
         disagg_section(table, reference),
-        rdt_section(sync),
+        rdt_section(sync, table),
         versions_section(table, versions),
         replay_section(table),
         bench_section(bench or {}),

@@ -51,6 +51,7 @@ from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.tasks import TASKS
 from rlpipe.tasks.base import DatasetError
+from rlpipe.trainer import conditions
 from rlpipe.trainer import resume as resume_policy
 from rlpipe.trainer.actors.learner import REQUIRED_EXTRA
 from rlpipe.trainer.drivers.colocated import run_colocated
@@ -186,7 +187,13 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
         if owns_ray:
             _init_ray(cfg, num_cpus=(2 * actor_threads + 1) if disagg else actor_threads)
         try:
+            # what else the machine does while the run is timed (rlpipe.trainer.conditions): an
+            # attached cluster's actors are not our descendants, so their CPU time is not ours to count
+            own_tree = not cfg.ray.address
+            start = conditions.sample(own_tree)
             info = _drive(ctx, gpus)
+            run_cores = actor_threads * (2 if disagg else 1) + 1  # + the driver and Ray's processes
+            info["conditions"] = conditions.measure(start, own_tree, run_cores).to_json()
             ctx.writer.finish(info)
             resume_policy.mark_finished(ctx.out_dir)
         finally:

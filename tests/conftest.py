@@ -117,7 +117,8 @@ def ray_session():
 
     os.environ.setdefault("RAY_worker_niceness", "0")
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 configure_logging=False)
     yield
     ray.shutdown()
 

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,6 +65,10 @@ def ray_head(tmp_path):
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 continue
         log.close()
+        # `ray start` registered the head as this machine's current cluster; it is gone now
+        current = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+        if current.is_file() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
 
 
 def test_training_attaches_to_a_cluster_started_elsewhere(tmp_path, tiny_base, write_config, ray_head):

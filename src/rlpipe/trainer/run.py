@@ -22,8 +22,9 @@ rewrites that to the machine's own address, and its servers do not bind to loopb
 raylet (two ports) and every worker listen on all interfaces, the dashboard agent opens ports on
 0.0.0.0 and on the node address even without a dashboard, and the runtime-env agent listens on the
 node address. What protects them is Ray's token authentication, on by default since 2.5x: every
-RPC needs the session's token. ``_init_ray`` therefore never starts a local instance with
-``RAY_AUTH_MODE=disabled`` (it resets it to ``token`` and says so). ``ray.address`` attaches to an
+RPC needs the session's token. ``_init_ray`` therefore refuses to start a local instance with
+``RAY_AUTH_MODE=disabled``, and always starts its own (``address="local"``): a plain ``ray.init()``
+would attach to a cluster that ``ray start`` registered on this machine. ``ray.address`` attaches to an
 existing cluster instead; the client then needs ``RAY_AUTH_MODE=token`` and the cluster's token
 (``RAY_AUTH_TOKEN`` or the token file ``ray start`` wrote), and Ray places the actors and GPUs (on a
 local instance the job first pins its GPU slots, see ``rlpipe.trainer.gpu_slots``).
@@ -129,11 +130,13 @@ def _init_ray(cfg, num_cpus: float) -> None:
         ray.init(address=cfg.ray.address, runtime_env=env, log_to_driver=True)
         return
     if os.environ.get("RAY_AUTH_MODE", "token") != "token":
-        # the local servers listen on all interfaces (see the module docstring): the token is their lock
-        print(f"rlpipe train: RAY_AUTH_MODE={os.environ['RAY_AUTH_MODE']} ignored for the local Ray instance; "
-              "token authentication stays on", file=sys.stderr, flush=True)
-    os.environ["RAY_AUTH_MODE"] = "token"
-    ray.init(num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
+        # the local servers listen on all interfaces (see the module docstring): the token is their
+        # lock. (Setting the variable here would not help: Ray reads it when it is imported.)
+        raise ConfigError(f"RAY_AUTH_MODE={os.environ['RAY_AUTH_MODE']}: rlpipe starts a local Ray instance only with "
+                          "token authentication (its servers listen on all interfaces); unset RAY_AUTH_MODE")
+    # address="local": always a new instance of our own, never a cluster that `ray start` left
+    # registered in /tmp/ray (ray.init() without an address would try to attach to it)
+    ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
              dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", runtime_env=env,
              logging_level=logging.WARNING, configure_logging=True)
 

@@ -337,23 +337,46 @@ def plot_throughput(s: Summary, axes, notes: list[str]) -> None:
 
 @figure("weight_sync", {"ncols": 2, "figsize": (12, 4.2)})
 def plot_weight_sync(s: Summary, axes, notes: list[str]) -> None:
-    for ax, source, title in zip(axes, ("run", "bench"), ("measured in training runs", "weight-sync benchmark"),
+    """Left: median sync latency per transport in the training runs (bars). Right: the benchmark's
+    latency against payload size per transport, memcpy included (log-log lines: the sweep's slope
+    and each transport's distance from the memcpy bound are what matter, not single bars)."""
+    w = s.weight_sync
+    for ax, source, title in zip(axes, ("run", "bench"), ("measured in training runs", "benchmark, by payload"),
                                  strict=True):
-        w = s.weight_sync
-        w = w[(w["source"] == source) & col(w, "median_s").notna()] if len(w) and "source" in w.columns else w.iloc[0:0]
-        if not len(w):
+        has = len(w) and "source" in w.columns
+        sub = w[(w["source"] == source) & col(w, "median_s").notna()] if has else w.iloc[0:0]
+        if not len(sub):
             no_data(ax, f"no weight-sync latency {title}", notes)
             continue
-        payload = w["payload"].astype(str) if "payload" in w.columns else pd.Series("", index=w.index)
-        key = w["label"].astype(str).where(payload == "", payload + ": " + w["label"].astype(str))
-        by = w["median_s"].groupby(key).median().sort_values()  # one bar per payload and transport
-        ax.bar(by.index, by.to_numpy() * 1e3, color=["#c44e52" if "rdt" in str(k) else "#4c72b0" for k in by.index])
-        for i, val in enumerate(by.to_numpy()):
-            ax.annotate(f"{val * 1e3:.3g} ms", (i, val * 1e3), ha="center", va="bottom", fontsize=8)
+        if source == "run":
+            by = sub["median_s"].groupby(sub["label"].astype(str)).median().sort_values()  # one bar per transport
+            ax.bar(by.index, by.to_numpy() * 1e3, color=[_sync_color(k) for k in by.index])
+            for i, val in enumerate(by.to_numpy()):
+                ax.annotate(f"{val * 1e3:.3g} ms", (i, val * 1e3), ha="center", va="bottom", fontsize=8)
+            ax.tick_params(axis="x", rotation=30)
+        else:
+            _latency_vs_payload(ax, sub)
         ax.set(ylabel="median sync latency (ms)", title=f"Weight sync: {title}")
         ax.set_yscale("log")
-        ax.tick_params(axis="x", rotation=30)
-        ax.grid(axis="y", alpha=0.3)
+        ax.grid(alpha=0.3)
+
+
+def _sync_color(label: str) -> str:
+    return "#7f7f7f" if "memcpy" in label else "#c44e52" if "rdt" in label else "#4c72b0"
+
+
+def _latency_vs_payload(ax, bench: pd.DataFrame) -> None:
+    """One line per transport label: median latency (ms) against payload bytes, log-log."""
+    bench = bench[col(bench, "bytes") > 0]
+    markers = "osD^vx*"
+    for i, (label, g) in enumerate(bench.groupby(bench["label"].astype(str))):
+        g = g.sort_values("bytes")
+        variant_path = "/" in label.split("@")[0].replace("rdt/", "")  # object_store/packed, .../tensors
+        style = {"linestyle": ":" if "memcpy" in label else "--" if variant_path else "-", "color": _sync_color(label)}
+        ax.plot(g["bytes"] / 1e6, g["median_s"] * 1e3, marker=markers[i % len(markers)], label=label, **style)
+    ax.set_xscale("log")
+    ax.set_xlabel("payload (MB)")
+    ax.legend(fontsize=7)
 
 
 # --------------------------------------------------------------------------- async: versions and replay

@@ -26,13 +26,14 @@ template's index), used by tests and the split report.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlpipe.config import ConfigError, PipelineConfig, load_config
-from rlpipe.io import read_jsonl, write_json, write_jsonl
+from rlpipe.io import write_json, write_jsonl
 from rlpipe.tasks.keyword.corpus import StoryGenerator
 from rlpipe.tasks.keyword.prompt import format_keyword_prompt, load_templates
 from rlpipe.tasks.keyword.vocabulary import load_keywords
@@ -126,7 +127,9 @@ def build_dataset(cfg: PipelineConfig, out_dir: str | Path) -> dict:
 
 
 def load_split(dataset_dir: str | Path, split: str) -> list[KeywordExample]:
-    """Records of ``<dataset_dir>/<split>.jsonl``; ``split`` is ``train`` or ``val``."""
+    """Records of ``<dataset_dir>/<split>.jsonl``; ``split`` is ``train`` or ``val``. Every line is
+    checked: JSON, a ``prompt`` string, a non-empty ``keywords`` list of strings; a bad one raises
+    ``ValueError`` naming ``file:line`` (the trainer calls this before Ray starts)."""
     split = {"validation": "val"}.get(split, split)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -134,11 +137,27 @@ def load_split(dataset_dir: str | Path, split: str) -> list[KeywordExample]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (build it with `rlpipe build-dataset`)")
     out = []
-    for i, r in enumerate(read_jsonl(path), 1):
-        if not isinstance(r.get("prompt"), str) or not isinstance(r.get("keywords"), list) or not r["keywords"]:
-            raise ValueError(f"{path}:{i}: a record needs a 'prompt' string and a non-empty 'keywords' list")
-        out.append(KeywordExample(r["prompt"], list(r["keywords"]), r.get("answer"), int(r.get("template", -1))))
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                out.append(_record(_json_line(path, i, line), path, i))
     return out
+
+
+def _json_line(path: Path, lineno: int, line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+
+
+def _record(r, path: Path, i: int) -> KeywordExample:
+    if not isinstance(r, dict) or not isinstance(r.get("prompt"), str):
+        raise ValueError(f"{path}:{i}: needs a 'prompt' string")
+    kws = r.get("keywords")
+    if not isinstance(kws, list) or not kws or not all(isinstance(k, str) for k in kws):
+        raise ValueError(f"{path}:{i}: needs a non-empty 'keywords' list of strings, got {kws!r}")
+    return KeywordExample(r["prompt"], list(kws), r.get("answer"), int(r.get("template", -1)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -400,7 +400,8 @@ def test_schema_is_draft_2020_12_closed_and_has_no_defaults(schema):
     nodes = list(_objects(schema))
     assert not [n for n in nodes if "default" in n or "$ref" in n or "$defs" in n]
     sections = [n for n in nodes if "properties" in n]
-    assert len(sections) == 10 and all(n["additionalProperties"] is False for n in sections)
+    # 10 sections + train.math, math, math.arithmetic and the math track's tokenizer/model/pretrain
+    assert len(sections) == 16 and all(n["additionalProperties"] is False for n in sections)
     train = schema["properties"]["train"]["properties"]
     assert (train["val_every"]["minimum"], train["sampling_top_p"]["exclusiveMinimum"],
             train["sampling_top_p"]["maximum"]) == (1, 0, 1)

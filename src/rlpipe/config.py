@@ -175,6 +175,25 @@ class ReplayConfig(_Section):
     strategy: Literal["uniform", "recency"] = Field("uniform", description="Sampling strategy.")
 
 
+class MathOptions(_Section):
+    """Options of the ``math`` task (seeds 001 and 004); ignored by the other tasks."""
+
+    _prefix: ClassVar[str] = "train.math"
+
+    prompt: Literal["r1_zero", "question_only"] = Field(
+        "r1_zero", description="Prompt template; it picks its reward function and stop strings "
+        "(r1_zero: r1_zero_reward_fn, stop at </answer>; question_only: the last \\boxed{}, seed 004).")
+    strict: bool = Field(
+        False, description="Course-comparable grading: reject unsimplified answers (2+2, 5!, \\frac{2}{4}) and "
+        "decimal approximations of fractions (rlpipe.tasks.math.grader).")
+    problem_field: str = Field("problem", min_length=1, description="JSONL field holding the problem text.")
+    answer_field: str | None = Field(
+        "answer", description="JSONL field holding the short answer (null: always read it from the solution).")
+    solution_field: str | None = Field(
+        "solution", description="JSONL field holding a worked solution whose last \\boxed{} (or GSM8K '####') "
+        "gives the answer when answer_field is absent or empty.")
+
+
 @dataclass(frozen=True)
 class DerivedSizes:
     """Sizes computed from a valid ``TrainConfig`` (``TrainConfig.derived``)."""
@@ -248,6 +267,17 @@ class TrainConfig(_Section):
     scorer_actor: bool = Field(False, description="Disaggregated: score rewards in a separate Scorer actor.")
     ray_timeout_s: float = Field(
         600.0, gt=0, description="Max seconds the driver waits on any actor call before failing.")
+    recompute_old_log_probs: bool | None = Field(
+        None, description="Recompute old log-probs with the learner's policy under inference_mode after each "
+        "rollout (seed 001 Problem 13) instead of using the sampler's. null: on whenever the sampler's numerics "
+        "can differ from the learner's (a HuggingFace policy, or dtype bfloat16), off otherwise.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass (HuggingFace policies): less memory, "
+        "~30% more update time.")
+    kl_monitor: bool = Field(
+        True, description="Measure KL(pi || pi_ref) every step. With this off and kl_coef 0 no reference model "
+        "is loaded (seed 001: it saves a model's memory).")
+    math: MathOptions = Field(default_factory=MathOptions, description="Options of the math task.")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Weight-sync transport.")
     replay: ReplayConfig = Field(default_factory=ReplayConfig, description="Replay buffer.")
 
@@ -335,6 +365,59 @@ class WorkflowConfig(_Section):
         description="Synthetic payload sweep of the weight-sync benchmark, in MB (issue 13: 1 MB to 1 GB).")
 
 
+class ArithmeticConfig(_Section):
+    """The embedded CPU-learnable math task (``rlpipe.tasks.math.arithmetic``): seeded multi-step
+    integer arithmetic with exact answers, graded by the same ``r1_zero_reward_fn`` as MATH."""
+
+    _prefix: ClassVar[str] = "math.arithmetic"
+
+    num_train: int = Field(4000, ge=1, description="Training problems (GRPO prompts).")
+    num_val: int = Field(512, ge=1, description="Held-out validation problems (never in the pretraining corpus).")
+    min_ops: int = Field(1, ge=1, le=8, description="Fewest operations per problem.")
+    max_ops: int = Field(3, ge=1, le=8, description="Most operations per problem.")
+    max_operand: int = Field(20, ge=2, le=10000, description="Operands are drawn from 1..max_operand.")
+    corpus_documents: int = Field(
+        20000, ge=1, description="Pretraining documents: r1_zero-formatted worked solutions of fresh problems.")
+    seed: int = Field(0, ge=0, description="Seed of the problem generator and the split.")
+
+    @model_validator(mode="after")
+    def check_cross_fields(self) -> ArithmeticConfig:
+        if self.min_ops > self.max_ops:
+            raise _Invalid(f"@min_ops ({self.min_ops}) must be <= @max_ops ({self.max_ops})")
+        return self
+
+
+class MathTrackConfig(_Section):
+    """The MATH track (seeds 001 and 004): its data, base model, evaluation and GRPO variants.
+
+    The track is a pipeline of its own, derived from this one by ``math_pipeline``: its ``tokenizer``,
+    ``model`` and ``pretrain`` sections replace the keyword track's, its ``train`` overrides the shared
+    ``train`` section (with ``task: math``), and its ``variants`` are its runs."""
+
+    _prefix: ClassVar[str] = "math"
+
+    enabled: bool = Field(True, description="Run the MATH track.")
+    dataset_dir: str | None = Field(
+        None, description="MATH-format dataset directory (train.jsonl + validation.jsonl, val.jsonl or test.jsonl); "
+        "null: generate the embedded arithmetic task.")
+    base_model_dir: str | None = Field(
+        None, description="Local HuggingFace model directory (config.json, weights, tokenizer.json), e.g. "
+        "Qwen2.5-Math-1.5B; never downloaded. null: pretrain our TransformerLM on the arithmetic corpus.")
+    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig, description="The arithmetic task.")
+    tokenizer: TokenizerConfig = Field(
+        default_factory=lambda: TokenizerConfig(vocab_size=512), description="Tokenizer of the math base model.")
+    model: ModelSection = Field(default_factory=ModelSection, description="The math base model (when pretrained).")
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Pretraining of the math base model.")
+    train: dict[str, Any] = Field({}, description="Overrides of the shared train section for math runs (dotted "
+                                                  "keys allowed); train.task is always 'math'.")
+    variants: dict[str, dict[str, Any] | None] = Field(
+        {"onpolicy": {}}, description="Math variant name -> overrides of the math train settings (null drops one).")
+    eval_size: int = Field(
+        512, ge=1, description="Validation examples `rlpipe eval` scores (seed 001 asks for >= 1024 on GPU).")
+    eval_max_tokens: int | None = Field(
+        None, ge=1, description="Max new tokens in `rlpipe eval`; default: the math runs' sampling_max_tokens.")
+
+
 class PipelineConfig(_Section):
     """A whole pipeline config: one section per stage plus the variants table."""
 
@@ -345,6 +428,7 @@ class PipelineConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig, description="GRPO base settings shared by all variants.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray.")
     workflow: WorkflowConfig = Field(default_factory=WorkflowConfig, description="Snakemake workflow settings.")
+    math: MathTrackConfig = Field(default_factory=MathTrackConfig, description="The MATH track.")
     variants: dict[str, dict[str, Any]] = Field(
         {}, description="Variant name -> overrides of train (dotted keys allowed).")
 
@@ -488,7 +572,36 @@ def parse_config(data: dict[str, Any]) -> PipelineConfig:
     cfg = from_dict(PipelineConfig, data)
     for name in cfg.variants:
         resolve_variant(cfg, name)
+    if cfg.math.enabled:
+        math_pipeline(cfg)
     return cfg
+
+
+MATH_PREFIX = "math"
+
+
+def math_pipeline(cfg: PipelineConfig) -> PipelineConfig:
+    """The MATH track as a pipeline config of its own: ``math.tokenizer``/``model``/``pretrain`` in
+    place of the keyword track's, ``train`` = the shared train section + ``math.train`` + ``task:
+    math``, ``variants`` = ``math.variants`` (null entries dropped). Every stage command then runs on
+    it unchanged. Errors name the ``math.*`` key."""
+    m = cfg.math
+    try:
+        train = apply_overrides(to_dict(cfg.train), dict(m.train))
+    except ConfigError as e:
+        raise ConfigError(f"{MATH_PREFIX}.train: {e}") from None
+    train["task"] = "math"
+    from_dict(TrainConfig, train, f"{MATH_PREFIX}.train")
+    data = dict(to_dict(cfg), tokenizer=to_dict(m.tokenizer), model=to_dict(m.model),
+                pretrain=to_dict(m.pretrain), train=train,
+                variants={k: v or {} for k, v in m.variants.items() if v is not None})
+    out = from_dict(PipelineConfig, data)
+    for name in out.variants:
+        try:
+            resolve_variant(out, name)
+        except ConfigError as e:
+            raise ConfigError(re.sub(r"(?<![\w.])variants\.", f"{MATH_PREFIX}.variants.", str(e))) from None
+    return out
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:

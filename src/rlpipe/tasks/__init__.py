@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from rlpipe.config import TrainConfig, to_dict
 from rlpipe.tasks.base import Example, Task
 from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
 from rlpipe.tasks.keyword.task import KeywordInclusionTask
@@ -42,11 +43,19 @@ TASKS: dict[str, type[Task]] = {
 }
 
 
-def make_task(name: str, dataset_dir: str | Path | None) -> Task:
+def make_task(name: str, dataset_dir: str | Path | None, train_cfg: TrainConfig | None = None) -> Task:
+    """Task ``name`` on ``dataset_dir``; ``train_cfg`` supplies task options (``train.math``)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; tasks: {sorted(TASKS)}")
+    if name == MathTask.name and train_cfg is not None:
+        return MathTask(dataset_dir, **to_dict(train_cfg.math))
     return TASKS[name](dataset_dir)
 
 
+def task_for(train_cfg: TrainConfig, dataset_dir: str | Path | None) -> Task:
+    """The task a run's train config names, with its options."""
+    return make_task(train_cfg.task, dataset_dir, train_cfg)
+
+
 __all__ = ["REWARD_FNS", "SORT_REWARD_FNS", "TASKS", "Example", "KeywordInclusionTask", "MathTask", "SortingTask",
-           "Task", "make_task"]
+           "Task", "make_task", "task_for"]

@@ -35,7 +35,7 @@ class Task(ABC):
     include_stop_str_in_output: bool = False  # keep the matched stop string in the response
 
     @classmethod  # noqa: B027 - an optional hook: most tasks need no dataset
-    def check_dataset(cls, dataset_dir: str | Path | None) -> None:
+    def check_dataset(cls, dataset_dir: str | Path | None, options: dict | None = None) -> None:
         """Open and validate the dataset before any work (the trainer calls it before Ray starts);
         raise ``FileNotFoundError`` or ``DatasetError`` naming the file and line. Default: the task
         needs no dataset."""

@@ -96,7 +96,7 @@ def _check_inputs(train_cfg, base: str, dataset: str | None) -> str:
     """Every input file, opened and checked; returns the tokenizer reference (see ``_check_base``)."""
     tokenizer = _check_base(base)
     try:
-        TASKS[train_cfg.task].check_dataset(dataset)
+        TASKS[train_cfg.task].check_dataset(dataset, to_dict(train_cfg.math))
     except DatasetError as e:
         raise InputError(f"--dataset: {e}") from None
     except FileNotFoundError as e:

@@ -18,7 +18,7 @@ class KeywordInclusionTask(Task):
     name = "keyword_inclusion"
 
     @classmethod
-    def check_dataset(cls, dataset_dir: str | Path | None) -> None:
+    def check_dataset(cls, dataset_dir: str | Path | None, options: dict | None = None) -> None:
         if dataset_dir is None:
             raise FileNotFoundError("train.task=keyword_inclusion needs the keyword dataset directory")
         for split in ("train", "val"):

@@ -56,11 +56,13 @@ class MathTask(Task):
     include_stop_str_in_output = True  # r1_zero's grader needs the closing </answer> (seed 001)
 
     @classmethod
-    def check_dataset(cls, dataset_dir: str | Path | None) -> None:
-        """Both splits load (every line parses, the fields exist, answers parse): errors name file:line."""
+    def check_dataset(cls, dataset_dir: str | Path | None, options: dict | None = None) -> None:
+        """Both splits load (every line parses, the fields exist, answers parse): errors name file:line.
+        ``options``: ``train.math`` (its field names are used)."""
+        fields = {k: v for k, v in (options or {}).items() if k.endswith("_field")}
         try:
             for path in _dataset_files(dataset_dir):
-                load_math_jsonl(path)
+                load_math_jsonl(path, **fields)
         except MathDataError as e:
             raise DatasetError(str(e)) from None
         except ValueError as e:  # no directory given

@@ -17,7 +17,7 @@ import time
 
 from rlpipe.rl.records import RolloutBatch, UpdateResult
 from rlpipe.rl.scoring import score_batch
-from rlpipe.tasks import make_task
+from rlpipe.tasks import task_for
 from rlpipe.trainer.actors.generator import Generator
 from rlpipe.trainer.actors.learner import Learner
 from rlpipe.trainer.actors.reference import ReferenceModel
@@ -29,7 +29,7 @@ class ColocatedWorker:
     def __init__(self, checkpoint: str, train_cfg, dataset_dir: str | None, threads: int,
                  tokenizer: str | None = None):
         self.cfg = train_cfg
-        self.task = make_task(train_cfg.task, dataset_dir)
+        self.task = task_for(train_cfg, dataset_dir)
         self.prof = Profiler("colocated")
         self.generator = Generator(checkpoint, train_cfg, tokenizer=tokenizer, stop=self.task.stop, threads=threads,
                                    profiler=self.prof, include_stop=self.task.include_stop_str_in_output)
@@ -105,7 +105,7 @@ class GeneratorWorker(WeightReceiver):
     def __init__(self, checkpoint: str, train_cfg, dataset_dir: str | None, threads: int,
                  tokenizer: str | None = None):
         self.cfg = train_cfg
-        self.task = make_task(train_cfg.task, dataset_dir)
+        self.task = task_for(train_cfg, dataset_dir)
         self.generator = Generator(checkpoint, train_cfg, tokenizer=tokenizer, stop=self.task.stop, threads=threads,
                                    include_stop=self.task.include_stop_str_in_output)
 
@@ -136,7 +136,7 @@ class GeneratorWorker(WeightReceiver):
 class Scorer:
     def __init__(self, train_cfg, dataset_dir: str | None):
         self.cfg = train_cfg
-        self.task = make_task(train_cfg.task, dataset_dir)
+        self.task = task_for(train_cfg, dataset_dir)
         self.prof = Profiler("scorer")
 
     def score(self, batch: RolloutBatch, step: int) -> RolloutBatch:

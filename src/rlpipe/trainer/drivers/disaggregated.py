@@ -44,7 +44,7 @@ from rlpipe.analysis.contract import DEVICE_CPU, DEVICE_GPU
 from rlpipe.rl.records import RolloutBatch
 from rlpipe.rl.replay import ReplayBuffer
 from rlpipe.rl.scoring import score_batch
-from rlpipe.tasks import make_task
+from rlpipe.tasks import task_for
 from rlpipe.trainer.actors.workers import GeneratorWorker, LearnerWorker, Scorer
 from rlpipe.trainer.drivers.common import RunContext, train_batches
 from rlpipe.trainer.profiling import Profiler
@@ -81,7 +81,7 @@ class _Loop:
     def __init__(self, ctx: RunContext, learner, generator, scorer, transport, spb: int):
         self.ctx, self.learner, self.generator, self.scorer = ctx, learner, generator, scorer
         self.transport, self.spb = transport, spb
-        self.task = None if scorer else make_task(ctx.train.task, ctx.dataset_dir)
+        self.task = None if scorer else task_for(ctx.train, ctx.dataset_dir)
         self.prof = Profiler("driver")
         self.buffer = _make_buffer(ctx.train)
 

@@ -8,6 +8,9 @@
   (documented in tests/test_aggregate.py, whose expected values depend on them).
 - ``dry_run``: reads the jobs a ``snakemake -n`` printout plans (rule, wildcards, resources).
 - ``one_torch_thread``: one intra-op thread for a module of tiny-model tests.
+- ``tiny_qwen``: a tiny random-init ``Qwen2ForCausalLM`` directory (own BPE, tied embeddings, no
+  download), briefly trained on r1_zero answers to the MATH fixture (``MATH_FIXTURE``), so that its
+  samples sometimes earn reward.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import yaml
 
 from rlpipe.analysis import contract
 
+MATH_FIXTURE = Path(__file__).parent / "data" / "math_fixture"
 WORDS = ["cat", "dog", "apple", "tree", "ball", "house", "moon", "fish", "bird", "cake", "boat", "hat"]
 
 
@@ -287,3 +291,68 @@ class DryRun:
 @pytest.fixture(scope="session")
 def dry_run():
     return DryRun
+
+
+# --------------------------------------------------------------------------- tiny HF Qwen2
+
+
+def _math_documents() -> list[tuple[str, str]]:
+    """(r1_zero prompt, completion with the right answer) for every MATH fixture problem."""
+    from rlpipe.tasks.math.task import MathTask
+
+    task = MathTask(MATH_FIXTURE)
+    return [(e.prompt, f" I compute it. </think> <answer> {e.ground_truth} </answer>")
+            for e in task.train_examples() + task.val_examples()]
+
+
+def _make_tiny_qwen(d: Path, train_steps: int = 100) -> Path:
+    """A 2-layer Qwen2 (hidden 64, 4 heads, 2 KV heads, tied embeddings) with a BPE trained here on
+    the fixture's prompts, saved with ``save_pretrained`` + tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    docs = _math_documents()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([p + c for p, c in docs] * 4, trainer=trainer)
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"}))
+    eos = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos))
+    seqs = [tok.encode(p + c).ids + [eos] for p, c in docs]
+    width = max(map(len, seqs))
+    ids = torch.tensor([s + [eos] * (width - len(s)) for s in seqs])  # (N, L)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only contend on a shared machine
+    try:
+        for _ in range(train_steps):
+            loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory) -> Path:
+    """Directory of a tiny HF Qwen2 policy for the MATH fixture (see ``_make_tiny_qwen``)."""
+    return _make_tiny_qwen(tmp_path_factory.mktemp("tiny_qwen") / "qwen")
+
+
+@pytest.fixture(scope="session")
+def math_fixture() -> Path:
+    """The handwritten MATH-format dataset directory (train.jsonl + validation.jsonl)."""
+    return MATH_FIXTURE

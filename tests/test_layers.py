@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": {"io"},
     "trainer": {"io", "config", "lm", "rl", "tasks", "analysis.contract"},
     "grpo": {"rl"},
-    "bench": {"io", "config", "lm", "rl", "tasks", "trainer"},
+    "bench": {"io", "config", "lm", "rl", "tasks", "trainer", "analysis.contract"},
     "cli": {"config"},
     "__init__": set(),
 }

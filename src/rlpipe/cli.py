@@ -16,13 +16,16 @@ COMMANDS = {
     "import-base": ("rlpipe.lm.pretrain", "import_base_main"),
     "export-hf": ("rlpipe.lm.hf_export", "main"),
     "build-dataset": ("rlpipe.tasks.keyword.dataset", "main"),
+    "build-math-data": ("rlpipe.tasks.math.arithmetic", "main"),
     "eval-base": ("rlpipe.tasks.keyword.eval", "main"),
+    "eval": ("rlpipe.trainer.evaluate", "main"),
     "train": ("rlpipe.trainer.run", "main"),
     "aggregate": ("rlpipe.analysis.aggregate", "main"),
     "plot": ("rlpipe.analysis.plots", "main"),
+    "math-report": ("rlpipe.analysis.math_report", "main"),
     "schema": ("rlpipe.cli", "schema_main"),
 }
-BENCHES = {"sampler": "rlpipe.bench.sampler", "weight-sync": "rlpipe.bench.weight_sync"}
+BENCHES = {"sampler": "rlpipe.bench.sampler", "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl"}
 
 
 def schema_main(argv: list[str]) -> int:

@@ -347,10 +347,18 @@ class RayConfig(_Section):
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray instance (default: the job's threads).")
 
 
+KEYWORD_TRACK, MATH_TRACK = "keyword", "math"
+
+
 class WorkflowConfig(_Section):
     """Snakemake workflow settings."""
 
     _prefix: ClassVar[str] = "workflow"
+
+    tracks: list[Literal["keyword", "math"]] = Field(
+        ["keyword", "math"], min_length=1,
+        description="Tracks to run: 'keyword' (seed 000: data, base model, variants, benchmarks) and 'math' "
+                    "(seeds 001/004: the math section).")
 
     results_dir: str = Field("results", min_length=1, description="Where every output goes.")
     gpus_per_colocated: int = Field(0, ge=0, description="GPUs a colocated variant declares (0 on a CPU config).")
@@ -375,15 +383,25 @@ class ArithmeticConfig(_Section):
     num_val: int = Field(512, ge=1, description="Held-out validation problems (never in the pretraining corpus).")
     min_ops: int = Field(1, ge=1, le=8, description="Fewest operations per problem.")
     max_ops: int = Field(3, ge=1, le=8, description="Most operations per problem.")
-    max_operand: int = Field(20, ge=2, le=10000, description="Operands are drawn from 1..max_operand.")
+    max_operand: int = Field(15, ge=2, le=10000, description="Operands are drawn from 1..max_operand.")
+    max_value: int = Field(
+        40, ge=2, le=100000, description="Every intermediate result and the answer lie in 0..max_value.")
     corpus_documents: int = Field(
-        20000, ge=1, description="Pretraining documents: r1_zero-formatted worked solutions of fresh problems.")
+        40000, ge=1, description="Pretraining documents: worked solutions of problems (never val ones).")
+    drill_fraction: float = Field(
+        0.75, ge=0, lt=1, description="Fraction of corpus documents that are drills: the prompt's last two lines "
+        "(User/Assistant) and the worked solution, without the r1_zero preamble (5x more arithmetic per token).")
+    slip_rate: float = Field(
+        0.35, ge=0, lt=1, description="In corpus solutions, probability that a step miscopies its operator (+ for "
+        "-, computed right and carried on, when the chain stays in range): sets the zero-shot accuracy.")
     seed: int = Field(0, ge=0, description="Seed of the problem generator and the split.")
 
     @model_validator(mode="after")
     def check_cross_fields(self) -> ArithmeticConfig:
         if self.min_ops > self.max_ops:
             raise _Invalid(f"@min_ops ({self.min_ops}) must be <= @max_ops ({self.max_ops})")
+        if self.max_operand > self.max_value:
+            raise _Invalid(f"@max_operand ({self.max_operand}) must be <= @max_value ({self.max_value})")
         return self
 
 
@@ -396,7 +414,6 @@ class MathTrackConfig(_Section):
 
     _prefix: ClassVar[str] = "math"
 
-    enabled: bool = Field(True, description="Run the MATH track.")
     dataset_dir: str | None = Field(
         None, description="MATH-format dataset directory (train.jsonl + validation.jsonl, val.jsonl or test.jsonl); "
         "null: generate the embedded arithmetic task.")
@@ -572,7 +589,7 @@ def parse_config(data: dict[str, Any]) -> PipelineConfig:
     cfg = from_dict(PipelineConfig, data)
     for name in cfg.variants:
         resolve_variant(cfg, name)
-    if cfg.math.enabled:
+    if MATH_TRACK in cfg.workflow.tracks:
         math_pipeline(cfg)
     return cfg
 

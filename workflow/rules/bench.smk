@@ -47,3 +47,33 @@ rule bench_sampler:
     shell:
         "rlpipe bench sampler --preset {params.preset} --batch {params.batch} --new-tokens {params.new_tokens} "
         "--repeats {params.repeats} --device {params.device} --threads {threads} --out {output} > {log} 2>&1"
+
+
+# rlpipe's colocated on-policy GRPO side by side with TRL's GRPOTrainer (issue 13 item 4): the same
+# exported model, keyword task, prompts and settings (rlpipe.bench.trl says which cannot be equal).
+# Needs the optional `bench` extra (trl); without it the command writes {"skipped": true, ...} at
+# once, so the default pipeline does not pay for it. Not in all_targets: request it by path.
+# lint: conda (no environment on purpose, see common.smk)
+# lint: CONFIG_FILE (a global, not a param: see common.smk)
+rule bench_trl:
+    input:
+        tests=tests_done(),
+        base=res("base", "model.pt"),
+        dataset=res("data", "keywords", "train.jsonl"),
+    output:
+        report(
+            res("bench", "trl.json"),
+            caption="../report/trl.rst",
+            category="4 Throughput and GPU-hours",
+            labels={"figure": "rlpipe vs TRL GRPOTrainer (JSON)"},
+        ),
+    params:
+        dataset=lambda w, input: os.path.dirname(input.dataset),
+    threads: CFG.workflow.threads_per_variant
+    log:
+        "logs/bench_trl/bench_trl.log",
+    benchmark:
+        "benchmarks/bench_trl/bench_trl.tsv"
+    shell:
+        "rlpipe bench trl --config {CONFIG_FILE} --checkpoint {input.base} --dataset {params.dataset} "
+        "--threads {threads} --out {output} > {log} 2>&1"

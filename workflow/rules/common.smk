@@ -33,7 +33,16 @@ import yaml
 from snakemake.exceptions import WorkflowError
 
 from rlpipe import io
-from rlpipe.config import ConfigError, parse_config, resolve_variant, to_dict, variant_gpus
+from rlpipe.config import (
+    KEYWORD_TRACK,
+    MATH_TRACK,
+    ConfigError,
+    math_pipeline,
+    parse_config,
+    resolve_variant,
+    to_dict,
+    variant_gpus,
+)
 
 # An overlay config (`--configfile config/smoke.yaml`) switches a variant of the base table off with
 # `name: null`: Snakemake merges config files key by key, so it could not remove a key otherwise.
@@ -45,18 +54,51 @@ except ConfigError as e:
     raise WorkflowError(f"invalid rlpipe config: {e}") from None
 
 RESULTS = CFG.workflow.results_dir.rstrip("/")
-VARIANTS = list(CFG.variants)
+KEYWORD_ON = KEYWORD_TRACK in CFG.workflow.tracks
+MATH_ON = MATH_TRACK in CFG.workflow.tracks
+VARIANTS = list(CFG.variants) if KEYWORD_ON else []
 REPO = Path(workflow.basedir)
-CONFIG_TEXT = yaml.safe_dump(to_dict(CFG), sort_keys=False)
-CONFIG_FILE = f"{RESULTS}/config/pipeline-{hashlib.sha256(CONFIG_TEXT.encode()).hexdigest()[:16]}.yaml"
-if not os.path.exists(CONFIG_FILE):
-    io.write_text(CONFIG_FILE, CONFIG_TEXT)
+
+
+def write_resolved(name: str, cfg) -> str:
+    """Write ``cfg`` to results/config/<name>-<hash of its content>.yaml (once) and return the path."""
+    text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    path = f"{RESULTS}/config/{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    if not os.path.exists(path):
+        io.write_text(path, text)
+    return path
+
+
+CONFIG_FILE = write_resolved("pipeline", CFG)
+# The MATH track runs every stage command on a pipeline config of its own (rlpipe.config.math_pipeline:
+# the math section's tokenizer/model/pretrain/train/variants in place of the keyword track's).
+MATH_CFG = math_pipeline(CFG) if MATH_ON else None
+MATH_CONFIG_FILE = write_resolved("math", MATH_CFG) if MATH_ON else None
+MATH_VARIANTS = list(MATH_CFG.variants) if MATH_ON else []
+
+
+def _check_math_paths() -> None:
+    """The math track's local model and dataset directories exist (named by key, before any job)."""
+    m = CFG.math
+    if m.base_model_dir and not Path(m.base_model_dir, "config.json").is_file():
+        raise WorkflowError(f"invalid rlpipe config: math.base_model_dir: {m.base_model_dir} is not a local "
+                            "HuggingFace model directory (no config.json); rlpipe never downloads models")
+    if m.dataset_dir and not Path(m.dataset_dir, "train.jsonl").is_file():
+        raise WorkflowError(f"invalid rlpipe config: math.dataset_dir: {m.dataset_dir} holds no train.jsonl "
+                            "(a MATH-format directory: train.jsonl and validation.jsonl)")
+
+
+if MATH_ON:
+    _check_math_paths()
 # File names of a run directory (RUN_FILES: train_variant's declared outputs), of results/summary
 # (SUMMARY_FILES, SUMMARY_REPORT_FILES) and the figures (FIGURES: kind -> Figure(category, title,
 # ext)) come from the run-output contract, which the trainer's writer, aggregation, the plots and
 # the tests share.
 from rlpipe.analysis.contract import (
+    CHECKPOINT_FILE,
+    EVAL_FILES,
     FIGURES,
+    MATH_REPORT_FILES,
     RUN_FILES,
     SUMMARY_FILES,
     SUMMARY_REPORT_FILES,
@@ -107,6 +149,11 @@ def resume_mode(wildcards) -> str:
     """`rlpipe train --resume`: a forced rerun starts afresh; otherwise (a first run, changed
     settings, --rerun-incomplete after a crash) rlpipe.trainer.resume decides."""
     return "never" if forced("train_variant", run_outputs(wildcards.variant).values()) else "auto"
+
+
+def math_resume_mode(wildcards) -> str:
+    """resume_mode for train_math_variant."""
+    return "never" if forced("train_math_variant", math_run_outputs(wildcards.math_variant).values()) else "auto"
 
 
 def reference_variant() -> str:
@@ -172,10 +219,14 @@ def figure_path(kind: str) -> str:
 
 
 def all_targets() -> list:
-    targets = [res("summary", f) for f in SUMMARY_FILES.values()]
+    targets = math_targets() if MATH_ON else []
+    if not KEYWORD_ON:
+        return targets
+    targets += [res("summary", f) for f in SUMMARY_FILES.values()]
     targets += [res("summary", f) for f in SUMMARY_REPORT_FILES.values()]
     targets += [figure_path(k) for k in FIGURES]
-    targets += [res("bench", "weight_sync.json"), res("bench", "sampler.json"), res("base", "zero_shot.json")]
+    targets += [res("bench", "weight_sync.json"), res("bench", "sampler.json"), res("bench", "trl.json"),
+                res("base", "zero_shot.json")]
     targets += [res("runs", v, f) for v in VARIANTS for f in RUN_FILES.values()]
     return targets
 
@@ -183,3 +234,80 @@ def all_targets() -> list:
 wildcard_constraints:
     # `(?!)` never matches: an empty variants table must not let {variant} match anything.
     variant="|".join(re.escape(v) for v in VARIANTS) or "(?!)",
+    math_variant="|".join(re.escape(v) for v in MATH_VARIANTS) or "(?!)",
+    math_model="|".join(re.escape(v) for v in ["base", *MATH_VARIANTS]),
+
+
+# --------------------------------------------------------------------------- the MATH track
+# results/math/: data/ (the generated arithmetic task: train.jsonl, val.jsonl, corpus.txt),
+# tokenizer/, base/model.pt, eval/<base|variant>/ (`rlpipe eval`), runs/<variant>/ (RUN_FILES),
+# report/ (`rlpipe math-report`). A local HuggingFace model (math.base_model_dir) replaces the
+# tokenizer and pretraining stages; a MATH-format directory (math.dataset_dir) replaces the data.
+
+
+def math_res(*parts: str) -> str:
+    return res("math", *parts)
+
+
+def math_dataset_dir() -> str:
+    return CFG.math.dataset_dir or math_res("data")
+
+
+def math_dataset_inputs() -> list:
+    """The dataset files as inputs: the generated ones, or whatever a given directory holds."""
+    if CFG.math.dataset_dir is None:
+        return [math_res("data", "train.jsonl"), math_res("data", "val.jsonl")]
+    return sorted(str(p) for p in Path(CFG.math.dataset_dir).glob("*.jsonl"))
+
+
+def math_base() -> str:
+    """What `--base` gets: the HF directory, or our pretrained checkpoint."""
+    return CFG.math.base_model_dir or math_res("base", "model.pt")
+
+
+def math_base_inputs() -> list:
+    d = CFG.math.base_model_dir
+    return [os.path.join(d, "config.json")] if d else [math_res("base", "model.pt")]
+
+
+def math_tokenizer_inputs() -> list:
+    spec = MATH_CFG.tokenizer.path
+    if spec is None:
+        return [math_res("tokenizer", "tokenizer.json")]
+    return [spec] if Path(spec).exists() else []
+
+
+def math_run_outputs(variant: str) -> dict:
+    return {k: math_res("runs", variant, f) for k, f in RUN_FILES.items()}
+
+
+def math_eval_outputs(model: str) -> dict:
+    return {k: math_res("eval", model, f) for k, f in EVAL_FILES.items()}
+
+
+def math_eval_inputs(wildcards) -> dict:
+    """`rlpipe eval` of the base model or of a variant's final policy (its checkpoints/last.pt, which
+    is not a declared output: the run's run_info.json stands for it)."""
+    if wildcards.math_model == "base":
+        return {"model": math_base_inputs(), "dataset": math_dataset_inputs()}
+    return {"model": math_run_outputs(wildcards.math_model)["info"], "dataset": math_dataset_inputs()}
+
+
+def math_eval_checkpoint(wildcards) -> str:
+    if wildcards.math_model == "base":
+        return math_base()
+    return math_res("runs", wildcards.math_model, CHECKPOINT_FILE)
+
+
+def math_variant_train(variant: str) -> str:
+    return canonical(to_dict(resolve_variant(MATH_CFG, variant)))
+
+
+def math_section_params(*sections: str) -> str:
+    return canonical({s: to_dict(getattr(MATH_CFG, s)) for s in sections})
+
+
+def math_targets() -> list:
+    targets = [math_res("report", f) for f in MATH_REPORT_FILES.values()]
+    targets += [math_res("runs", v, f) for v in MATH_VARIANTS for f in RUN_FILES.values()]
+    return targets

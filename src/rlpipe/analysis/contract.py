@@ -28,7 +28,7 @@ from types import MappingProxyType
 # --------------------------------------------------------------------------- phases
 
 #: Every profiling phase an actor or the driver may record (``Profiler.phase(name, ...)``).
-PHASES = ("generate", "score", "ref_logprobs", "update", "weight_sync", "wait", "validate")
+PHASES = ("generate", "score", "ref_logprobs", "old_logprobs", "update", "weight_sync", "wait", "validate")
 #: Phases that overlap the actors' work (the driver blocked on a rollout batch): reported, but
 #: never stacked or counted in the shares.
 OVERLAPPING_PHASES = ("wait",)
@@ -36,7 +36,7 @@ OVERLAPPING_PHASES = ("wait",)
 STACK_PHASES = tuple(p for p in PHASES if p not in OVERLAPPING_PHASES)
 #: The generation side (T_gen of the overlap bound) and the training side (T_train).
 GEN_PHASES = ("generate", "score")
-TRAIN_PHASES = ("ref_logprobs", "update")
+TRAIN_PHASES = ("ref_logprobs", "old_logprobs", "update")
 #: Phases with a per-step ``time/<phase>`` metrics column (validation runs every val_every steps
 #: and is not part of a step's time).
 TIMED_PHASES = tuple(p for p in PHASES if p != "validate")
@@ -91,7 +91,8 @@ RUN_FILES = MappingProxyType({
 METRIC_COLUMNS = (
     "step", "policy_version", "wall_time", "samples",
     "reward/train_mean", "reward/train_std", "reward/zero_std_frac", "reward/val_mean", "reward/errors",
-    "loss/policy", "loss/clip_frac", "optim/grad_norm", "policy/entropy",
+    "reward/format_mean", "reward/answer_mean", "reward/val_format_mean", "reward/val_answer_mean",
+    "loss/policy", "loss/clip_frac", "optim/grad_norm", "policy/entropy", "logprob/sampler_gap",
     "kl/ref_log_ratio", "kl/ref_k3", "kl/prev_log_ratio", "kl/prev_k3", "response/length_mean",
     *(metric_time_column(p) for p in TIMED_PHASES),
     "perf/samples_per_s", "perf/tokens_per_s", "staleness/mean", "staleness/max",
@@ -200,3 +201,48 @@ FIGURES = MappingProxyType({
 def figure_file(kind: str) -> str:
     """File name of a figure under results/figures/: ``<kind>.<ext>``."""
     return f"{kind}.{FIGURES[kind].ext}"
+
+
+# --------------------------------------------------------------------------- MATH evaluation
+
+#: ``rlpipe eval --out DIR`` (seed 001 Problem 1: "serialize the examples, model generations, and
+#: corresponding evaluation scores to disk"), by key.
+EVAL_FILES = MappingProxyType({
+    "examples": "examples.parquet",
+    "summary": "summary.json",
+})
+#: eval examples.parquet: one row per evaluated example, in dataset order (``index`` = position in
+#: the validation file). ``ground_truth`` is a string; ``category`` is a key of EVAL_CATEGORIES;
+#: ``finish_reason`` is the sampler's (``eos`` | ``stop`` | ``length``).
+EVAL_COLUMNS = ("index", "prompt", "response", "ground_truth", "format_reward", "answer_reward", "reward",
+                "category", "finish_reason")
+EVAL_INT_COLUMNS = ("index",)
+EVAL_FLOAT_COLUMNS = ("format_reward", "answer_reward", "reward")
+#: Category -> (format_reward, answer_reward). The first three are seed 001 Problem 1(b)'s (1) format
+#: and answer right, (2) format right and answer wrong, (3) both wrong; the fourth cannot occur under
+#: ``r1_zero`` (its answer reward needs the format) and is counted so that a grader that produces it
+#: shows up instead of vanishing from the sum.
+EVAL_CATEGORIES = MappingProxyType({
+    "format1_answer1": (1, 1),
+    "format1_answer0": (1, 0),
+    "format0_answer0": (0, 0),
+    "format0_answer1": (0, 1),
+})
+#: eval summary.json keys. ``categories`` maps every EVAL_CATEGORIES key to its count (they sum to
+#: ``n``); ``accuracy`` is the mean answer_reward, ``format_rate`` the mean format_reward;
+#: ``wall_time_s`` covers generation and scoring (not loading); ``reward_errors`` counts samples whose
+#: grader failed and scored 0.
+EVAL_SUMMARY_KEYS = ("n", "accuracy", "format_rate", "reward_mean", "categories", "reward_errors",
+                     "checkpoint", "dataset", "prompt", "max_tokens", "temperature", "top_p", "seed",
+                     "wall_time_s", "tokens_generated")
+
+#: ``rlpipe math-report --out DIR``: the MATH track's report pieces, by key.
+MATH_REPORT_FILES = MappingProxyType({
+    "eval_html": "eval.html",
+    "learning_png": "learning.png",
+    "math_json": "math.json",
+})
+#: math.json top-level keys: ``base`` (the eval labelled ``base``: accuracy, format rate and
+#: categories, or null), ``evals`` (every eval by label), ``runs`` (per run label: validation
+#: points and initial/final/best answer reward), ``notes`` (what was missing and what stood in).
+MATH_JSON_KEYS = ("base", "evals", "runs", "notes")

@@ -39,7 +39,8 @@ from rlpipe.analysis.report_text import fit_growth
 
 STACK = (*contract.STACK_PHASES, contract.OTHER)
 STEP_PHASES = contract.STEP_STACK_PHASES
-PHASE_COLORS = {"generate": "#4c72b0", "score": "#8172b2", "ref_logprobs": "#ccb974", "update": "#dd8452",
+PHASE_COLORS = {"generate": "#4c72b0", "score": "#8172b2", "ref_logprobs": "#ccb974", "old_logprobs": "#937860",
+                "update": "#dd8452",
                 "weight_sync": "#c44e52", "validate": "#55a868", "wait": "#bbbbbb", contract.OTHER: "#dddddd"}
 TIMELINE_STEPS = 8
 

@@ -14,6 +14,13 @@ raised before the file is written, not a surprise at resume time. Weights are st
 GPU checkpoint loads on a CPU-only machine. Writes are atomic (``rlpipe.io.torch_save``).
 Loading checks every parameter and reports all missing, unexpected and mis-shaped names at once.
 
+HuggingFace policies (``rlpipe.lm.policy``, kind ``hf``) are saved in the same format: their
+``model_config`` is ``{"hf_pretrained": <absolute model directory>}`` and ``model`` their state dict.
+Loading rebuilds the architecture from that directory (``from_pretrained``, local files only), then
+loads the saved weights; a directory that is gone is a ``CheckpointError`` naming the checkpoint and
+the directory. Tensors shared between state-dict names (a tied embedding / LM head, as in Qwen2) are
+copied to CPU once and stay shared, so the file holds them once.
+
 Broken files fail with a ``CheckpointError`` naming the file and the cause (not a zip archive:
 empty, truncated or another kind of file; a damaged archive; pickled objects) instead of a
 torch/pickle error. Non-finite weights are refused in both directions: ``save_checkpoint`` never
@@ -38,6 +45,8 @@ from rlpipe.lm.model import ModelConfig, TransformerLM
 
 FORMAT = "rlpipe.lm.checkpoint"
 VERSION = 1
+HF_PRETRAINED = "hf_pretrained"  # model_config key of an HF policy's checkpoint: its model directory
+HF_CONFIG = "config.json"
 
 
 class CheckpointError(ValueError):
@@ -46,11 +55,12 @@ class CheckpointError(ValueError):
 
 @dataclass
 class LoadedCheckpoint:
-    model: TransformerLM
-    model_config: ModelConfig
+    model: nn.Module  # a TransformerLM, or an HF causal LM when ``hf_pretrained`` is set
+    model_config: ModelConfig | None  # None for an HF policy
     tokenizer: str | None
     optimizer_state: dict | None = None
     extra: dict = field(default_factory=dict)
+    hf_pretrained: str | None = None  # the HF model directory the architecture comes from
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -106,15 +116,39 @@ def non_finite_tensors(tensors: dict, limit: int = 5) -> list[str]:
     return bad
 
 
-def save_checkpoint(path, model: nn.Module, *, tokenizer, optimizer=None, extra: dict | None = None) -> None:
-    """Write ``model`` (a ``TransformerLM``), its config and ``tokenizer`` (a path/spec string or a
+def _model_config(model: nn.Module, hf_pretrained: str | os.PathLike | None) -> dict:
+    """What ``model_config`` stores: a ``TransformerLM``'s config, or the HF model directory."""
+    config = getattr(model, "config", None)
+    if isinstance(config, ModelConfig):
+        return config.to_dict()
+    source = hf_pretrained or getattr(config, "name_or_path", None)
+    if not source or not (Path(source) / "config.json").is_file():
+        raise TypeError(
+            f"save_checkpoint needs a TransformerLM (with a ModelConfig .config) or an HF model with its local "
+            f"directory (hf_pretrained=...), got {type(model).__name__} from {source!r}"
+        )
+    return {HF_PRETRAINED: os.path.abspath(source)}
+
+
+def _cpu_state(state: dict) -> dict:
+    """CPU copies of a state dict; tensors shared by several names (tied weights) stay shared."""
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for k, v in state.items():
+        key = (v.data_ptr(), v.dtype, tuple(v.shape), v.stride(), v.device)
+        if key not in copies:
+            copies[key] = v.detach().to("cpu", copy=True).contiguous()
+        out[k] = copies[key]
+    return out
+
+
+def save_checkpoint(path, model: nn.Module, *, tokenizer, optimizer=None, extra: dict | None = None,
+                    hf_pretrained: str | os.PathLike | None = None) -> None:
+    """Write ``model`` (a ``TransformerLM``, or an HF causal LM whose directory is ``hf_pretrained``,
+    default its ``config.name_or_path``), its config and ``tokenizer`` (a path/spec string or a
     ``Tokenizer``, whose ``.spec`` is stored) to ``path`` atomically."""
     model = _unwrap(model)
-    config = getattr(model, "config", None)
-    if not isinstance(config, ModelConfig):
-        raise TypeError(
-            f"save_checkpoint needs a TransformerLM (with a ModelConfig .config), got {type(model).__name__}"
-        )
+    model_config = _model_config(model, hf_pretrained)
     tok_ref = getattr(tokenizer, "spec", tokenizer)
     if tok_ref is not None and not isinstance(tok_ref, (str, os.PathLike)):
         raise TypeError(
@@ -132,8 +166,8 @@ def save_checkpoint(path, model: nn.Module, *, tokenizer, optimizer=None, extra:
     payload = {
         "format": FORMAT,
         "version": VERSION,
-        "model_config": config.to_dict(),
-        "model": {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()},
+        "model_config": model_config,
+        "model": _cpu_state(model.state_dict()),
         "tokenizer": None if tok_ref is None else str(tok_ref),
         "optimizer": opt_state,
         "extra": extra,
@@ -197,9 +231,56 @@ def check_state_dict(model: nn.Module, state: dict, source: str = "checkpoint") 
         raise CheckpointError(f"{source} does not match the model: " + ", ".join(parts))
 
 
-def load_checkpoint(path, device="cpu") -> LoadedCheckpoint:
-    """Rebuild the ``TransformerLM`` saved at ``path`` on ``device``."""
+def is_hf_checkpoint_config(model_config: dict) -> bool:
+    return isinstance(model_config, dict) and HF_PRETRAINED in model_config
+
+
+def _load_hf(path, payload: dict, device, dtype: str) -> LoadedCheckpoint:
+    source = payload["model_config"][HF_PRETRAINED]
+    if not is_hf_dir(source):
+        raise CheckpointError(f"checkpoint {path} holds an HF policy built from {source}, which is gone "
+                              "(no config.json there); restore that model directory to load it")
+    model = load_hf_model(source, torch.device(device), dtype)
+    check_state_dict(model, payload["model"], source=f"checkpoint {path}")
+    model.load_state_dict(payload["model"], strict=True)
+    return LoadedCheckpoint(model=model, model_config=None, tokenizer=payload.get("tokenizer"),
+                            optimizer_state=payload.get("optimizer"), extra=payload.get("extra") or {},
+                            hf_pretrained=source)
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a HuggingFace model directory (holds ``config.json``)."""
+    p = Path(path)
+    return p.is_dir() and (p / HF_CONFIG).is_file()
+
+
+def hf_dtype(device: torch.device, dtype: str) -> torch.dtype:
+    """Weight dtype of an HF policy: bf16 on CUDA when asked, fp32 otherwise."""
+    return torch.bfloat16 if device.type == "cuda" and dtype == "bfloat16" else torch.float32
+
+
+def load_hf_model(path: str | Path, device: torch.device, dtype: str = "float32") -> nn.Module:
+    """``AutoModelForCausalLM`` from a local directory (never downloads; see ``rlpipe.lm.policy``)."""
+    from transformers import AutoModelForCausalLM
+
+    p = Path(path)
+    if not is_hf_dir(p):
+        raise FileNotFoundError(f"{p} is not a HuggingFace model directory (no {HF_CONFIG})")
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=hf_dtype(device, dtype), local_files_only=True)
+    return model.to(device)
+
+
+def read_extra(path) -> dict:
+    """The ``extra`` dict of the checkpoint at ``path`` (the file fully checked, no model built)."""
+    return _read(path, "cpu").get("extra") or {}
+
+
+def load_checkpoint(path, device="cpu", dtype: str = "float32") -> LoadedCheckpoint:
+    """Rebuild the model saved at ``path`` on ``device``: a ``TransformerLM`` (fp32), or an HF policy
+    from its directory (weights bf16 on CUDA when ``dtype`` is ``bfloat16``, see ``rlpipe.lm.policy``)."""
     payload = _read(path, device)
+    if is_hf_checkpoint_config(payload["model_config"]):
+        return _load_hf(path, payload, device, dtype)
     try:
         config = ModelConfig.from_dict(payload["model_config"])
     except (TypeError, ValueError) as e:
@@ -220,8 +301,18 @@ def load_checkpoint(path, device="cpu") -> LoadedCheckpoint:
 def load_model_state(model: nn.Module, path) -> dict:
     """Copy the weights at ``path`` into an existing ``model`` in place (its device and dtype kept);
     return the checkpoint's ``extra``. The checkpoint's config must equal the model's."""
+    return load_training_state(model, path)[1]
+
+
+def load_training_state(model: nn.Module, path) -> tuple[dict | None, dict]:
+    """``load_model_state`` that also returns the optimizer state: ``(optimizer_state, extra)``.
+    Works for a ``TransformerLM`` and an HF model (keys and shapes are checked either way)."""
     payload = _read(path, "cpu")
     config = getattr(_unwrap(model), "config", None)
+    hf_saved = is_hf_checkpoint_config(payload["model_config"])
+    if hf_saved != (not isinstance(config, ModelConfig)):
+        kinds = ("an HF policy", "a TransformerLM")
+        raise CheckpointError(f"checkpoint {path} holds {kinds[not hf_saved]} but the model is {kinds[hf_saved]}")
     if isinstance(config, ModelConfig) and payload["model_config"] != config.to_dict():
         saved = payload["model_config"]
         diff = {k: (v, saved.get(k)) for k, v in config.to_dict().items() if saved.get(k) != v}
@@ -230,4 +321,4 @@ def load_model_state(model: nn.Module, path) -> dict:
         )
     check_state_dict(model, payload["model"], source=f"checkpoint {path}")
     _unwrap(model).load_state_dict(payload["model"], strict=True)
-    return payload.get("extra") or {}
+    return payload.get("optimizer"), payload.get("extra") or {}

@@ -31,8 +31,12 @@ class RolloutBatch:
     group_size: int
     rewards: torch.Tensor | None = None  # (B,) scalar reward per response
     advantages: torch.Tensor | None = None  # (B,)
-    reward_metrics: dict[str, float] = field(default_factory=dict)
+    reward_metrics: dict[str, float] = field(default_factory=dict)  # the batch's metrics (rewards, lengths, ...)
     row_versions: torch.Tensor | None = None  # (B,) int64, set when rows mix versions (replay)
+    # (B,) each (T_i,): the learner's log-probs of the sampled tokens, recomputed under inference_mode
+    # after scoring (train.recompute_old_log_probs, seed 001 Problem 13); when set they are the old
+    # log-probs of every train step on these rows, in place of behaviour_logprobs
+    old_logprobs: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -66,6 +70,7 @@ class RolloutBatch:
             advantages=None if self.advantages is None else self.advantages[rows],
             reward_metrics=dict(self.reward_metrics),
             row_versions=self.versions()[rows],
+            old_logprobs=None if self.old_logprobs is None else pick(self.old_logprobs),
         )
 
     @staticmethod
@@ -75,6 +80,9 @@ class RolloutBatch:
         if not batches:
             raise ValueError("concat needs at least one batch")
         g = batches[0].group_size
+        recomputed = {b.old_logprobs is not None for b in batches}
+        if len(recomputed) > 1:
+            raise ValueError("concat: some batches carry recomputed old_logprobs and some do not")
 
         def cat(attr):
             return [x for b in batches for x in getattr(b, attr)]
@@ -94,6 +102,7 @@ class RolloutBatch:
             if any(b.advantages is None for b in batches)
             else torch.cat([b.advantages for b in batches]),
             row_versions=torch.cat([b.versions() for b in batches]),
+            old_logprobs=cat("old_logprobs") if recomputed == {True} else None,
             # group-weighted mean of the parts' train-reward metrics (keys present in every part)
             reward_metrics={k: sum(b.reward_metrics[k] * len(b) for b in batches) / sum(len(b) for b in batches)
                             for k in set.intersection(*(set(b.reward_metrics) for b in batches))},
@@ -121,7 +130,7 @@ class UpdateResult:
 class PhaseEvent:
     """A profiling event: one phase on one actor, wall times relative to the run start."""
 
-    phase: str  # generate | score | ref_logprobs | update | weight_sync | wait | validate
+    phase: str  # generate | score | ref_logprobs | old_logprobs | update | weight_sync | wait | validate
     actor: str
     start: float
     end: float

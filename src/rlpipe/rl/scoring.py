@@ -12,6 +12,12 @@ samples for which a task reward logged a warning under ``rlpipe.tasks`` (``never
 math grader do when they score a failure 0 themselves; that score is kept), are counted in the
 ``reward/errors`` metric: failures in the rollout batch the step trained on. A hung call's thread
 cannot be killed; it is left running as a daemon and the step goes on.
+
+Besides the reward, every text task's reward dict has ``format_reward`` and ``answer_reward``
+(``rlpipe.tasks.reward_dict``): their means are logged for the train batch (``reward/format_mean``,
+``reward/answer_mean``) and for validation (``reward/val_format_mean``, ``reward/val_answer_mean``,
+``reward_means``), so a run shows whether the policy learns the format, the answers, or both. A key a
+task's reward dict lacks is left out (its column stays NaN).
 """
 
 from __future__ import annotations
@@ -101,6 +107,19 @@ def guarded_rewards(reward_fn: Callable[[str, Any], dict], responses: Sequence[s
     return out, failures
 
 
+def reward_means(scores: Sequence[dict], prefix: str = "reward/train") -> dict[str, float]:
+    """``{<prefix>_mean, <prefix>_format_mean, <prefix>_answer_mean}`` of reward dicts (the last two
+    only when every dict has ``format_reward`` / ``answer_reward``); ``reward/train`` names the
+    format and answer means ``reward/format_mean`` and ``reward/answer_mean``."""
+    n = max(1, len(scores))
+    out = {f"{prefix}_mean": sum(float(s["reward"]) for s in scores) / n}
+    for key, name in (("format_reward", "format"), ("answer_reward", "answer")):
+        if scores and all(key in s for s in scores):
+            column = f"reward/{name}_mean" if prefix == "reward/train" else f"{prefix}_{name}_mean"
+            out[column] = sum(float(s[key]) for s in scores) / n
+    return out
+
+
 def advantage_mode(train_cfg) -> str:
     mode = train_cfg.advantage_mode
     if mode == "normalized_rewards" and not train_cfg.use_std_normalization:
@@ -120,7 +139,7 @@ def score_batch(batch: RolloutBatch, task, train_cfg) -> RolloutBatch:
         "reward/train_mean": float(raw.mean()),
         "reward/train_std": meta["reward/std"],
         "reward/zero_std_frac": float(meta["reward/zero_std_frac"]),
-        "reward/format_mean": float(sum(float(s.get("format_reward", 0.0)) for s in scores) / len(scores)),
+        **{k: float(v) for k, v in reward_means(scores).items() if k != "reward/train_mean"},
         ERRORS_METRIC: float(failures),
         "response/length_mean": float(lengths.mean()),
     }

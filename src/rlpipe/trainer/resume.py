@@ -21,8 +21,9 @@ A run directory's ``checkpoints/`` (file names: ``rlpipe.analysis.contract``) ho
 Starting afresh deletes ``checkpoints/`` first, so a stale checkpoint can never be picked up
 later. The fingerprint hashes *parsed* values (the variant's resolved ``train`` section, the
 ``model`` section, the variant name) with sorted keys, so reordering YAML keys changes nothing, and
-the identity of the inputs (base checkpoint and dataset: path, size, modification time), so a
-retrained base model never continues a run that started from the old one.
+the identity of the inputs (base checkpoint and dataset: path, size, modification time; for an HF
+model directory as base, those of each of its files), so a retrained base model never continues a
+run that started from the old one.
 
 Departure from the previous design: this decision used to live in the rule's shell code (and in
 part in ``RunContext.restore``); it moved here so that it has unit tests.
@@ -66,11 +67,18 @@ def _file_identity(path: str | Path | None) -> dict[str, Any] | None:
     return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def _base_identity(base: str | Path | None) -> Any:
+    """A base checkpoint file's identity, or, for an HF model directory, its files' identities."""
+    if base is not None and Path(base).is_dir():
+        return [_file_identity(p) for p in sorted(Path(base).iterdir()) if p.is_file()]
+    return _file_identity(base)
+
+
 def run_fingerprint(train: dict, model: dict, variant: str, base: str | Path | None = None,
                     dataset: str | Path | None = None) -> str:
     """Hash of everything that defines a run (parsed values, sorted keys: key order is irrelevant)."""
     payload = {"train": train, "model": model, "variant": variant,
-               "base": _file_identity(base), "dataset": _file_identity(dataset)}
+               "base": _base_identity(base), "dataset": _file_identity(dataset)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

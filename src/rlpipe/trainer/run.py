@@ -3,10 +3,16 @@
 Everything that can be checked is checked before Ray starts, each failure naming the key or file:
 the config and the variant's derived sizes (``ConfigError``); the base checkpoint, opened and
 verified in the driver (a damaged, foreign or NaN-poisoned file raises ``CheckpointError``, not an
-actor death) and the tokenizer it references (it must load, and fit the model's vocabulary); the
+actor death) and the tokenizer it references (it must load, and fit the model's vocabulary), or,
+when ``--base`` is a HuggingFace model directory (seed 001's Qwen2.5-Math-1.5B, never downloaded),
+its ``config.json`` (valid JSON with a ``vocab_size``) and ``tokenizer.json`` (it must load and fit); the
 dataset (keyword task: ``train.jsonl`` and ``val.jsonl`` parse, every line a ``prompt`` string and a
 non-empty ``keywords`` list; ``InputError`` names file and line); the weight-sync backend; and,
 when resuming, ``checkpoints/last.pt`` and the snapshot beside it.
+
+``train.recompute_old_log_probs: null`` (auto) is resolved here, once, before any actor starts: on
+for an HF base directory or ``dtype: bfloat16`` (the sampler's and the learner's numerics then
+differ), off otherwise. The actors, ``config.yaml`` and ``run_info.json`` all get the resolved bool.
 
 Then ``<out>/.lock`` is taken (``rlpipe.trainer.lock``: a second ``rlpipe train`` on the same
 directory refuses at once) before the resume decision touches the directory, and held to the end.
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -48,7 +55,8 @@ from rlpipe.config import (
     to_dict,
     variant_gpus,
 )
-from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
+from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, read_extra
+from rlpipe.lm.policy import HF_CONFIG, is_hf_dir
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.tasks import TASKS
 from rlpipe.tasks.base import DatasetError
@@ -69,10 +77,38 @@ class InputError(ValueError):
     """An input file (base checkpoint, tokenizer, dataset) is unusable; the message names it."""
 
 
+def _check_hf_base(base: str) -> str:
+    """An HF model directory as ``--base``: config.json parses and names a vocab_size, tokenizer.json
+    loads and fits it. Returns the directory (the tokenizer reference of the actors)."""
+    d = Path(base)
+    if not is_hf_dir(d):
+        raise InputError(f"--base: {d} is a directory but not a HuggingFace model directory (no {HF_CONFIG}); "
+                         "pass an rlpipe checkpoint file or a model directory with config.json and tokenizer.json")
+    try:
+        vocab = json.loads((d / HF_CONFIG).read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError) as e:
+        raise InputError(f"--base: {d / HF_CONFIG} is not a valid JSON model config: {e}") from None
+    if not isinstance(vocab, int):
+        raise InputError(f"--base: {d / HF_CONFIG} has no integer vocab_size (got {vocab!r})")
+    if not (d / "tokenizer.json").is_file():
+        raise InputError(f"--base: HF model directory {d} has no tokenizer.json (rlpipe reads the fast tokenizer)")
+    try:
+        tok = load_tokenizer(d)
+    except Exception as e:  # the tokenizer loaders raise many types (OSError, ValueError, Exception)
+        raise InputError(f"--base: the tokenizer in {d} (tokenizer.json, tokenizer_config.json) cannot be loaded: "
+                         f"{type(e).__name__}: {e}") from None
+    if tok.vocab_size > vocab:
+        raise InputError(f"--base: the tokenizer in {d} has {tok.vocab_size} tokens but {d / HF_CONFIG} "
+                         f"only vocab_size={vocab}")
+    return str(d.resolve())
+
+
 def _check_base(base: str) -> str:
-    """Open the base checkpoint and its tokenizer here, so a bad one fails before any actor.
-    Returns the tokenizer reference as an absolute path (actors on a cluster do not share the
-    driver's working directory), or the spec unchanged when it is no path (``tiktoken:gpt2``)."""
+    """Open the base checkpoint (or HF model directory) and its tokenizer here, so a bad one fails
+    before any actor. Returns the tokenizer reference as an absolute path (actors on a cluster do not
+    share the driver's working directory), or the spec unchanged when it is no path (``tiktoken:gpt2``)."""
+    if Path(base).is_dir():
+        return _check_hf_base(base)
     if not Path(base).is_file():
         raise FileNotFoundError(f"--base: checkpoint {base} not found (run `rlpipe pretrain` first)")
     try:
@@ -109,7 +145,7 @@ def _check_resumable(out_dir: str) -> None:
     path = Path(out_dir) / CHECKPOINT_FILE
     fix = "rerun with --resume never to start afresh (deletes its checkpoints/)"
     try:
-        extra = load_checkpoint(path).extra
+        extra = read_extra(path)  # the whole file checked, without building the model
         missing = [k for k in REQUIRED_EXTRA if k not in extra]
         if missing:
             raise CheckpointError(f"checkpoint {path} is not a resumable trainer checkpoint: extra lacks {missing}")
@@ -141,6 +177,14 @@ def _init_ray(cfg, num_cpus: float) -> None:
              logging_level=logging.WARNING, configure_logging=True)
 
 
+def resolve_recompute(train_cfg, base: str):
+    """``train_cfg`` with ``recompute_old_log_probs`` resolved to a bool (see the module docstring)."""
+    if train_cfg.recompute_old_log_probs is not None:
+        return train_cfg
+    auto = is_hf_dir(base) or train_cfg.dtype == "bfloat16"
+    return train_cfg.model_copy(update={"recompute_old_log_probs": auto})
+
+
 def _actor_threads(per_actor: int, job_threads: int, disagg: bool) -> int:
     """torch threads per compute actor: ``train.threads`` (one CPU "device"), capped so that the
     actors fit in the job's threads. Colocated runs one such device and disaggregated two, as on
@@ -160,6 +204,7 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
     # absolute: actors on a Ray cluster run in another working directory
     base, dataset = os.path.abspath(base), (os.path.abspath(dataset) if dataset else None)
     tokenizer = _check_inputs(train_cfg, base, dataset)
+    train_cfg = resolve_recompute(train_cfg, base)
     if train_cfg.mode == "disaggregated":
         make_transport(train_cfg.weight_sync)  # an unavailable backend fails before Ray starts
     gpus = variant_gpus(cfg, variant)
@@ -235,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True)
     p.add_argument("--variant", required=True)
     p.add_argument("--out", required=True, help="run directory, e.g. results/runs/<variant>")
-    p.add_argument("--base", required=True, help="base model checkpoint")
+    p.add_argument("--base", required=True, help="base model: an rlpipe checkpoint or a local HF model directory")
     p.add_argument("--dataset", default=None, help="keyword dataset directory")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for this job (torch + Ray)")
     p.add_argument("--resume", nargs="?", const="always", default="never", choices=("auto", "never", "always"),

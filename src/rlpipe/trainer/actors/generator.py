@@ -8,6 +8,13 @@ holds, stamps every rollout batch with it, and logs each version change and each
 Sampling seeds are a function of (run seed, the first optimizer step that trains on the batch),
 not of call order, so colocated
 ``k=1`` reproduces Variant A exactly and a resumed run samples what an uninterrupted one would.
+
+The policy is either backend (``rlpipe.lm.policy.load_policy``): our ``TransformerLM`` from an rlpipe
+checkpoint, or a local HuggingFace ``AutoModelForCausalLM`` directory (bf16 weights on CUDA when
+``train.dtype`` is ``bfloat16``). Seed 001 samples with vLLM; rollouts here always go through our
+KV-cache sampler (``rlpipe.lm.sampler.generate``), which drives both. Validation reports the mean
+reward and, for tasks whose reward dicts have them, the format and answer rewards
+(``reward/val_format_mean``, ``reward/val_answer_mean``).
 """
 
 from __future__ import annotations
@@ -16,12 +23,11 @@ import time
 
 import torch
 
-from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.device import autocast, resolve_device, setup_process
+from rlpipe.lm.policy import load_policy
 from rlpipe.lm.sampler import SamplingParams, generate
-from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.rl.records import RolloutBatch, VersionEvent
-from rlpipe.rl.scoring import guarded_rewards
+from rlpipe.rl.scoring import guarded_rewards, reward_means
 from rlpipe.tasks import Example
 from rlpipe.trainer.profiling import Profiler
 
@@ -36,9 +42,9 @@ class Generator:
         setup_process(threads, train_cfg.seed)
         self.cfg = train_cfg
         self.device = resolve_device(train_cfg.device)
-        ckpt = load_checkpoint(checkpoint, device=self.device)
-        self.model = ckpt.model.eval()
-        self.tokenizer = load_tokenizer(tokenizer or ckpt.tokenizer)
+        policy = load_policy(checkpoint, device=self.device, dtype=train_cfg.dtype, tokenizer=tokenizer)
+        self.model = policy.model.eval()
+        self.tokenizer = policy.tokenizer
         self.stop = tuple(stop)
         self.include_stop = include_stop  # the task's grader reads the stop string (r1_zero's </answer>)
         self.version = 0
@@ -78,16 +84,18 @@ class Generator:
             group_size=g,
         )
 
-    def validate(self, examples: list[Example], reward_fn, step: int) -> tuple[float, list[dict]]:
-        """Mean reward of one response per validation prompt, sampled with the fixed validation
-        seed at the training temperature; also returns a few scored examples."""
+    def validate(self, examples: list[Example], reward_fn, step: int) -> tuple[dict[str, float], list[dict]]:
+        """``({"reward/val_mean", "reward/val_format_mean", "reward/val_answer_mean"}, examples)``:
+        mean rewards of one response per validation prompt, sampled with the fixed validation seed
+        at the training temperature (format/answer when the task's reward dicts have them), and a
+        few scored examples."""
         with self.prof.phase("validate", step, self.version):
             responses = self._sample(examples, 1, self.cfg.val_seed).response_text
             scores, _ = guarded_rewards(reward_fn, responses, [e.ground_truth for e in examples])
             rewards = [float(s["reward"]) for s in scores]  # a failing sample scores 0 (logged)
         shown = [{"prompt": e.prompt, "response": r, "reward": w, "ground_truth": e.ground_truth}
                  for e, r, w in list(zip(examples, responses, rewards, strict=True))[:4]]
-        return float(sum(rewards) / max(1, len(rewards))), shown
+        return reward_means(scores, prefix="reward/val"), shown
 
     # -- weights ------------------------------------------------------------------------------
     def mark_loaded(self, version: int) -> None:

@@ -10,8 +10,23 @@ How this departs from the seed skeleton, and why:
   instead (``rlpipe.rl.grpo.pack_token_ids``): decoding then re-encoding can change the token
   sequence, and the importance ratio must compare log-probs of the very tokens that were sampled.
 - The learner scores the same tempered distribution the sampler drew from (logits / T), so on the
-  first epoch of an on-policy step the ratio is 1 up to float error and the clip anchors to the
-  behaviour policy's log-probs recorded at sampling (never recomputed by the learner).
+  first epoch of an on-policy step the ratio is 1 up to float error. By default the clip anchors to
+  the behaviour log-probs the sampler recorded. With ``train.recompute_old_log_probs`` (seed 001
+  Problem 13; auto-on for an HF policy or bf16, resolved once by ``rlpipe train``)
+  ``recompute_old_logprobs`` scores each scored rollout batch once with the learner's weights under
+  ``inference_mode`` before it is split into train batches, and those are the old log-probs of every
+  epoch and train step on it (``RolloutBatch.old_logprobs``): the sampler's KV-cache decoding and
+  the learner's full-sequence forward take different kernels, and in bf16 or with HF models their
+  log-probs differ by more than the clip range can ignore, which would bias the ratio (and the clip)
+  of every token. ``logprob/sampler_gap`` (mean |behaviour - recomputed| over response tokens)
+  logs that mismatch. Colocated, the learner holds the sampler's version when it recomputes;
+  disaggregated, it recomputes when the batch arrives, one version after the sampler's, so the
+  anchor is the policy being updated (PPO's pi_old) and the gap also includes that version's drift.
+  KL importance weights keep using the behaviour log-probs (the tokens' actual sampling policy).
+- ``train.gradient_checkpointing`` recomputes activations in the backward pass, for HF models and
+  our ``TransformerLM`` alike (``rlpipe.lm.policy.for_training``). The optimizer is seed 001's: AdamW
+  (``weight_decay``, ``betas`` from the config), ``gradient_accumulation_steps`` microbatches, clip
+  at ``max_grad_norm``; no HF Trainer.
 - KL monitoring (seed 000 §3.2) costs one extra ``no_grad`` forward after the step: with the
   pre-step log-probs of the training forward (pi_{t-1}) and the reference log-probs, it gives
   KL(pi_t || pi_ref) and KL(pi_t || pi_{t-1}) on this step's response tokens, with the seed's
@@ -37,19 +52,23 @@ from dataclasses import dataclass
 
 import torch
 
-from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, non_finite_tensors, save_checkpoint
+from rlpipe.lm.checkpoint import CheckpointError, load_training_state, non_finite_tensors
 from rlpipe.lm.device import autocast, resolve_device, setup_process
-from rlpipe.lm.tokenizer import load_tokenizer
+from rlpipe.lm.policy import for_training, load_policy
 from rlpipe.rl.grpo import (
     get_response_log_probs,
     grpo_microbatch_train_step,
     kl_importance_weights,
     masked_kl,
     masked_mean_or_zero,
+    pack_response_values,
     pack_token_ids,
 )
 from rlpipe.rl.records import RolloutBatch, UpdateResult, VersionEvent
+from rlpipe.trainer.actors.reference import policy_log_probs
 from rlpipe.trainer.profiling import Profiler
+
+SAMPLER_GAP_METRIC = "logprob/sampler_gap"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -64,9 +83,10 @@ class TrainTensors:
     input_ids: torch.Tensor  # (B, T)
     labels: torch.Tensor  # (B, T)
     response_mask: torch.Tensor  # (B, T) bool
-    old_log_probs: torch.Tensor  # (B, T) behaviour log-probs at response positions, 0 elsewhere
+    old_log_probs: torch.Tensor  # (B, T) old log-probs (recomputed, else behaviour) at response positions, 0 elsewhere
     raw_rewards: torch.Tensor  # (B, 1)
     advantages: torch.Tensor  # (B, 1)
+    behaviour_log_probs: torch.Tensor  # (B, T) the sampler's log-probs at response positions, 0 elsewhere
 
     def to(self, device: torch.device) -> TrainTensors:
         return TrainTensors(*(t.to(device) for t in vars(self).values()))
@@ -76,15 +96,16 @@ class TrainTensors:
 
 
 def build_train_tensors(batch: RolloutBatch, pad_id: int) -> TrainTensors:
+    """Packed (B, T) tensors of ``batch``; the old log-probs are ``batch.old_logprobs`` when the
+    learner recomputed them, else the sampler's ``behaviour_logprobs``."""
     packed = pack_token_ids(batch.prompt_ids, batch.response_ids, pad_id)
     mask = packed["response_mask"].bool()  # (B, T)
-    old = torch.zeros(mask.shape, dtype=torch.float32)  # (B, T)
-    # Row-major boolean assignment fills each row's response positions in order.
-    old[mask] = torch.cat([lp.float() for lp in batch.behaviour_logprobs])
+    behaviour = pack_response_values(batch.behaviour_logprobs, mask)  # (B, T)
+    old = behaviour if batch.old_logprobs is None else pack_response_values(batch.old_logprobs, mask)  # (B, T)
     if batch.rewards is None or batch.advantages is None:
         raise ValueError("learner got an unscored rollout batch (rewards/advantages missing)")
     return TrainTensors(packed["input_ids"], packed["labels"], mask, old,
-                        batch.rewards.float()[:, None], batch.advantages.float()[:, None])
+                        batch.rewards.float()[:, None], batch.advantages.float()[:, None], behaviour)
 
 
 def response_log_probs(model, t: TrainTensors, temperature: float, entropy: bool = False) -> dict:
@@ -99,16 +120,35 @@ class Learner:
         self.cfg = train_cfg
         self.sizes = train_cfg.derived()
         self.device = resolve_device(train_cfg.device)
-        ckpt = load_checkpoint(checkpoint, device=self.device)
-        self.model = ckpt.model.train()
-        self.tokenizer_ref = ckpt.tokenizer
-        self.pad_id = load_tokenizer(tokenizer or ckpt.tokenizer).pad_token_id
+        self.policy = load_policy(checkpoint, device=self.device, dtype=train_cfg.dtype, tokenizer=tokenizer)
+        self.model = for_training(self.policy.model, train_cfg.gradient_checkpointing).train()
+        self.pad_id = self.policy.tokenizer.pad_token_id
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=train_cfg.learning_rate,
                                      weight_decay=train_cfg.weight_decay, betas=tuple(train_cfg.betas))
         self.version = 0
         self.diverged: str | None = None  # why the weights can no longer be trusted (set on divergence)
         self.prof = profiler or Profiler("learner")
         self.version_log: list[VersionEvent] = [VersionEvent("learner", 0, time.time(), "init")]
+
+    # -- old log-probs (seed 001 Problem 13) ---------------------------------------------------
+    def recompute_old_logprobs(self, batch: RolloutBatch, step: int) -> RolloutBatch:
+        """Set ``batch.old_logprobs`` to this policy's log-probs of the sampled tokens (inference
+        mode, microbatched) and add ``logprob/sampler_gap`` to its metrics; returns ``batch``."""
+        with self.prof.phase("old_logprobs", step, self.version), torch.inference_mode():
+            self.model.eval()
+            lp = policy_log_probs(self.model, batch, self.pad_id, self.cfg, self.device)  # (B, T)
+            self.model.train()
+        lp = lp.clone()  # a normal tensor: inference tensors cannot take part in autograd later
+        mask = pack_token_ids(batch.prompt_ids, batch.response_ids, self.pad_id)["response_mask"].bool()  # (B, T)
+        rows = [row[m] for row, m in zip(lp, mask, strict=True)]  # (B,) each (T_i,)
+        if sum(r.numel() for r in rows) != batch.response_tokens():
+            raise ValueError("recomputed old log-probs do not cover the batch's response tokens")
+        behaviour = torch.cat([b.float() for b in batch.behaviour_logprobs])  # (sum T_i,)
+        recomputed = torch.cat(rows) if rows else torch.zeros(0)  # (sum T_i,)
+        gap = float((behaviour - recomputed).abs().mean()) if recomputed.numel() else 0.0
+        batch.old_logprobs = rows
+        batch.reward_metrics = {**batch.reward_metrics, SAMPLER_GAP_METRIC: gap}
+        return batch
 
     # -- one optimizer step ---------------------------------------------------------------------
     def train_step(self, batch: RolloutBatch, ref_log_probs: torch.Tensor | None, step: int) -> UpdateResult:
@@ -185,7 +225,7 @@ class Learner:
             biggest = max(float(p.detach().abs().max()) for p in self.model.parameters())
             raise self._diverged(step, f"after the update the policy's log-probs are non-finite on {n_bad} "
                                        f"response tokens (largest |weight| {biggest:.3g})", updated=True)
-        w = kl_importance_weights(post, t.old_log_probs)  # (B, T)
+        w = kl_importance_weights(post, t.behaviour_log_probs)  # (B, T): the tokens' sampling policy
         out = {}
         for est in ("log_ratio", "k3"):
             out[f"kl/prev_{est}"] = float(masked_kl(post, pre_lp, t.response_mask, est, weights=w))
@@ -211,20 +251,20 @@ class Learner:
             raise CheckpointError(f"refusing to write checkpoint {path}: training diverged at {self.diverged}; "
                                   "the previous checkpoint is kept")
         extra = dict(extra, version=self.version, torch_rng=torch.get_rng_state())
-        save_checkpoint(path, self.model, tokenizer=self.tokenizer_ref, optimizer=self.opt, extra=extra)
+        self.policy.save(path, optimizer=self.opt, extra=extra)  # an HF policy records its directory
 
     def restore(self, path: str) -> dict:
-        ckpt = load_checkpoint(path, device=self.device)  # refuses a damaged or poisoned (NaN/inf) file
-        missing = [k for k in REQUIRED_EXTRA if k not in ckpt.extra]
+        # refuses a damaged or poisoned (NaN/inf) file, or one of another model, before any weight changes
+        opt_state, extra = load_training_state(self.model, path)
+        missing = [k for k in REQUIRED_EXTRA if k not in extra]
         if missing:
             raise CheckpointError(f"checkpoint {path} is not a resumable trainer checkpoint: extra lacks {missing}")
-        self.model.load_state_dict(ckpt.model.state_dict())
-        if ckpt.optimizer_state is not None:
-            self.opt.load_state_dict(ckpt.optimizer_state)
-        self.version = int(ckpt.extra["version"])
-        if "torch_rng" in ckpt.extra:
-            torch.set_rng_state(ckpt.extra["torch_rng"])
-        return dict(ckpt.extra)
+        if opt_state is not None:
+            self.opt.load_state_dict(opt_state)
+        self.version = int(extra["version"])
+        if "torch_rng" in extra:
+            torch.set_rng_state(extra["torch_rng"])
+        return dict(extra)
 
     def drain_logs(self):
         events, self.version_log = self.version_log, []

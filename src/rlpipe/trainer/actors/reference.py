@@ -1,43 +1,60 @@
-"""ReferenceModel role: the frozen initial checkpoint, scoring sampled tokens under no_grad.
+"""ReferenceModel role: the frozen initial policy, scoring sampled tokens under no_grad.
 
 Its log-probs feed KL(pi_theta || pi_ref) monitoring every step (seed 000 §3.2) and, when
 ``train.kl_coef > 0``, the k3 penalty in the loss. It scores the tempered distribution
 (logits / T) like the learner, so that both sides of the KL are the same kind of policy.
+
+Departure from seed 000 (which always keeps a reference model): it is loaded only when something
+reads it (``needed``: ``train.kl_coef > 0`` or ``train.kl_monitor``). Seed 001 trains a 1.5B HF
+policy with no KL term, where a third copy of the weights costs a GPU's worth of memory for nothing;
+without it the ``kl/ref_*`` metrics stay NaN and the learner gets ``ref_log_probs=None``.
+The policy is either backend (``rlpipe.lm.policy.load_policy``: an rlpipe checkpoint or an HF
+directory); ``log_probs`` is microbatched like the learner (``policy_log_probs``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.device import autocast, resolve_device
-from rlpipe.lm.tokenizer import load_tokenizer
+from rlpipe.lm.policy import for_training, load_policy
 from rlpipe.rl.grpo import get_response_log_probs, pack_token_ids
 from rlpipe.rl.records import RolloutBatch
 from rlpipe.trainer.profiling import Profiler
+
+
+def needed(train_cfg) -> bool:
+    """Whether a run loads a reference model: a KL penalty or KL monitoring reads it."""
+    return train_cfg.kl_coef > 0 or bool(train_cfg.kl_monitor)
+
+
+def policy_log_probs(model, batch: RolloutBatch, pad_id: int, train_cfg, device: torch.device) -> torch.Tensor:
+    """(B, T) float32 CPU log-probs of ``batch``'s sampled tokens under ``model`` (label layout of
+    ``pack_token_ids``, 0 off the response), in microbatches of ``train_batch_size //
+    gradient_accumulation_steps`` rows. Call it under ``no_grad`` or ``inference_mode``."""
+    packed = pack_token_ids(batch.prompt_ids, batch.response_ids, pad_id)
+    mb = train_cfg.train_batch_size // train_cfg.gradient_accumulation_steps
+    ids, labels = packed["input_ids"].to(device), packed["labels"].to(device)  # (B, T) each
+    outs = []
+    for s in range(0, ids.shape[0], mb):
+        with autocast(device, train_cfg.dtype):
+            out = get_response_log_probs(model, ids[s:s + mb], labels[s:s + mb],
+                                         temperature=train_cfg.sampling_temperature)
+        outs.append(out["log_probs"].float())  # (mb, T)
+    return torch.cat(outs).cpu()  # (B, T)
 
 
 class ReferenceModel:
     def __init__(self, checkpoint: str, train_cfg, *, tokenizer: str | None = None, profiler: Profiler | None = None):
         self.cfg = train_cfg
         self.device = resolve_device(train_cfg.device)
-        ckpt = load_checkpoint(checkpoint, device=self.device)
-        self.model = ckpt.model.eval().requires_grad_(False)
-        self.pad_id = load_tokenizer(tokenizer or ckpt.tokenizer).pad_token_id
+        policy = load_policy(checkpoint, device=self.device, dtype=train_cfg.dtype, tokenizer=tokenizer)
+        self.model = for_training(policy.model).eval().requires_grad_(False)
+        self.pad_id = policy.tokenizer.pad_token_id
         self.prof = profiler or Profiler("reference")
 
     @torch.no_grad()
     def log_probs(self, batch: RolloutBatch, step: int, version: int) -> torch.Tensor:
         """(B, T) log-probs of the sampled response tokens (label layout of ``pack_token_ids``)."""
-
         with self.prof.phase("ref_logprobs", step, version):
-            packed = pack_token_ids(batch.prompt_ids, batch.response_ids, self.pad_id)
-            mb = self.cfg.train_batch_size // self.cfg.gradient_accumulation_steps
-            ids, labels = packed["input_ids"].to(self.device), packed["labels"].to(self.device)
-            outs = []
-            for s in range(0, ids.shape[0], mb):
-                with autocast(self.device, self.cfg.dtype):
-                    out = get_response_log_probs(self.model, ids[s:s + mb], labels[s:s + mb],
-                                                 temperature=self.cfg.sampling_temperature)
-                outs.append(out["log_probs"].float())
-            return torch.cat(outs).cpu()  # (B, T)
+            return policy_log_probs(self.model, batch, self.pad_id, self.cfg, self.device)

@@ -9,6 +9,12 @@
 
 These classes only compose roles and forward calls; the roles hold the logic. Each is turned into
 a Ray actor by the driver with resources from the config.
+
+The ReferenceModel is only loaded when something reads it (``reference.needed``: ``kl_coef > 0`` or
+``kl_monitor``); otherwise ``update`` passes ``ref_log_probs=None`` and ``initial_kl`` returns ``{}``.
+With ``train.recompute_old_log_probs`` the learner rescores each rollout batch after scoring:
+``ColocatedWorker.rollout`` does it in place (its learner holds the generator's version), the
+disaggregated driver calls ``LearnerWorker.prepare`` on each batch it receives.
 """
 
 from __future__ import annotations
@@ -18,11 +24,29 @@ import time
 from rlpipe.rl.records import RolloutBatch, UpdateResult
 from rlpipe.rl.scoring import score_batch
 from rlpipe.tasks import task_for
+from rlpipe.trainer.actors import reference
 from rlpipe.trainer.actors.generator import Generator
 from rlpipe.trainer.actors.learner import Learner
 from rlpipe.trainer.actors.reference import ReferenceModel
 from rlpipe.trainer.profiling import Profiler
 from rlpipe.trainer.weight_sync import SyncStats, WeightReceiver, WeightSender, copy_weights
+
+
+def _reference(checkpoint: str, train_cfg, tokenizer: str | None, prof: Profiler) -> ReferenceModel | None:
+    if not reference.needed(train_cfg):
+        return None
+    return ReferenceModel(checkpoint, train_cfg, tokenizer=tokenizer, profiler=prof)
+
+
+def _update(learner: Learner, ref_model: ReferenceModel | None, batch: RolloutBatch, step: int) -> UpdateResult:
+    ref = None if ref_model is None else ref_model.log_probs(batch, step, learner.version)
+    return learner.train_step(batch, ref, step)
+
+
+def _initial_kl(learner: Learner, ref_model: ReferenceModel | None, batch: RolloutBatch) -> dict[str, float]:
+    if ref_model is None:
+        return {}
+    return learner.kl_to_reference_before_training(batch, ref_model.log_probs(batch, 0, 0))
 
 
 class ColocatedWorker:
@@ -34,21 +58,23 @@ class ColocatedWorker:
         self.generator = Generator(checkpoint, train_cfg, tokenizer=tokenizer, stop=self.task.stop, threads=threads,
                                    profiler=self.prof, include_stop=self.task.include_stop_str_in_output)
         self.learner = Learner(checkpoint, train_cfg, tokenizer=tokenizer, threads=threads, profiler=self.prof)
-        self.reference = ReferenceModel(checkpoint, train_cfg, tokenizer=tokenizer, profiler=self.prof)
+        self.reference = _reference(checkpoint, train_cfg, tokenizer, self.prof)
 
     def rollout(self, batch_index: int, step: int) -> RolloutBatch:
         n = self.cfg.derived().n_prompts_per_rollout_batch
         examples = self.task.prompts_for_batch(batch_index, n, self.cfg.seed)
         batch = self.generator.generate(examples, step)
         with self.prof.phase("score", step, batch.policy_version):
-            return score_batch(batch, self.task, self.cfg)
+            batch = score_batch(batch, self.task, self.cfg)
+        if self.cfg.recompute_old_log_probs:  # the learner holds the generator's version here
+            batch = self.learner.recompute_old_logprobs(batch, step)
+        return batch
 
     def update(self, batch: RolloutBatch, step: int) -> UpdateResult:
-        ref = self.reference.log_probs(batch, step, self.learner.version)
-        return self.learner.train_step(batch, ref, step)
+        return _update(self.learner, self.reference, batch, step)
 
     def initial_kl(self, batch: RolloutBatch) -> dict[str, float]:
-        return self.learner.kl_to_reference_before_training(batch, self.reference.log_probs(batch, 0, 0))
+        return _initial_kl(self.learner, self.reference, batch)
 
     def sync_weights(self, step: int) -> SyncStats:
         with self.prof.phase("weight_sync", step, self.learner.version):
@@ -78,14 +104,20 @@ class LearnerWorker(WeightSender):
         self.cfg = train_cfg
         self.prof = Profiler("learner")
         self.learner = Learner(checkpoint, train_cfg, tokenizer=tokenizer, threads=threads, profiler=self.prof)
-        self.reference = ReferenceModel(checkpoint, train_cfg, tokenizer=tokenizer, profiler=self.prof)
+        self.reference = _reference(checkpoint, train_cfg, tokenizer, self.prof)
+
+    def prepare(self, batch: RolloutBatch, step: int) -> RolloutBatch:
+        """A received (scored) rollout batch, with the learner's old log-probs when
+        ``train.recompute_old_log_probs`` is on; unchanged otherwise."""
+        if self.cfg.recompute_old_log_probs:
+            batch = self.learner.recompute_old_logprobs(batch, step)
+        return batch
 
     def update(self, batch: RolloutBatch, step: int) -> UpdateResult:
-        ref = self.reference.log_probs(batch, step, self.learner.version)
-        return self.learner.train_step(batch, ref, step)
+        return _update(self.learner, self.reference, batch, step)
 
     def initial_kl(self, batch: RolloutBatch) -> dict[str, float]:
-        return self.learner.kl_to_reference_before_training(batch, self.reference.log_probs(batch, 0, 0))
+        return _initial_kl(self.learner, self.reference, batch)
 
     @property
     def model(self):  # what WeightSender exports

@@ -2,16 +2,18 @@
 
 Seed 000 §3.3 Variant A (``colocated_sync``) and Variant B (``colocated_k``) are one loop: a round
 generates ``k`` rollout batches with policy version v (their old log-probs are the behaviour
-log-probs recorded at sampling, version v), then takes one optimizer step per train batch of
-each (k steps with the on-policy batch knobs; seed 001's ``epochs_per_rollout_batch`` and
-``train_batch_size`` multiply that), then syncs weights. ``colocated_sync`` is the loop with
-k = 1, so the two modes cannot drift apart; a test checks that a ``colocated_k`` run with k = 1
-reproduces a ``colocated_sync`` run bit for bit.
+log-probs recorded at sampling, version v, or with ``train.recompute_old_log_probs`` the learner's
+log-probs of the same version, computed inside ``ColocatedWorker.rollout``), then takes one
+optimizer step per train batch of each (k steps with the on-policy batch knobs; seed 001's
+``epochs_per_rollout_batch`` and ``train_batch_size`` multiply that), then syncs weights.
+``colocated_sync`` is the loop with k = 1, so the two modes cannot drift apart; a test checks that
+a ``colocated_k`` run with k = 1 reproduces a ``colocated_sync`` run bit for bit.
 """
 
 from __future__ import annotations
 
 from rlpipe.analysis.contract import DEVICE_CPU, DEVICE_GPU
+from rlpipe.trainer.actors import reference
 from rlpipe.trainer.actors.workers import ColocatedWorker
 from rlpipe.trainer.drivers.common import RunContext, train_batches
 
@@ -30,7 +32,7 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
         batches = [ctx.wait_get(worker.rollout.remote(b, b * spb + 1), f"rollout batch {b} (for step {b * spb + 1})",
                                 b * spb + 1, step)
                    for b in range(round_start, round_start + k)]
-        if step == 0:
+        if step == 0 and reference.needed(t):  # no reference model: no KL to it
             ctx.writer.update_row(0, ctx.get(worker.initial_kl.remote(batches[0]), "initial KL"))
         for b, batch in zip(range(round_start, round_start + k), batches, strict=True):
             for sub in train_batches(batch, t, b):

@@ -242,8 +242,8 @@ class RunContext:
 
     def collect_validation(self) -> None:
         for step, ref in self.pending_val:
-            mean, shown = self.get(ref, f"validation at step {step}")
-            self.writer.update_row(step, {"reward/val_mean": mean})
+            means, _ = self.get(ref, f"validation at step {step}")  # reward/val_mean, val_format, val_answer
+            self.writer.update_row(step, means)
         self.pending_val = []
 
     # -- checkpoints ------------------------------------------------------------------------------

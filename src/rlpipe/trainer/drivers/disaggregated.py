@@ -8,7 +8,11 @@ Generator and Learner are separate actors on separate devices. The loop, for rol
 
 so the generator never samples with weights more than one version behind the learner, every batch
 after the first has staleness exactly 1, and both sides log each version change. The clip ratio
-is anchored to the behaviour log-probs recorded at sampling (the learner never recomputes them).
+is anchored to the behaviour log-probs recorded at sampling, unless ``train.recompute_old_log_probs``
+is on (seed 001 Problem 13): then each received batch goes through ``LearnerWorker.prepare`` before
+it is split into train batches (or enters the replay buffer), and the learner's log-probs at that
+moment, one version after the sampler's, are the old log-probs (``rlpipe.trainer.actors.learner``).
+Without a reference model (``kl_coef`` 0 and ``kl_monitor`` off) there is no initial-KL call.
 
 With ``train.replay.enabled`` the learner's train batches are drawn from a replay buffer that every
 new batch enters (seed 002 Problem 11); staleness is then up to ``replay.max_age``.
@@ -45,6 +49,7 @@ from rlpipe.rl.records import RolloutBatch
 from rlpipe.rl.replay import ReplayBuffer
 from rlpipe.rl.scoring import score_batch
 from rlpipe.tasks import task_for
+from rlpipe.trainer.actors import reference
 from rlpipe.trainer.actors.workers import GeneratorWorker, LearnerWorker, Scorer
 from rlpipe.trainer.drivers.common import RunContext, train_batches
 from rlpipe.trainer.profiling import Profiler
@@ -96,12 +101,14 @@ class _Loop:
         if self.scorer is None:
             with self.prof.phase("score", step, batch.policy_version):
                 batch = score_batch(batch, self.task, self.ctx.train)
+        if self.ctx.train.recompute_old_log_probs:  # the learner's old log-probs, before replay/splitting
+            batch = self.ctx.get(self.learner.prepare.remote(batch, step), f"old log-probs of rollout batch {b}")
         return batch
 
     def run(self, next_batch: int, step: int) -> None:
         ctx, t = self.ctx, self.ctx.train
         batch = self.receive(self.submit(next_batch), next_batch, step)
-        if step == 0:
+        if step == 0 and reference.needed(t):
             ctx.writer.update_row(0, ctx.get(self.learner.initial_kl.remote(batch), "initial KL"))
         for b in range(next_batch, t.n_grpo_steps):
             first_step = step + 1

@@ -1,0 +1,555 @@
+"""``rlpipe bench trl``: rlpipe's colocated on-policy GRPO side by side with TRL's ``GRPOTrainer``.
+
+One invocation trains the same model on the same task twice and writes the ratios rlpipe / TRL:
+
+- the model: ``--checkpoint`` (our pretrained ``TransformerLM``) exported once to a HuggingFace
+  ``LlamaForCausalLM`` folder (``rlpipe.lm.hf_export.export_hf``); TRL trains that folder. rlpipe
+  trains the same folder when ``rlpipe train --base`` accepts an HF directory, else the .pt it was
+  exported from (logits equal within 1e-4); ``rlpipe.base`` in the JSON says which.
+- the task: the keyword-inclusion dataset (``--dataset``: train.jsonl / val.jsonl) and its reward
+  ``keyword_inclusion_reward_fn``, wrapped as a TRL reward function (``KeywordReward``: TRL passes the
+  completions and the dataset's ``keywords`` column).
+- the prompts: TRL gets rlpipe's exact prompt sequence (``Task.prompts_for_batch`` for every rollout
+  batch, concatenated) with ``shuffle_dataset=False``, so optimizer step s of both sides trains on
+  the same P prompts, each sampled G times.
+- the settings: one ``BenchSettings`` (defaults from the pipeline config's ``train`` section; steps
+  and prompts per step from the command line) maps to both ``GRPOConfig`` kwargs
+  (``grpo_config_kwargs``) and rlpipe ``train`` overrides (``rlpipe_train_overrides``).
+
+Measured: the wall time of training only. TRL: ``trainer.train()`` (model and tokenizer loading and
+``GRPOTrainer`` construction excluded; the dataloader/optimizer set-up inside ``train()`` included).
+rlpipe: ``rlpipe train`` in a subprocess, as the workflow runs it; its clock starts after Ray
+start-up, model loading and the step-0 validation, and the wall used here is the ``wall_time`` of
+its last optimizer step (so the final validation and checkpoint are excluded). samples/s =
+steps x P x G / wall; tokens/s = generated response tokens (EOS included, as both sides count it) /
+wall; the per-step median samples/s (TRL: a callback's step-end clock, rlpipe:
+``perf/samples_per_s``) is the ratio's robust form. Validation reward (initial and final, equal
+samples) comes from one code path for both: one sample per validation prompt with
+``rlpipe.lm.sampler.generate`` at the training temperature and the fixed ``val_seed``, scored with the
+keyword reward. The sides run one after the other (rlpipe first, then TRL); the load average is
+recorded before and after each side (the CPU may be shared: a ratio taken while the load changed
+between the sides, or on a loaded machine, is indicative only).
+
+What cannot be made equal, and how it is handled (also written to the JSON's ``notes``):
+
+- advantage epsilon: rlpipe adds ``train.advantage_eps`` (1e-8, seed 000) to the group std, TRL a
+  hard-coded 1e-4; both divide by the Bessel-corrected group std (TRL ``scale_rewards="group"``).
+- loss normalisation: TRL ``loss_type="grpo"`` (token mean per sequence, then batch mean) is
+  rlpipe's ``masked_mean`` + batch mean; TRL's default ``dapo`` is not used.
+- importance ratio: on-policy TRL uses the detached current log-probs as old log-probs (ratio
+  exactly 1); rlpipe uses the sampler's behaviour log-probs (ratio 1 up to KV-cache rounding).
+  ``recompute_old_log_probs`` is off, so neither side runs an extra old-log-prob forward.
+- KL: TRL ``beta=0.0`` loads no reference model; rlpipe ``kl_coef=0`` and ``kl_monitor=false``.
+- generation: TRL samples with HF ``generate`` (its own RNG stream, HF cache); rlpipe with its
+  KV-cache sampler (per-step seeds). Same distribution (temperature, top-p, top_k off, EOS stop,
+  no min tokens), different samples, so rewards agree statistically, not sample for sample.
+- weight decay: HF's Trainer exempts biases and norm weights from it, rlpipe decays every tensor;
+  identical at the config's weight_decay of 0 (a non-zero value is noted).
+- overheads each side has and the other lacks: TRL computes token entropies in the training
+  forward and logs once at the end (``logging_steps=steps``); rlpipe pays Ray calls, per-step
+  metric rows and the weight copy learner -> generator after every step (colocated keeps two
+  copies; TRL generates with the training model itself).
+- threads: TRL runs in this process with ``torch.set_num_threads(threads)``; rlpipe's colocated
+  actor gets ``train.threads = --threads`` (its driver and Ray's daemons are extra processes).
+
+Departure from the seeds: the seeds define no comparison with TRL (issue 13 asks for it). The bench
+runs TRL's loss type ``grpo`` with the seed's GRPO-Clip loss, no KL term, on-policy (seed 000 §3.1.2
+Variant A) at the CPU pipeline's scaled-down settings; it reports one run (no repeats): the
+per-step medians are the comparison, the totals the context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from rlpipe.analysis.contract import CHECKPOINT_FILE, METRICS_FILE, RUN_INFO_FILE
+from rlpipe.config import ConfigError, TrainConfig, apply_overrides, load_config, load_yaml
+from rlpipe.io import write_json
+from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
+from rlpipe.lm.hf_export import export_hf
+from rlpipe.lm.policy import load_policy
+from rlpipe.lm.sampler import SamplingParams, generate
+from rlpipe.lm.tokenizer import load_tokenizer
+from rlpipe.tasks.keyword.dataset import load_split
+from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
+from rlpipe.tasks.keyword.task import KeywordInclusionTask
+
+SKIP_REASON = "trl is not installed: pip install -e '.[bench]'"
+RLPIPE_VARIANT = "bench_trl"
+
+
+class BenchInputError(ValueError):
+    """An input of ``rlpipe bench trl`` (checkpoint, dataset, config, a setting) is unusable; the
+    message names it."""
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Everything both trainers must agree on; ``grpo_config_kwargs`` and ``rlpipe_train_overrides``
+    are the only places it is translated."""
+
+    steps: int = 16  # optimizer steps (= rollout batches, on-policy)
+    prompts_per_step: int = 8
+    group_size: int = 4  # G, TRL num_generations
+    max_new_tokens: int = 40
+    temperature: float = 0.8
+    top_p: float = 1.0
+    learning_rate: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    cliprange: float = 0.2
+    advantage_eps: float = 1e-8  # rlpipe only: TRL hard-codes 1e-4
+    threads: int = 2
+    seed: int = 0
+    val_size: int = 64
+    val_seed: int = 1234
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def check(self) -> None:
+        for name in ("steps", "prompts_per_step", "max_new_tokens", "threads", "val_size"):
+            if getattr(self, name) < 1:
+                raise BenchInputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise BenchInputError(f"group_size must be >= 2 (TRL's GRPO needs 2 generations), got {self.group_size}")
+
+
+def settings_from_config(train_cfg, *, steps: int, prompts_per_step: int, threads: int) -> BenchSettings:
+    """The bench settings: the pipeline's ``train`` section (its sampling, optimizer and loss
+    values) with this bench's steps, prompts per step and threads."""
+    t = train_cfg
+    return BenchSettings(
+        steps=steps, prompts_per_step=prompts_per_step, group_size=t.group_size,
+        max_new_tokens=t.sampling_max_tokens, temperature=t.sampling_temperature, top_p=t.sampling_top_p,
+        learning_rate=t.learning_rate, betas=(float(t.betas[0]), float(t.betas[1])), weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm, cliprange=t.cliprange, advantage_eps=t.advantage_eps, threads=threads,
+        seed=t.seed, val_size=t.val_size, val_seed=t.val_seed)
+
+
+def grpo_config_kwargs(s: BenchSettings, output_dir: str) -> dict:
+    """``GRPOConfig(**kwargs)`` for the settings: on-policy (one generation batch per optimizer
+    step, one iteration), CPU fp32, constant LR, no KL, no eval, nothing saved or reported."""
+    return dict(
+        output_dir=output_dir, max_steps=s.steps, per_device_train_batch_size=s.samples_per_step,
+        gradient_accumulation_steps=1, num_generations=s.group_size, num_iterations=1,
+        max_completion_length=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=0,
+        learning_rate=s.learning_rate, adam_beta1=s.betas[0], adam_beta2=s.betas[1], adam_epsilon=1e-8,
+        weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, optim="adamw_torch",
+        lr_scheduler_type="constant", warmup_steps=0, epsilon=s.cliprange, beta=0.0, loss_type="grpo",
+        scale_rewards="group", mask_truncated_completions=False, shuffle_dataset=False, seed=s.seed,
+        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, report_to="none",
+        save_strategy="no", eval_strategy="no", logging_steps=s.steps, disable_tqdm=True,
+        dataloader_num_workers=0, log_completions=False, remove_unused_columns=False,
+    )
+
+
+def rlpipe_train_overrides(s: BenchSettings) -> dict:
+    """``train`` section overrides for ``rlpipe train`` (variant colocated_sync) with the settings:
+    the same batch, sampling, optimizer and loss; no reference model; validation and checkpoint
+    only at step 0 and the end (outside the timed steps)."""
+    return {
+        "task": "keyword_inclusion", "mode": "colocated_sync", "k": 1, "n_grpo_steps": s.steps,
+        "group_size": s.group_size, "rollout_batch_size": s.samples_per_step,
+        "train_batch_size": s.samples_per_step, "gradient_accumulation_steps": 1, "epochs_per_rollout_batch": 1,
+        "sampling_temperature": s.temperature, "sampling_top_p": s.top_p, "sampling_max_tokens": s.max_new_tokens,
+        "sampling_min_tokens": 0, "learning_rate": s.learning_rate, "betas": list(s.betas),
+        "weight_decay": s.weight_decay, "max_grad_norm": s.max_grad_norm, "cliprange": s.cliprange,
+        "loss_type": "grpo_clip", "advantage_mode": "normalized_rewards", "use_std_normalization": True,
+        "advantage_eps": s.advantage_eps, "length_normalization": "masked_mean", "kl_coef": 0.0,
+        "kl_monitor": False, "recompute_old_log_probs": False, "gradient_checkpointing": False,
+        "val_every": s.steps, "val_size": s.val_size, "val_seed": s.val_seed, "checkpoint_every": s.steps,
+        "log_rollouts_every": s.steps, "device": "cpu", "dtype": "float32", "threads": s.threads, "seed": s.seed,
+    }
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def import_trl():
+    """The ``trl`` module, or None when it cannot be imported (the ``bench`` extra is missing)."""
+    try:
+        return importlib.import_module("trl")
+    except ImportError:
+        return None
+
+
+def check_inputs(checkpoint: str, dataset: str, config: str | None):
+    """Open every input; a bad one raises ``BenchInputError`` naming it. Returns the train section
+    of the pipeline config (its defaults when ``config`` is None)."""
+
+    if not Path(checkpoint).is_file():
+        raise BenchInputError(f"--checkpoint: {checkpoint} not found (run `rlpipe pretrain` first)")
+    try:
+        ckpt = load_checkpoint(checkpoint)
+    except CheckpointError as e:
+        raise BenchInputError(f"--checkpoint: {e}") from None
+    if ckpt.tokenizer is None:
+        raise BenchInputError(f"--checkpoint: {checkpoint} names no tokenizer (export-hf needs one)")
+    try:
+        KeywordInclusionTask.check_dataset(dataset)
+    except (FileNotFoundError, ValueError) as e:
+        raise BenchInputError(f"--dataset: {e}") from None
+    if config is None:
+        return TrainConfig()
+    try:
+        return load_config(config).train
+    except ConfigError as e:
+        raise BenchInputError(f"--config: {e}") from None
+
+
+# --------------------------------------------------------------------------- shared evaluation
+
+
+def validation_reward(model, tokenizer, dataset: str, s: BenchSettings) -> float:
+    """Mean keyword reward of one sample per validation prompt (the first ``val_size``), sampled
+    with rlpipe's sampler at the training temperature and top-p with the fixed ``val_seed``: the
+    one evaluation path of both sides (and of rlpipe's own validation)."""
+
+    examples = load_split(dataset, "val")[: s.val_size]
+    params = SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens,
+                            seed=s.val_seed)
+    responses = generate(model, tokenizer, [e.prompt for e in examples], params, device="cpu").response_text
+    rewards = [float(keyword_inclusion_reward_fn(r, e.keywords)["reward"])
+               for r, e in zip(responses, examples, strict=True)]
+    return round(sum(rewards) / len(rewards), 4)
+
+
+def _policy_reward(path: str, dataset: str, s: BenchSettings) -> float:
+
+    policy = load_policy(path, device="cpu")
+    return validation_reward(policy.model, policy.tokenizer, dataset, s)
+
+
+def prompt_sequence(dataset: str, s: BenchSettings) -> list[dict]:
+    """rlpipe's training prompts in its order (rollout batch b = ``prompts_for_batch(b, P, seed)``),
+    as TRL dataset rows ``{"prompt", "keywords"}``."""
+
+    task = KeywordInclusionTask(dataset)
+    rows = []
+    for b in range(s.steps):
+        rows += [{"prompt": e.prompt, "keywords": list(e.ground_truth)}
+                 for e in task.prompts_for_batch(b, s.prompts_per_step, s.seed)]
+    return rows
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# --------------------------------------------------------------------------- TRL side
+
+
+class KeywordReward:
+    """The keyword-inclusion reward as a TRL reward function: TRL calls it with the completions,
+    their token ids and the dataset columns (``keywords``) as keyword arguments. It also counts the
+    generated tokens and samples (the tokens/s numerator) and keeps the rewards."""
+
+    __name__ = "keyword_inclusion"
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.rewards: list[float] = []
+
+    def __call__(self, prompts, completions, completion_ids, keywords, **kwargs) -> list[float]:
+
+        out = [float(keyword_inclusion_reward_fn(c, k)["reward"]) for c, k in zip(completions, keywords, strict=True)]
+        self.tokens += sum(len(ids) for ids in completion_ids)
+        self.rewards += out
+        return out
+
+
+def _step_clock():
+    """A ``TrainerCallback`` recording ``perf_counter`` at train begin and at every step end."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.times = [time.perf_counter()]
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.times.append(time.perf_counter())
+
+    return StepClock()
+
+
+def _check_prompt_tokens(tokenizer_hf, tokenizer_ours, rows: list[dict]) -> None:
+    """TRL tokenizes prompts with the exported HF tokenizer: it must give our token ids."""
+    for r in rows[:16]:
+        ours, theirs = tokenizer_ours.encode(r["prompt"]), tokenizer_hf(text=r["prompt"])["input_ids"]
+        if list(theirs) != list(ours):
+            raise RuntimeError(f"the exported HF tokenizer encodes {r['prompt']!r} as {theirs}, rlpipe as {ours}")
+
+
+def run_trl(hf_dir: str, dataset: str, s: BenchSettings, work: Path) -> dict:
+    """Train ``hf_dir`` with TRL's GRPOTrainer; time ``trainer.train()`` only."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+
+    torch.set_num_threads(s.threads)
+    rows = prompt_sequence(dataset, s)
+    tok_hf = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    tok_ours = load_tokenizer(hf_dir)
+    _check_prompt_tokens(tok_hf, tok_ours, rows)
+    model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True)
+    reward, clock = KeywordReward(), _step_clock()
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**grpo_config_kwargs(s, str(work))),
+                          train_dataset=Dataset.from_list(rows), processing_class=tok_hf, callbacks=[clock])
+    load_before = _load()
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    load_after = _load()
+    steps = [b - a for a, b in zip(clock.times, clock.times[1:], strict=False)]
+    if len(steps) != s.steps:
+        raise RuntimeError(f"TRL ran {len(steps)} optimizer steps, expected {s.steps}")
+    samples = s.steps * s.samples_per_step
+    final = validation_reward(trainer.model.eval(), tok_ours, dataset, s)
+    return {"wall_s": round(wall, 3), "samples": samples, "tokens": reward.tokens,
+            "samples_per_s": round(samples / wall, 3), "tokens_per_s": round(reward.tokens / wall, 1),
+            "step_samples_per_s_median": round(statistics.median(s.samples_per_step / d for d in steps), 3),
+            "train_reward_mean": round(sum(reward.rewards) / len(reward.rewards), 4),
+            "val_reward_final": final, "load_avg_before": load_before, "load_avg_after": load_after,
+            "model": "LlamaForCausalLM (HF modeling, sdpa attention)", "generation": "HF generate"}
+
+
+# --------------------------------------------------------------------------- rlpipe side
+
+
+def _write_run_config(config: str | None, s: BenchSettings, path: Path) -> None:
+    """A pipeline config for ``rlpipe train``: ``--config``'s sections, ``train`` overridden with the
+    settings, one variant, the job's threads = the bench's threads."""
+
+    data = load_yaml(config) if config else {}
+    data["train"] = apply_overrides(data.get("train") or {}, rlpipe_train_overrides(s))
+    data["variants"] = {RLPIPE_VARIANT: {"mode": "colocated_sync"}}
+    data["workflow"] = dict(data.get("workflow") or {}, threads_per_variant=s.threads, run_tests=False)
+    data.pop("math", None)
+    data["workflow"].pop("tracks", None)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _train(base: str, cfg_path: Path, dataset: str, out: Path, s: BenchSettings, log: Path) -> int:
+    cmd = [sys.executable, "-m", "rlpipe.cli", "train", "--config", str(cfg_path), "--variant", RLPIPE_VARIANT,
+           "--base", base, "--dataset", dataset, "--out", str(out), "--threads", str(s.threads), "--resume", "never"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(s.threads))
+    with open(log, "w") as f:
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, check=False).returncode
+
+
+def run_rlpipe(checkpoint: str, hf_dir: str, config: str | None, dataset: str, s: BenchSettings,
+               work: Path) -> dict:
+    """``rlpipe train`` on ``hf_dir`` (or, when the trainer refuses an HF directory as ``--base``, on
+    ``checkpoint``); throughput from its metrics.parquet, final reward from its last.pt."""
+
+    cfg_path = work / "rlpipe_config.yaml"
+    _write_run_config(config, s, cfg_path)
+    load_before = _load()
+    used, out, log = "hf_dir", work / "rlpipe_run_hf", work / "rlpipe_train_hf.log"
+    rc = _train(hf_dir, cfg_path, dataset, out, s, log)
+    if rc == 2 and "--base" in log.read_text():  # usage error before anything started: no HF support yet
+        used, out, log = "checkpoint", work / "rlpipe_run_pt", work / "rlpipe_train_pt.log"
+        rc = _train(checkpoint, cfg_path, dataset, out, s, log)
+    load_after = _load()
+    if rc != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
+        raise RuntimeError(f"rlpipe train failed (exit {rc}); log {log}:\n{tail}")
+    result = read_rlpipe_run(out, s)
+    result.update(base=used, base_path=hf_dir if used == "hf_dir" else checkpoint,
+                  load_avg_before=load_before, load_avg_after=load_after,
+                  val_reward_final=_policy_reward(str(out / CHECKPOINT_FILE), dataset, s))
+    return result
+
+
+def read_rlpipe_run(run_dir: Path, s: BenchSettings) -> dict:
+    """samples/s, tokens/s and per-step median from a run's metrics.parquet and run_info.json."""
+    import pandas as pd
+
+
+    m = pd.read_parquet(run_dir / METRICS_FILE).sort_values("step")
+    info = json.loads((run_dir / RUN_INFO_FILE).read_text())
+    steps = m[m["step"] >= 1]
+    if len(steps) != s.steps or int(info["total_samples"]) != s.steps * s.samples_per_step:
+        raise RuntimeError(f"{run_dir / METRICS_FILE}: {len(steps)} steps / {info['total_samples']} samples, "
+                           f"expected {s.steps} / {s.steps * s.samples_per_step}")
+    wall = float(steps["wall_time"].iloc[-1])  # last optimizer step; t0 is after the step-0 validation
+    dt = m["wall_time"].diff().iloc[1:]
+    tokens = int(round(float((steps["perf/tokens_per_s"] * dt.values).sum())))
+    samples = int(info["total_samples"])
+    val0 = m.loc[m["step"] == 0, "reward/val_mean"]
+    return {"wall_s": round(wall, 3), "samples": samples, "tokens": tokens,
+            "samples_per_s": round(samples / wall, 3), "tokens_per_s": round(tokens / wall, 1),
+            "step_samples_per_s_median": round(float(steps["perf/samples_per_s"].median()), 3),
+            "train_reward_mean": round(float(steps["reward/train_mean"].mean()), 4),
+            "val_reward_in_run_initial": round(float(val0.iloc[0]), 4) if len(val0) else None,
+            "val_reward_in_run_final": round(float(steps["reward/val_mean"].iloc[-1]), 4),
+            "run_wall_time_s": info.get("wall_time_s"), "conditions": info.get("conditions"),
+            "run_dir": str(run_dir), "generation": "rlpipe KV-cache sampler"}
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("trl", "transformers", "torch", "accelerate", "datasets"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[pkg] = version(pkg)
+    return out
+
+
+def _ratio(a, b):
+    return round(a / b, 3) if a and b else None
+
+
+def notes(s: BenchSettings, rlpipe_base: str) -> list[str]:
+    """The settings that could not be made equal and how each was handled (see module docstring)."""
+    model = ("the exported HF LlamaForCausalLM directory (same weights and modeling code as TRL)"
+             if rlpipe_base == "hf_dir" else
+             "the rlpipe .pt checkpoint the HF directory was exported from (its TransformerLM; logits equal "
+             "within 1e-4): this trainer does not accept an HF directory as --base")
+    out = [
+        f"rlpipe trained {model}",
+        f"advantage eps: rlpipe {s.advantage_eps:g} (train.advantage_eps), TRL hard-coded 1e-4; both divide by the "
+        "Bessel-corrected group std (TRL scale_rewards='group')",
+        "loss: TRL loss_type='grpo' (per-sequence token mean, then batch mean) = rlpipe masked_mean; GRPO-Clip "
+        f"epsilon {s.cliprange} both; TRL's default 'dapo' not used",
+        "importance ratio: TRL on-policy uses detached current log-probs (ratio exactly 1), rlpipe the sampler's "
+        "behaviour log-probs (ratio 1 up to rounding); recompute_old_log_probs off, no extra forward either side",
+        "KL: TRL beta=0.0 (no reference model); rlpipe kl_coef=0, kl_monitor=false (no reference model)",
+        "generation: TRL uses HF generate, rlpipe its KV-cache sampler: same temperature/top-p/top_k off/EOS stop/"
+        "max tokens, different random streams, so samples differ (rewards compare statistically)",
+        "prompts: TRL gets rlpipe's prompt sequence (prompts_for_batch per step) with shuffle_dataset=False",
+        "wall time excludes model loading on both sides; TRL = trainer.train() (includes its dataloader and "
+        "optimizer set-up); rlpipe = wall_time of its last optimizer step (clock starts after Ray start-up, model "
+        "loading and step-0 validation; excludes final validation and checkpoint)",
+        "overheads: TRL computes entropies in the training forward and logs once (logging_steps=steps); rlpipe pays "
+        "Ray calls, per-step metric rows and a learner->generator weight copy after every step",
+        "eval: TRL eval_strategy='no'; rlpipe validates only at step 0 and after the last step (outside the timing); "
+        "reported val rewards come from one path (rlpipe sampler, val_seed, keyword reward) for both",
+        f"threads: torch.set_num_threads({s.threads}) for TRL in this process; rlpipe train.threads={s.threads} in its "
+        "colocated Ray actor (driver and Ray daemons are separate processes)",
+        "order: the sides run one after the other (rlpipe, then TRL), not interleaved; compare each side's "
+        "load_avg_before/after (and rlpipe's conditions) before trusting a ratio from a shared machine",
+        "lr schedule constant, no warm-up, AdamW eps 1e-8, grad clip "
+        f"{s.max_grad_norm}, fp32, CPU on both sides",
+    ]
+    if s.weight_decay:
+        out.append(f"weight decay {s.weight_decay}: HF's Trainer skips biases and norm weights, rlpipe decays all")
+    return out
+
+
+def run_bench(checkpoint: str, dataset: str, config: str | None, s: BenchSettings, work: Path) -> dict:
+    """Export, initial rewards, rlpipe's run, TRL's run, ratios (torch's thread count is restored)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+
+    hf_logging.disable_progress_bar()
+    threads_before = torch.get_num_threads()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers' renames that TRL still uses
+            hf_dir = str(export_hf(checkpoint, work / "hf_model"))
+            start_load = _load()
+            torch.set_num_threads(s.threads)
+            initial = {"checkpoint": _policy_reward(checkpoint, dataset, s),
+                       "hf_dir": _policy_reward(hf_dir, dataset, s)}
+            rl = run_rlpipe(checkpoint, hf_dir, config, dataset, s, work)
+            tr = run_trl(hf_dir, dataset, s, work / "trl_out")
+    finally:
+        torch.set_num_threads(threads_before)
+    rl["val_reward_initial"] = initial[rl["base"]]
+    tr["val_reward_initial"] = initial["hf_dir"]
+    ratios = {k: _ratio(rl[k], tr[k]) for k in ("step_samples_per_s_median", "samples_per_s", "tokens_per_s")}
+    ratios["wall_trl_over_rlpipe"] = _ratio(tr["wall_s"], rl["wall_s"])
+    return {"bench": "trl", "skipped": False, "settings": asdict(s), "threads": s.threads,
+            "versions": _versions(), "checkpoint": checkpoint, "dataset": dataset, "cpus": os.cpu_count(),
+            "load_avg_start": start_load, "load_avg_end": _load(), "rlpipe": rl, "trl": tr,
+            "ratios_rlpipe_over_trl": ratios, "notes": notes(s, rl["base"])}
+
+
+def table(result: dict) -> str:
+    rows = [("", "rlpipe", "TRL", "rlpipe/TRL")]
+    r, t, q = result["rlpipe"], result["trl"], result["ratios_rlpipe_over_trl"]
+    for key, label in (("step_samples_per_s_median", "samples/s (median step)"), ("samples_per_s", "samples/s"),
+                       ("tokens_per_s", "tokens/s")):
+        rows.append((label, f"{r[key]:g}", f"{t[key]:g}", f"{q[key]}"))
+    rows += [("wall s", f"{r['wall_s']:g}", f"{t['wall_s']:g}", ""),
+             ("val reward initial", f"{r['val_reward_initial']:g}", f"{t['val_reward_initial']:g}", ""),
+             ("val reward final", f"{r['val_reward_final']:g}", f"{t['val_reward_final']:g}", "")]
+    w = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(row)) for row in rows]
+    lines.append(f"load avg {result['load_avg_start']} -> {result['load_avg_end']}, threads {result['threads']}, "
+                 f"rlpipe base: {r['base']}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rlpipe bench trl", description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="pretrained keyword base model (rlpipe .pt)")
+    ap.add_argument("--dataset", required=True, help="keyword dataset directory (train.jsonl, val.jsonl)")
+    ap.add_argument("--config", default=None, help="pipeline config whose train section gives the settings")
+    ap.add_argument("--steps", type=int, default=16, help="optimizer steps on each side")
+    ap.add_argument("--prompts-per-step", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of each side")
+    ap.add_argument("--val-size", type=int, default=None, help="validation prompts (default: train.val_size)")
+    ap.add_argument("--work-dir", default=None, help="keep the export, runs and logs here (default: a temp dir)")
+    ap.add_argument("--out", default=None, help="write the JSON here (atomically)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = _parser()
+    a = ap.parse_args(argv)
+    try:
+        train_cfg = check_inputs(a.checkpoint, a.dataset, a.config)
+        s = settings_from_config(train_cfg, steps=a.steps, prompts_per_step=a.prompts_per_step, threads=a.threads)
+        if a.val_size is not None:
+            s = BenchSettings(**{**asdict(s), "val_size": a.val_size, "betas": s.betas})
+        s.check()
+    except BenchInputError as e:
+        ap.error(str(e))
+    if import_trl() is None:
+        result = {"bench": "trl", "skipped": True, "reason": SKIP_REASON}
+        print(f"rlpipe bench trl: skipped: {SKIP_REASON}", flush=True)
+    else:
+        with (contextlib.nullcontext(a.work_dir) if a.work_dir else tempfile.TemporaryDirectory(
+                prefix="rlpipe-bench-trl-")) as work:
+            Path(work).mkdir(parents=True, exist_ok=True)
+            result = run_bench(a.checkpoint, a.dataset, a.config, s, Path(work).resolve())
+        print(table(result), flush=True)
+    if a.out:
+        write_json(a.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

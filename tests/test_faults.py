@@ -6,16 +6,19 @@ step, file), and what is left on disk is never mistaken for valid later.
 - a write failing mid-file (disk full, file-size limit);
 - two ``rlpipe train`` on one run directory;
 - a damaged checkpoint or snapshot on ``--resume``;
-- a reward function that raises or hangs on one sample.
+- a reward function that raises or hangs on one sample;
+- a generation that hangs (its process frozen with SIGSTOP): a timeout naming the actor and step.
 Tests that start Ray carry ``ray``; the others run without it. The measured times to fail are
 printed (``-s`` shows them) and bounded well below ``train.ray_timeout_s``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -131,6 +134,60 @@ def _after_step(msg: str) -> str:
     m = re.search(r"after optimizer step (\d+) of 40", msg)
     assert m, msg
     return m.group(1)
+
+
+def _actor_pids(title: str) -> set[int]:
+    """Pids of processes whose title contains ``title`` (Ray titles a worker ``ray::Class.method``
+    while it runs that method)."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    return {int(line.split(None, 1)[0]) for line in out.splitlines() if title in line}
+
+
+def _freeze_when_running(title: str, before: set[int], record: dict) -> threading.Thread:
+    """SIGSTOP the first new process titled ``title``: a generation that hangs (a stuck kernel,
+    a deadlocked library) rather than dies, so only the driver's timeout can notice."""
+
+    def go():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            pids = _actor_pids(title) - before
+            if pids:
+                pid = min(pids)
+                os.kill(pid, signal.SIGSTOP)
+                record.update(pid=pid, frozen_at=time.time())
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("variant, title, role", [
+    ("disagg", "ray::GeneratorWorker.rollout", "generator"),
+    ("onpolicy", "ray::ColocatedWorker.rollout", "colocated worker"),
+])
+def test_hung_generation_is_a_timeout_naming_the_actor_and_step(env, ray_session, tmp_path, variant, title, role):
+    timeout = 15.0  # well above a step of the tiny model on a loaded 2-core machine
+    cfg = config(env, f"hang_{variant}", n_grpo_steps=40, checkpoint_every=100, ray_timeout_s=timeout)
+    out, record = tmp_path / "run", {}
+    freezer = _freeze_when_running(title, _actor_pids(title), record)
+    try:
+        with pytest.raises(ActorFailure) as err:
+            train(env, cfg, variant, out)
+    finally:
+        freezer.join()
+        if "pid" in record:  # let Ray reap it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record["pid"], signal.SIGCONT)
+    failed_after = time.time() - record["frozen_at"]
+    msg = str(err.value)
+    print(f"\n{variant}: generation frozen, failed after {failed_after:.2f}s: {msg}")
+    assert f"no answer from the {role} actor ({variant}/" in msg and f"train.ray_timeout_s={timeout}s" in msg
+    assert "rollout batch" in msg and "after optimizer step" in msg  # the call and the step
+    assert timeout - 0.5 <= failed_after < timeout + 15  # the timeout, not a silent stall
+    assert "No checkpoint was written yet" in msg and not (out / contract.CHECKPOINT_FILE).exists()
 
 
 def test_weight_sync_failure_names_the_dead_actor_behind_it(env, tmp_path):

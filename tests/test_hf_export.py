@@ -191,3 +191,29 @@ def test_cli_replaces_a_previous_export_but_not_other_folders(exported, tmp_path
         main([str(tmp_path / "m.pt"), str(other)])
     assert (other / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_trained_hf_policy_checkpoint_exports_as_its_own_architecture(tiny_qwen, tmp_path):
+    """`rlpipe export-hf last.pt` of a run whose base was an HF directory: the trained weights, saved
+    with save_pretrained, plus the base directory's tokenizer files."""
+    from transformers import AutoModelForCausalLM
+
+    from rlpipe.lm.hf_export import export_hf
+    from rlpipe.lm.policy import load_policy
+
+    policy = load_policy(tiny_qwen)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.01)  # "trained": differs from the base directory
+    ckpt = tmp_path / "last.pt"
+    policy.save(ckpt)
+    out = export_hf(ckpt, tmp_path / "exported")
+    assert (out / "tokenizer.json").is_file() and (out / "config.json").is_file()
+    reloaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen, local_files_only=True).eval()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        want = policy.model.eval()(ids).logits
+        got = reloaded(ids).logits
+        assert torch.allclose(got, want, atol=1e-5)
+        assert not torch.allclose(base(ids).logits, want, atol=1e-3)  # the export is not the base

@@ -97,6 +97,9 @@ def fake_upstream(workdir: Path, variants, make_runs) -> None:
     (r / "bench/weight_sync.json").write_text(json.dumps(
         [{"transport": "object_store", "median_s": 0.2}, {"transport": "rdt", "backend": "gloo", "median_s": 0.05}]))
     (r / "bench/sampler.json").write_text(json.dumps({"tokens_per_s": 1000.0}))
+    (r / "bench/trl.json").write_text(json.dumps({"bench": "trl", "skipped": True, "reason": "synthetic"}))
+    # the analysis half of the keyword track only (the MATH track has its own tests)
+    (workdir / "config/keyword_only.yaml").write_text("workflow: {tracks: [keyword]}\n")
 
 
 @pytest.mark.slow
@@ -106,7 +109,7 @@ def test_analysis_half_runs_and_reports(workdir, tmp_path, make_runs, dry_run):
     shutil.copytree(ROOT / "src" / "rlpipe", src / "rlpipe", ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(src)}
     fake_upstream(workdir, ("onpolicy", "k2", "disagg"), make_runs)
-    smoke = ("--configfile", "config/smoke.yaml")
+    smoke = ("--configfile", "config/smoke.yaml", "config/keyword_only.yaml")
     snakemake(workdir, "--cores", "2", *smoke, env=env)
     figures = sorted(p.name for p in (workdir / "results/figures").iterdir())
     assert len(figures) == len(contract.FIGURES)
@@ -190,3 +193,58 @@ def test_slurm_profile_dry_run(workdir, dry_run):
                                           "disagg": 2, "disagg_rdt": 2, "replay": 2}
     trains = [j for j in dry_run.jobs(out) if j["rule"] == "train_variant"]
     assert all(j["resources"].get("slurm_partition") == "<gpu partition>" for j in trains), trains[:1]
+
+
+def _math_standin(workdir: Path, qwen: Path, data: Path, **train) -> Path:
+    """An overlay pointing config/math.yaml at local stand-ins: the tiny Qwen2 and the MATH fixture."""
+    overlay = {"math": {"base_model_dir": str(qwen), "dataset_dir": str(data), "eval_size": 6,
+                        "eval_max_tokens": 24, "train": {"device": "cpu", "dtype": "float32", **train}},
+               "workflow": {"gpus_per_colocated": 0, "gpus_per_disaggregated": 0}}
+    path = workdir / "config" / "standin.yaml"
+    path.write_text(yaml.safe_dump(overlay))
+    return path
+
+
+def test_math_config_validates_and_expands_to_the_math_track_only(workdir, tiny_qwen, math_fixture, dry_run):
+    from rlpipe.config import apply_overrides, load_yaml, math_pipeline, parse_config
+
+    cfg = parse_config(apply_overrides(load_yaml(workdir / "config/config.yaml"), load_yaml(workdir / "config/math.yaml")))
+    track = math_pipeline(cfg).train
+    assert (track.n_grpo_steps, track.learning_rate, track.rollout_batch_size, track.group_size) == (200, 1e-5, 256, 8)
+    assert (track.gradient_accumulation_steps, track.loss_type, track.sampling_max_tokens) == (128, "reinforce_with_baseline", 1024)
+    _math_standin(workdir, tiny_qwen, math_fixture)
+    out = snakemake(workdir, "-n", "--configfile", "config/math.yaml", "config/standin.yaml").stdout
+    rules = dry_run.rules(out)
+    assert {"evaluate_math", "train_math_variant", "report_math"} <= rules, rules
+    # a local HF model and dataset: no data generation, tokenizer or pretraining; no keyword track
+    assert not rules & {"build_math_data", "train_math_tokenizer", "pretrain_math_base", "pretrain_base",
+                        "train_variant", "bench_weight_sync", "aggregate_metrics"}, rules
+
+
+def test_math_config_names_a_missing_model_directory(workdir):
+    proc = snakemake(workdir, "-n", "--configfile", "config/math.yaml", check=False)
+    assert proc.returncode != 0
+    assert "math.base_model_dir: models/Qwen2.5-Math-1.5B is not a local HuggingFace model directory" in (
+        proc.stdout + proc.stderr)
+
+
+@pytest.mark.workflow
+def test_math_config_runs_the_math_track_on_the_standin(workdir, tiny_qwen, math_fixture):
+    """`snakemake --configfile config/math.yaml` (+ paths to the stand-ins, seed 001's batch shrunk to
+    fit a CPU test): base eval, two GRPO steps on the HF policy, final eval, report."""
+    _math_standin(workdir, tiny_qwen, math_fixture, n_grpo_steps=2, rollout_batch_size=8, group_size=4,
+                  train_batch_size=8, gradient_accumulation_steps=2, sampling_max_tokens=24, val_every=1,
+                  val_size=6, checkpoint_every=1, log_rollouts_every=1, threads=1)
+    snakemake(workdir, "--cores", "2", "--configfile", "config/math.yaml", "config/standin.yaml")
+    r = workdir / "results" / "math"
+    numbers = json.loads((r / "report" / contract.MATH_REPORT_FILES["math_json"]).read_text())
+    assert numbers["base"]["n"] == 6 and sum(numbers["base"]["categories"].values()) == 6
+    info = json.loads((r / "runs" / "onpolicy" / contract.RUN_INFO_FILE).read_text())
+    assert info["finished"] and info["config"]["recompute_old_log_probs"] is True  # auto: an HF policy
+    assert info["config"]["gradient_checkpointing"] and not info["config"]["kl_monitor"]
+    import pandas as pd
+
+    m = pd.read_parquet(r / "runs" / "onpolicy" / contract.METRICS_FILE)
+    assert list(m["step"]) == [0, 1, 2] and m["reward/val_answer_mean"].notna().all()
+    assert m["kl/ref_k3"].isna().all()  # no reference model: kl_monitor false, kl_coef 0
+    assert (r / "eval" / "onpolicy" / contract.EVAL_FILES["summary"]).is_file()

@@ -62,9 +62,27 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run):
     for f in FIGURES:
         assert (results / "figures" / f).stat().st_size > 1000, f
 
+    # the MATH track: generated arithmetic data, its own tokenizer and base model, the base model's
+    # evaluation, an on-policy run with format/answer rewards, the final policy's evaluation, the report
+    math = results / "math"
+    for f in ("data/train.jsonl", "data/val.jsonl", "data/corpus.txt", "tokenizer/tokenizer.json", "base/model.pt"):
+        assert (math / f).stat().st_size > 0, f
+    for model in ("base", "onpolicy"):
+        summary = json.loads((math / "eval" / model / contract.EVAL_FILES["summary"]).read_text())
+        assert summary["n"] == 8 and sum(summary["categories"].values()) == 8, model
+        examples = pd.read_parquet(math / "eval" / model / contract.EVAL_FILES["examples"])
+        assert tuple(examples.columns) == contract.EVAL_COLUMNS and len(examples) == 8
+    m = pd.read_parquet(math / "runs" / "onpolicy" / contract.METRICS_FILE)
+    assert tuple(m.columns) == contract.METRIC_COLUMNS and list(m["step"]) == [0, 1, 2]
+    assert m.loc[m["step"] > 0, ["reward/format_mean", "reward/answer_mean"]].notna().all().all()
+    assert m["reward/val_answer_mean"].notna().all() and m["reward/val_format_mean"].notna().all()
+    for f in contract.MATH_REPORT_FILES.values():
+        assert (math / "report" / f).stat().st_size > 0, f
+
     run(tmp_path, "--report", "report.html")
     report = (tmp_path / "report.html").read_text()
-    for name in [*FIGURES, *contract.SUMMARY_REPORT_FILES.values()]:
+    for name in [*FIGURES, *contract.SUMMARY_REPORT_FILES.values(), contract.MATH_REPORT_FILES["eval_html"],
+                 contract.MATH_REPORT_FILES["learning_png"]]:
         assert name in report, f"{name} missing from the report"
 
     # nothing left to do: a second invocation schedules no job (no spurious params/code triggers)

@@ -347,6 +347,16 @@ class RayConfig(_Section):
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray instance (default: the job's threads).")
 
 
+class LoggingConfig(_Section):
+    """Live monitoring besides the parquet outputs (which stay the contract)."""
+
+    _prefix: ClassVar[str] = "logging"
+
+    tensorboard: bool = Field(
+        False, description="Also write every metric row as TensorBoard scalars to <run>/tensorboard/ "
+                           "(live curves: tensorboard --logdir results/runs); needs pip install -e '.[tb]'.")
+
+
 KEYWORD_TRACK, MATH_TRACK = "keyword", "math"
 
 
@@ -424,7 +434,9 @@ class MathTrackConfig(_Section):
     tokenizer: TokenizerConfig = Field(
         default_factory=lambda: TokenizerConfig(vocab_size=512), description="Tokenizer of the math base model.")
     model: ModelSection = Field(default_factory=ModelSection, description="The math base model (when pretrained).")
-    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Pretraining of the math base model.")
+    pretrain: PretrainConfig = Field(
+        default_factory=lambda: PretrainConfig(max_steps=450, seq_len=144, eval_every=75, device="cpu"),
+        description="Pretraining of the math base model.")
     train: dict[str, Any] = Field({}, description="Overrides of the shared train section for math runs (dotted "
                                                   "keys allowed); train.task is always 'math'.")
     variants: dict[str, dict[str, Any] | None] = Field(
@@ -446,6 +458,7 @@ class PipelineConfig(_Section):
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray.")
     workflow: WorkflowConfig = Field(default_factory=WorkflowConfig, description="Snakemake workflow settings.")
     math: MathTrackConfig = Field(default_factory=MathTrackConfig, description="The MATH track.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Live monitoring.")
     variants: dict[str, dict[str, Any]] = Field(
         {}, description="Variant name -> overrides of train (dotted keys allowed).")
 

@@ -69,6 +69,9 @@ rule bench_trl:
         ),
     params:
         dataset=lambda w, input: os.path.dirname(input.dataset),
+        # the onpolicy variant's batch (prompts x G), for at most 16 steps (~4 min on 2 cores with trl)
+        steps=min(16, CFG.train.n_grpo_steps),
+        prompts=CFG.train.rollout_batch_size // CFG.train.group_size,
     threads: CFG.workflow.threads_per_variant
     log:
         "logs/bench_trl/bench_trl.log",
@@ -76,4 +79,4 @@ rule bench_trl:
         "benchmarks/bench_trl/bench_trl.tsv"
     shell:
         "rlpipe bench trl --config {CONFIG_FILE} --checkpoint {input.base} --dataset {params.dataset} "
-        "--threads {threads} --out {output} > {log} 2>&1"
+        "--steps {params.steps} --prompts-per-step {params.prompts} --threads {threads} --out {output} > {log} 2>&1"

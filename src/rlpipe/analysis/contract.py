@@ -73,6 +73,7 @@ CHECKPOINT_DIR = "checkpoints"  # also holds the snapshot of the files above tha
 CHECKPOINT_FILE = f"{CHECKPOINT_DIR}/last.pt"
 FINISHED_MARKER = f"{CHECKPOINT_DIR}/FINISHED"  # written by `rlpipe train` when the run finished
 FINGERPRINT_FILE = f"{CHECKPOINT_DIR}/FINGERPRINT"  # the settings the checkpoint belongs to
+TENSORBOARD_DIR = "tensorboard"  # logging.tensorboard: the metric rows as TensorBoard scalars (a view)
 RUN_LOCK_FILE = ".lock"  # held (flock) by the one `rlpipe train` writing this run directory
 
 #: The run's declared outputs (Snakemake's train_variant outputs; what aggregation reads), by key.

@@ -200,6 +200,8 @@ def export_hf(checkpoint_path, out_dir, *, tokenizer=None) -> Path:
 
     checkpoint_path, out_dir = Path(checkpoint_path), Path(out_dir)
     ckpt = load_checkpoint(checkpoint_path, device="cpu")  # names the file when it is missing or broken
+    if ckpt.hf_pretrained is not None:  # a policy trained from an HF directory: its own architecture
+        return _export_hf_policy(ckpt, out_dir)
     tok = _resolve_tokenizer(ckpt, checkpoint_path, tokenizer)
     config = llama_config(ckpt.model, tok)
     weights = hf_state_dict(ckpt.model)
@@ -208,6 +210,22 @@ def export_hf(checkpoint_path, out_dir, *, tokenizer=None) -> Path:
     with _atomic_dir(out_dir) as tmp:
         hf.save_pretrained(tmp, safe_serialization=True)
         _write_tokenizer(tok, tmp, ckpt.model_config.context_length)
+    return out_dir
+
+
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                      "merges.txt", "generation_config.json", "chat_template.jinja")
+
+
+def _export_hf_policy(ckpt: LoadedCheckpoint, out_dir: Path) -> Path:
+    """A checkpoint of an HF policy (``rlpipe train --base HF_DIR``): ``save_pretrained`` of the trained
+    weights, plus the base directory's tokenizer files."""
+    base = Path(ckpt.hf_pretrained)
+    with _atomic_dir(out_dir) as tmp:
+        ckpt.model.to(torch.float32).save_pretrained(tmp, safe_serialization=True)
+        for name in HF_TOKENIZER_FILES:
+            if (base / name).is_file() and not (tmp / name).exists():
+                shutil.copy2(base / name, tmp / name)
     return out_dir
 
 

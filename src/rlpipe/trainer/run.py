@@ -60,7 +60,7 @@ from rlpipe.lm.policy import HF_CONFIG, is_hf_dir
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.tasks import TASKS
 from rlpipe.tasks.base import DatasetError
-from rlpipe.trainer import conditions
+from rlpipe.trainer import conditions, tensorboard
 from rlpipe.trainer import resume as resume_policy
 from rlpipe.trainer.actors.learner import REQUIRED_EXTRA
 from rlpipe.trainer.drivers.colocated import run_colocated
@@ -207,6 +207,8 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
     train_cfg = resolve_recompute(train_cfg, base)
     if train_cfg.mode == "disaggregated":
         make_transport(train_cfg.weight_sync)  # an unavailable backend fails before Ray starts
+    if cfg.logging.tensorboard:
+        tensorboard.check_available()  # names logging.tensorboard before Ray starts
     gpus = variant_gpus(cfg, variant)
     disagg = train_cfg.mode == "disaggregated"
     actor_threads = _actor_threads(train_cfg.threads, threads or cfg.workflow.threads_per_variant, disagg)

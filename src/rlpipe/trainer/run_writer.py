@@ -25,6 +25,7 @@ import pandas as pd
 from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.rl.records import PhaseEvent, VersionEvent
+from rlpipe.trainer.tensorboard import TensorBoardLogger
 
 
 class SnapshotError(ValueError):
@@ -75,7 +76,7 @@ def read_snapshot(run_dir: str | Path, step: int) -> dict[str, list[dict]]:
 
 
 class RunWriter:
-    def __init__(self, out_dir: str | Path):
+    def __init__(self, out_dir: str | Path, tensorboard: bool = False):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time()
@@ -83,6 +84,9 @@ class RunWriter:
         self.events: list[dict] = []
         self.versions: list[dict] = []
         self.rollouts: list[dict] = []
+        self.tensorboard = tensorboard  # mirror rows to <run>/tensorboard/ at each flush (live curves)
+        self._tb: TensorBoardLogger | None = None
+        self._resumed_at = -1  # rows up to this step were written by the killed run (resume)
 
     def rel(self, t: float) -> float:
         return t - self.t0
@@ -94,6 +98,9 @@ class RunWriter:
         self.rows = [{c: math.nan for c in contract.METRIC_COLUMNS} | r for r in snap["metrics"]]
         self.events, self.versions, self.rollouts = snap["events"], snap["versions"], snap["rollouts"]
         self.t0 = time.time() - max([r["wall_time"] for r in self.rows] or [0.0])
+        if self._tb is not None:
+            self._tb.last_step = min(self._tb.last_step, step)
+        self._resumed_at = step
 
     @property
     def last_step(self) -> int:
@@ -133,6 +140,11 @@ class RunWriter:
         """Write every output; ``snapshot`` also writes the copy that ``resume_from`` reads."""
         for d in (self.dir, self.dir / contract.CHECKPOINT_DIR) if snapshot else (self.dir,):
             self._write(d)
+        if self.tensorboard:
+            if self._tb is None:
+                self._tb = TensorBoardLogger(self.dir / contract.TENSORBOARD_DIR,
+                                             after_step=self._resumed_at)
+            self._tb.log_rows(self.rows)
 
     def _write(self, d: Path) -> None:
         metrics = pd.DataFrame(self.rows, columns=list(contract.METRIC_COLUMNS))

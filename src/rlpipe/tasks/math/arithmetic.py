@@ -26,12 +26,13 @@ several times more arithmetic steps. The drill's tokens from ``User`` on are the
 (byte-level BPE splits ``>`` from the next word), so what a drill teaches transfers to the full
 prompt, and the full documents keep the preamble itself in-distribution.
 
-Why it is learnable on a CPU. A 1.4M-parameter ``cpu-tiny`` model pretrained for ~3 minutes learns
-the r1_zero format almost perfectly (every document has it) and small addition and subtraction
-facts reasonably well: each step is one lookup ``a op b`` over numbers that the byte-level BPE
-mostly keeps as one or two tokens, and the chain-of-steps solution turns a 3-operation problem into
-three such lookups plus copies. Responses are ~20-40 tokens, so a GRPO step (sampling plus update)
-takes about a second on one thread and a 5-minute run makes ~100 of them.
+Why it is learnable on a CPU. The ``cpu-tiny`` model (0.96M parameters at the BPE's 451 tokens)
+pretrained for a few minutes learns the r1_zero format perfectly (every document has it) and small
+addition and subtraction facts fairly well: with ``tokenizer.vocab_size`` 512 the byte-level BPE
+runs out of merges at 451 tokens and keeps every number up to ~60 as one token (``" 17"``), so each
+step is one lookup ``a op b`` over a few hundred facts, and the chain-of-steps solution turns a
+3-operation problem into three such lookups plus copies. Responses are 15-30 tokens and prompts
+~100, so a GRPO step of 32 rollouts takes ~1.5 s on one thread.
 
 The deliberate slips (``slip_rate``), a departure from the data of the seeds. In a fraction of the
 corpus's solution steps the operator is miscopied from the problem (``12 + 5 = 17.`` for ``12 - 5``);
@@ -42,10 +43,13 @@ zero-shot accuracy is about its own arithmetic competence times ``(1 - slip) ** 
 the starting point adjustable without changing model size or pretraining time, and gives GRPO a
 real, learnable fix: a slip is one discrete choice at one kind of position (copy the operator or
 not), the same in every problem, so rewarding slip-free chains generalises across problems.
-Measured alternatives: with results off by 1-2 instead (a blurred adder rather than a discrete
-mistake) GRPO did not improve validation reward in 50 steps, since the fix is then per arithmetic
-fact; without slips the base accuracy is set only by how far pretraining got (longer pretraining
-saturates it). Every written step is a true fact, so slips never teach wrong arithmetic.
+Measured alternative: with step results off by 1-2 instead (a blurred adder rather than a discrete
+mistake) GRPO did not raise validation reward in 50 steps (lr 5e-5; at 2e-4 it fell), since the
+fix is then per arithmetic fact. Without slips the base accuracy would be set only by how far
+pretraining got. Every written step is a true fact, so slips never teach wrong arithmetic.
+Measured with the defaults (450 pretraining steps, 2026-11 on a shared 2-core CPU): zero-shot
+answer reward 0.43 (format 1.0, 512 val problems, temperature 1); 150 on-policy GRPO steps (4 min)
+raise it to 0.74, 0.90 / 0.76 / 0.59 on 1 / 2 / 3-operation problems.
 Multi-step problems slip more often, so the task has graded difficulty, and the ceiling is the
 model's arithmetic competence, so the reward does not saturate at 1 within the default run.
 

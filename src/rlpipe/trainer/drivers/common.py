@@ -75,7 +75,7 @@ class RunContext:
     pending_val: list = field(default_factory=list)
 
     def __post_init__(self):
-        self.writer = RunWriter(self.out_dir)
+        self.writer = RunWriter(self.out_dir, tensorboard=self.cfg.logging.tensorboard)
         self.sizes = self.train.derived()
         self.driver_events: list[PhaseEvent] = []
         self.step = 0  # last optimizer step whose result the driver has

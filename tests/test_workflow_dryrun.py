@@ -208,10 +208,12 @@ def _math_standin(workdir: Path, qwen: Path, data: Path, **train) -> Path:
 def test_math_config_validates_and_expands_to_the_math_track_only(workdir, tiny_qwen, math_fixture, dry_run):
     from rlpipe.config import apply_overrides, load_yaml, math_pipeline, parse_config
 
-    cfg = parse_config(apply_overrides(load_yaml(workdir / "config/config.yaml"), load_yaml(workdir / "config/math.yaml")))
+    overlay = load_yaml(workdir / "config/math.yaml")
+    cfg = parse_config(apply_overrides(load_yaml(workdir / "config/config.yaml"), overlay))
     track = math_pipeline(cfg).train
     assert (track.n_grpo_steps, track.learning_rate, track.rollout_batch_size, track.group_size) == (200, 1e-5, 256, 8)
-    assert (track.gradient_accumulation_steps, track.loss_type, track.sampling_max_tokens) == (128, "reinforce_with_baseline", 1024)
+    assert (track.gradient_accumulation_steps, track.loss_type, track.sampling_max_tokens) == (
+        128, "reinforce_with_baseline", 1024)
     _math_standin(workdir, tiny_qwen, math_fixture)
     out = snakemake(workdir, "-n", "--configfile", "config/math.yaml", "config/standin.yaml").stdout
     rules = dry_run.rules(out)

@@ -14,8 +14,11 @@ keyword task's folder so that ``lm/`` knows nothing of any task.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from rlpipe.config import load_config
 from rlpipe.io import write_json
@@ -51,9 +54,13 @@ def zero_shot_reward(checkpoint: str | Path, dataset_dir: str | Path, n: int | N
     tokenizer = load_tokenizer(ckpt.tokenizer)
     params = SamplingParams(n=1, temperature=temperature, max_tokens=max_tokens, seed=seed)
     responses: list[str] = []
+    # progress in the rule's log (stderr), one update per chunk
+    bar = tqdm(total=len(examples), desc="eval-base", unit="prompt", mininterval=2.0, file=sys.stderr)
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
         responses += generate(ckpt.model, tokenizer, [e.prompt for e in chunk], params, device=device).response_text
+        bar.update(len(chunk))
+    bar.close()
     rewards = [float(keyword_inclusion_reward_fn(r, e.keywords)["reward"])
                for r, e in zip(responses, examples, strict=True)]
     mean = sum(rewards) / max(1, len(rewards))

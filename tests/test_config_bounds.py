@@ -98,8 +98,8 @@ def _walk(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[NumericF
         elif typing.get_origin(ann) is list:
             (item,) = typing.get_args(ann)
             item_type = typing.get_args(item)[0] if typing.get_origin(item) is typing.Annotated else item
-            if typing.get_origin(item_type) is Literal:  # a list of choices (workflow.tracks): no bounds
-                continue
+            if typing.get_origin(item_type) is Literal or item_type is str:
+                continue  # a list of choices (workflow.tracks) or of names (workflow.families): no bounds
             assert item_type in (int, float), f"{'.'.join(path)}: list of {item_type}"
             out.append(NumericField(path, item_type, _bounds(list(typing.get_args(item)[1:])), True,
                                     field.get_default(call_default_factory=True)))
@@ -402,8 +402,8 @@ def test_schema_is_draft_2020_12_closed_and_has_no_defaults(schema):
     nodes = list(_objects(schema))
     assert not [n for n in nodes if "default" in n or "$ref" in n or "$defs" in n]
     sections = [n for n in nodes if "properties" in n]
-    # 10 sections + train.math, math, math.arithmetic, the math track's tokenizer/model/pretrain, logging
-    assert len(sections) == 17 and all(n["additionalProperties"] is False for n in sections)
+    # 10 sections + train.math, math, math.arithmetic, the math track's tokenizer/model/pretrain, logging, a family
+    assert len(sections) == 18 and all(n["additionalProperties"] is False for n in sections)
     train = schema["properties"]["train"]["properties"]
     assert (train["val_every"]["minimum"], train["sampling_top_p"]["exclusiveMinimum"],
             train["sampling_top_p"]["maximum"]) == (1, 0, 1)

@@ -98,8 +98,10 @@ def fake_upstream(workdir: Path, variants, make_runs) -> None:
         [{"transport": "object_store", "median_s": 0.2}, {"transport": "rdt", "backend": "gloo", "median_s": 0.05}]))
     (r / "bench/sampler.json").write_text(json.dumps({"tokens_per_s": 1000.0}))
     (r / "bench/trl.json").write_text(json.dumps({"bench": "trl", "skipped": True, "reason": "synthetic"}))
-    # the analysis half of the keyword track only (the MATH track has its own tests)
-    (workdir / "config/keyword_only.yaml").write_text("workflow: {tracks: [keyword]}\n")
+    # the analysis half of the keyword track only (the MATH track, the families and the toy grid have
+    # their own tests)
+    (workdir / "config/keyword_only.yaml").write_text(
+        "workflow: {tracks: [keyword], families: [], toy_sort_seeds: []}\n")
 
 
 @pytest.mark.slow
@@ -250,3 +252,19 @@ def test_math_config_runs_the_math_track_on_the_standin(workdir, tiny_qwen, math
     assert list(m["step"]) == [0, 1, 2] and m["reward/val_answer_mean"].notna().all()
     assert m["kl/ref_k3"].isna().all()  # no reference model: kl_monitor false, kl_coef 0
     assert (r / "eval" / "onpolicy" / contract.EVAL_FILES["summary"]).is_file()
+
+
+def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replicate(workdir, dry_run):
+    """Every family x variant x seed is one train_family_run job; each family one report_family."""
+    out = snakemake(workdir, "-n", "--configfile", "config/config.yaml", "config/study.yaml").stdout
+    jobs = dry_run.jobs(out)
+    runs = {(j["wildcards"]["family"], j["wildcards"]["fvariant"], j["wildcards"]["fseed"])
+            for j in jobs if j["rule"] == "train_family_run"}
+    from rlpipe.config import active_families, family_pipeline, load_config
+    cfg = load_config(workdir / "config/config.yaml")
+    expected = {(f, v, str(s)) for f in cfg.families for v in family_pipeline(cfg, f).variants for s in (0, 1, 2)}
+    assert runs == expected
+    assert {j["wildcards"]["family"] for j in jobs if j["rule"] == "report_family"} == set(cfg.families)
+    assert active_families(cfg) == []  # the default run includes none
+    assert "train_family_run" not in dry_run.rules(
+        snakemake(workdir, "-n", "--configfile", "config/config.yaml").stdout)

@@ -23,6 +23,9 @@ COMMANDS = {
     "aggregate": ("rlpipe.analysis.aggregate", "main"),
     "plot": ("rlpipe.analysis.plots", "main"),
     "math-report": ("rlpipe.analysis.math_report", "main"),
+    "family-report": ("rlpipe.analysis.families", "main"),
+    "toy-sort": ("rlpipe.tasks.sorting.experiment", "main"),
+    "toy-sort-report": ("rlpipe.analysis.toy_sort", "main"),
     "schema": ("rlpipe.cli", "schema_main"),
 }
 BENCHES = {"sampler": "rlpipe.bench.sampler", "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl"}

@@ -370,6 +370,18 @@ class WorkflowConfig(_Section):
         description="Tracks to run: 'keyword' (seed 000: data, base model, variants, benchmarks) and 'math' "
                     "(seeds 001/004: the math section).")
 
+    families: list[str] | None = Field(
+        None, description="Experiment families to run (names of the families table); null: every family whose "
+                          "track is on. An overlay selects a few with a list, or none with [].")
+    family_threads: int = Field(
+        1, ge=1, description="Snakemake threads per family replicate job. 1 on the 2-core default: two replicates "
+        "train at once (their timings are then flagged contended and draw no conclusion; families compare "
+        "learning, the systems variants compare speed on a machine of their own).")
+    toy_sort_seeds: list[Annotated[int, Field(ge=0)]] = Field(
+        [5, 6, 7], description="Seeds of seed 003's toy-sorting grid (delta modes x loss modes; `rlpipe toy-sort`); "
+                               "[] skips it.")
+    toy_sort_epochs: int | None = Field(
+        None, ge=1, description="Epochs per toy-sorting run (null: seed 003's 100).")
     results_dir: str = Field("results", min_length=1, description="Where every output goes.")
     gpus_per_colocated: int = Field(0, ge=0, description="GPUs a colocated variant declares (0 on a CPU config).")
     gpus_per_disaggregated: int = Field(0, ge=0, description="GPUs a disaggregated variant declares.")
@@ -447,6 +459,44 @@ class MathTrackConfig(_Section):
         None, ge=1, description="Max new tokens in `rlpipe eval`; default: the math runs' sampling_max_tokens.")
 
 
+class FamilyConfig(_Section):
+    """One experiment family (project issue 12): variants of one track's GRPO run, each replicated
+    over seeds. ``rlpipe.config.family_pipeline`` derives the family's own pipeline config (the
+    track's, with ``train`` = the track's train settings + ``base``, ``variants`` = this table); the
+    workflow runs family x variant x seed as one ``rlpipe train`` job each, and ``rlpipe
+    family-report`` writes the family's report section from this metadata alone (no variant name is
+    special)."""
+
+    track: Literal["keyword", "math"] = Field(
+        "math", description="Whose task, base model and train settings the runs start from: 'keyword' "
+                            "(the train section) or 'math' (train + math.train). Skipped when the track is "
+                            "not in workflow.tracks.")
+    question: str = Field(
+        "", description="The seed problem the family answers (shown at the top of its report section).")
+    base: dict[str, Any] = Field(
+        {}, description="Overrides of the track's train settings shared by every variant (dotted keys allowed).")
+    variants: dict[str, dict[str, Any] | None] = Field(
+        ..., min_length=1, description="Variant name -> overrides of base (null drops one). The first is the "
+                                       "reference unless `reference` names another.")
+    reference: str | None = Field(
+        None, description="Variant every other one is compared against (default: the first).")
+    replicates: int = Field(
+        1, ge=1, le=64, description="Seeds per variant: train.seed, train.seed + 1, ... (confidence intervals "
+                                    "need >= 2; with 1 the report calls every difference unreplicated).")
+    x: str | None = Field(
+        None, description="Dotted train key that orders the variants along an axis (a sweep, e.g. "
+                          "learning_rate): the report then plots final reward against it.")
+
+    @model_validator(mode="after")
+    def check_cross_fields(self) -> FamilyConfig:
+        kept = [k for k, v in self.variants.items() if v is not None]
+        if not kept:
+            raise _Invalid("@variants: every variant is null; a family needs at least one")
+        if self.reference is not None and self.reference not in kept:
+            raise _Invalid(f"@reference '{self.reference}' is not one of the variants ({', '.join(kept)})")
+        return self
+
+
 class PipelineConfig(_Section):
     """A whole pipeline config: one section per stage plus the variants table."""
 
@@ -460,7 +510,11 @@ class PipelineConfig(_Section):
     math: MathTrackConfig = Field(default_factory=MathTrackConfig, description="The MATH track.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Live monitoring.")
     variants: dict[str, dict[str, Any]] = Field(
-        {}, description="Variant name -> overrides of train (dotted keys allowed).")
+        {}, description="Variant name -> overrides of train (dotted keys allowed): seed 000's systems "
+                        "comparison (results/runs/<variant>).")
+    families: dict[str, FamilyConfig | None] = Field(
+        {}, description="Experiment families (issue 12): name -> a replicated family of variants with its own "
+                        "report section (results/families/<name>/). null drops one.")
 
 
 # --------------------------------------------------------------------------- errors
@@ -599,15 +653,32 @@ def parse_config(data: dict[str, Any]) -> PipelineConfig:
         raise ConfigError(f"the config must be a mapping, got {type(data).__name__}")
     if isinstance(data.get("variants"), dict):
         data = dict(data, variants={k: v for k, v in data["variants"].items() if v is not None})
+    if isinstance(data.get("families"), dict):
+        data = dict(data, families={k: v for k, v in data["families"].items() if v is not None})
     cfg = from_dict(PipelineConfig, data)
+    _check_names(cfg)
     for name in cfg.variants:
         resolve_variant(cfg, name)
     if MATH_TRACK in cfg.workflow.tracks:
         math_pipeline(cfg)
+    for name in active_families(cfg):
+        family_pipeline(cfg, name)
     return cfg
 
 
 MATH_PREFIX = "math"
+#: Variant and family names become directory names and Snakemake wildcard values.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def _check_names(cfg: PipelineConfig) -> None:
+    tables = {"variants": cfg.variants, "math.variants": cfg.math.variants, "families": cfg.families}
+    tables.update({f"families.{k}.variants": f.variants for k, f in cfg.families.items() if f is not None})
+    for where, table in tables.items():
+        for name in table:
+            if not NAME_PATTERN.fullmatch(name):
+                raise ConfigError(f"{where}: name '{name}' must be letters, digits, '_' or '-' (it names a "
+                                  "directory and a workflow wildcard)")
 
 
 def math_pipeline(cfg: PipelineConfig) -> PipelineConfig:
@@ -632,6 +703,59 @@ def math_pipeline(cfg: PipelineConfig) -> PipelineConfig:
         except ConfigError as e:
             raise ConfigError(re.sub(r"(?<![\w.])variants\.", f"{MATH_PREFIX}.variants.", str(e))) from None
     return out
+
+
+FAMILIES_PREFIX = "families"
+
+
+def active_families(cfg: PipelineConfig) -> list[str]:
+    """The families to run: those selected by ``workflow.families`` (all when null) whose track is
+    switched on (``workflow.tracks``), in config order."""
+    chosen = cfg.workflow.families
+    if chosen is not None:
+        unknown = [f for f in chosen if f not in cfg.families or cfg.families[f] is None]
+        if unknown:
+            raise ConfigError(f"workflow.families: unknown family '{unknown[0]}'; configured families: "
+                              f"{', '.join(k for k, f in cfg.families.items() if f is not None) or '(none)'}")
+    return [k for k, f in cfg.families.items()
+            if f is not None and f.track in cfg.workflow.tracks and (chosen is None or k in chosen)]
+
+
+def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
+    """Family ``name`` as a pipeline config of its own: its track's pipeline (``cfg`` itself, or
+    ``math_pipeline(cfg)``) with ``train`` = that track's train settings + ``families.<name>.base``
+    and ``variants`` = the family's variants (null entries dropped). ``rlpipe train --variant V
+    --seed S`` then runs one replicate unchanged. Errors name the ``families.<name>.*`` key."""
+    if name not in cfg.families or cfg.families[name] is None:
+        raise ConfigError(f"unknown family '{name}'; configured families: {', '.join(cfg.families) or '(none)'}")
+    fam, prefix = cfg.families[name], f"{FAMILIES_PREFIX}.{name}"
+    track = math_pipeline(cfg) if fam.track == MATH_TRACK else cfg
+    try:
+        train = apply_overrides(to_dict(track.train), fam.base)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}.base: {e}") from None
+    from_dict(TrainConfig, train, f"{prefix}.base")
+    data = dict(to_dict(track), train=train, families={},
+                variants={k: v or {} for k, v in fam.variants.items() if v is not None})
+    out = from_dict(PipelineConfig, data)
+    for variant in out.variants:
+        try:
+            resolve_variant(out, variant)
+        except ConfigError as e:
+            raise ConfigError(re.sub(r"(?<![\w.])variants\.", f"{prefix}.variants.", str(e))) from None
+    return out
+
+
+def family_reference(cfg: PipelineConfig, name: str) -> str:
+    """The variant family ``name`` compares every other one against."""
+    fam = cfg.families[name]
+    return fam.reference or next(k for k, v in fam.variants.items() if v is not None)
+
+
+def family_seeds(cfg: PipelineConfig, name: str) -> list[int]:
+    """Replicate seeds of family ``name``: its resolved train.seed, then the next ``replicates - 1``."""
+    first = family_pipeline(cfg, name).train.seed
+    return [first + i for i in range(cfg.families[name].replicates)]
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:

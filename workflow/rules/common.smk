@@ -37,6 +37,10 @@ from rlpipe.config import (
     KEYWORD_TRACK,
     MATH_TRACK,
     ConfigError,
+    active_families,
+    family_pipeline,
+    family_reference,
+    family_seeds,
     math_pipeline,
     parse_config,
     resolve_variant,
@@ -47,6 +51,7 @@ from rlpipe.config import (
 # An overlay config (`--configfile config/smoke.yaml`) switches a variant of the base table off with
 # `name: null`: Snakemake merges config files key by key, so it could not remove a key otherwise.
 config["variants"] = {k: v for k, v in (config.get("variants") or {}).items() if v is not None}
+config["families"] = {k: v for k, v in (config.get("families") or {}).items() if v is not None}
 
 try:
     CFG = parse_config(config)
@@ -75,6 +80,13 @@ CONFIG_FILE = write_resolved("pipeline", CFG)
 MATH_CFG = math_pipeline(CFG) if MATH_ON else None
 MATH_CONFIG_FILE = write_resolved("math", MATH_CFG) if MATH_ON else None
 MATH_VARIANTS = list(MATH_CFG.variants) if MATH_ON else []
+# Experiment families (issue 12): each runs on a pipeline config of its own (rlpipe.config.family_pipeline:
+# its track's, with the family's base and variants), written like the others; FAMILIES = those whose
+# track is on.
+FAMILIES = active_families(CFG)
+FAMILY_CFG = {f: family_pipeline(CFG, f) for f in FAMILIES}
+FAMILY_CONFIG_FILES = {f: write_resolved(f"family-{f}", c) for f, c in FAMILY_CFG.items()}
+FAMILY_SEEDS = {f: family_seeds(CFG, f) for f in FAMILIES}
 
 
 def _check_math_paths() -> None:
@@ -97,12 +109,17 @@ if MATH_ON:
 from rlpipe.analysis.contract import (
     CHECKPOINT_FILE,
     EVAL_FILES,
+    FAMILY_REPORT_DIR,
+    FAMILY_REPORT_FILES,
     FIGURES,
     MATH_REPORT_FILES,
+    TOY_SORT_DATA,
+    TOY_SORT_FILES,
     RUN_FILES,
     SUMMARY_FILES,
     SUMMARY_REPORT_FILES,
     Figure,
+    family_run_dir,
     figure_file,
 )
 
@@ -220,6 +237,9 @@ def figure_path(kind: str) -> str:
 
 def all_targets() -> list:
     targets = math_targets() if MATH_ON else []
+    targets += family_targets()
+    if CFG.workflow.toy_sort_seeds:
+        targets += [res("toy_sort", f) for f in TOY_SORT_FILES.values()]
     if not KEYWORD_ON:
         return targets
     targets += [res("summary", f) for f in SUMMARY_FILES.values()]
@@ -236,6 +256,9 @@ wildcard_constraints:
     variant="|".join(re.escape(v) for v in VARIANTS) or "(?!)",
     math_variant="|".join(re.escape(v) for v in MATH_VARIANTS) or "(?!)",
     math_model="|".join(re.escape(v) for v in ["base", *MATH_VARIANTS]),
+    family="|".join(re.escape(f) for f in FAMILIES) or "(?!)",
+    fvariant="|".join(sorted({re.escape(v) for c in FAMILY_CFG.values() for v in c.variants})) or "(?!)",
+    fseed=r"\d+",
 
 
 # --------------------------------------------------------------------------- the MATH track
@@ -311,3 +334,76 @@ def math_targets() -> list:
     targets = [math_res("report", f) for f in MATH_REPORT_FILES.values()]
     targets += [math_res("runs", v, f) for v in MATH_VARIANTS for f in RUN_FILES.values()]
     return targets
+
+
+# --------------------------------------------------------------------------- experiment families
+# results/families/<family>/runs/<variant>/seed<seed>/ (RUN_FILES, one `rlpipe train` job each) and
+# results/families/<family>/report/ (`rlpipe family-report`, one report section per family).
+# A keyword-track family trains from the keyword base model and dataset, a math-track family from
+# the MATH track's (generated or local) ones.
+
+
+def family_res(family: str, *parts: str) -> str:
+    return res("families", family, *parts)
+
+
+def family_run_outputs(family: str, variant: str, seed) -> dict:
+    d = family_res(family, family_run_dir(variant, seed))
+    return {k: f"{d}/{f}" for k, f in RUN_FILES.items()}
+
+
+def family_runs(family: str) -> list:
+    """(variant, seed) of every replicate of the family."""
+    return [(v, s) for v in FAMILY_CFG[family].variants for s in FAMILY_SEEDS[family]]
+
+
+def _family_math(family: str) -> bool:
+    return CFG.families[family].track == MATH_TRACK
+
+
+def family_train_inputs(wildcards) -> dict:
+    f = wildcards.family
+    if _family_math(f):
+        return {"base": math_base_inputs(), "dataset": math_dataset_inputs(), "tests": tests_done()}
+    inputs = {"base": res("base", "model.pt"), "tests": tests_done()}
+    if FAMILY_CFG[f].train.task == "keyword_inclusion":
+        inputs["dataset"] = res("data", "keywords", "train.jsonl")
+    return inputs
+
+
+def family_base(wildcards) -> str:
+    return math_base() if _family_math(wildcards.family) else res("base", "model.pt")
+
+
+def family_dataset_arg(wildcards) -> str:
+    f = wildcards.family
+    if _family_math(f):
+        return f"--dataset {math_dataset_dir()}"
+    if FAMILY_CFG[f].train.task == "keyword_inclusion":
+        return f"--dataset {res('data', 'keywords')}"
+    return ""
+
+
+def family_variant_train(wildcards) -> str:
+    """The replicate's resolved train settings (a params value: a change reruns exactly it)."""
+    train = resolve_variant(FAMILY_CFG[wildcards.family], wildcards.fvariant)
+    return canonical(dict(to_dict(train), seed=int(wildcards.fseed)))
+
+
+def family_resume_mode(wildcards) -> str:
+    outs = family_run_outputs(wildcards.family, wildcards.fvariant, wildcards.fseed).values()
+    return "never" if forced("train_family_run", outs) else "auto"
+
+
+def family_targets() -> list:
+    targets = [family_res(f, FAMILY_REPORT_DIR, name) for f in FAMILIES for name in FAMILY_REPORT_FILES.values()]
+    targets += [p for f in FAMILIES for v, s in family_runs(f) for p in family_run_outputs(f, v, s).values()]
+    return targets
+
+
+def family_report_inputs(wildcards) -> dict:
+    f = wildcards.family
+    runs = family_runs(f)
+    return {"metrics": [family_run_outputs(f, v, s)["metrics"] for v, s in runs],
+            "info": [family_run_outputs(f, v, s)["info"] for v, s in runs],
+            "code": [module_file("rlpipe.analysis.families"), module_file("rlpipe.analysis.stats")]}

@@ -247,3 +247,66 @@ MATH_REPORT_FILES = MappingProxyType({
 #: categories, or null), ``evals`` (every eval by label), ``runs`` (per run label: validation
 #: points and initial/final/best answer reward), ``notes`` (what was missing and what stood in).
 MATH_JSON_KEYS = ("base", "evals", "runs", "notes")
+
+
+# --------------------------------------------------------------------------- experiment families
+
+#: results/families/<family>/: ``runs/<variant>/seed<seed>/`` (RUN_FILES, one replicate each) and
+#: ``report/`` (``rlpipe family-report``).
+FAMILY_RUNS_DIR = "runs"
+FAMILY_REPORT_DIR = "report"
+
+
+def family_run_dir(variant: str, seed: int) -> str:
+    """A replicate's run directory, relative to results/families/<family>/."""
+    return f"{FAMILY_RUNS_DIR}/{variant}/seed{seed}"
+
+
+#: ``rlpipe family-report --out DIR``: one family's report section, by key. ``curves``: validation
+#: reward vs step and vs wall time (mean and 95% band over seeds; final reward vs the family's
+#: ``x`` when it has one); ``health``: the GRPO health signals vs step; ``discussion``: the table and
+#: the computed discussion; ``table``: one row per variant (FAMILY_TABLE_COLUMNS); ``numbers``:
+#: every number the discussion states (FAMILY_JSON_KEYS).
+FAMILY_REPORT_FILES = MappingProxyType({
+    "curves": "curves.png",
+    "health": "health.png",
+    "discussion": "discussion.html",
+    "table": "summary.csv",
+    "numbers": "family.json",
+})
+#: family summary.csv: per variant, each replicate statistic as ``<stat>_mean``, ``<stat>_ci``
+#: (95% half-width, NaN with one replicate) and ``<stat>_n``, for FAMILY_STATS.
+FAMILY_STATS = ("val_reward_initial", "val_reward_final", "val_reward_best", "val_answer_final",
+                "samples_per_s", "wall_time_s", "share_generate", "share_update")
+FAMILY_TABLE_COLUMNS = ("variant", "x", "replicates", "diverged", "contended",
+                        *(f"{s}_{p}" for s in FAMILY_STATS for p in ("mean", "ci", "n")))
+#: family.json top-level keys: ``family``, ``question``, ``reference``, ``x``, ``replicates``
+#: (configured), ``variants`` (per variant: every FAMILY_STATS mean/ci/n, x, diverged, contended),
+#: ``comparisons`` (per non-reference variant: final-reward and samples/s differences with their
+#: intervals and verdicts), ``sentences`` (the discussion), ``notes`` (missing data).
+FAMILY_JSON_KEYS = ("family", "question", "reference", "x", "replicates", "variants", "comparisons",
+                    "sentences", "notes")
+#: The GRPO health signals the family figure draws (seeds 001/004 ask for comments on them).
+HEALTH_COLUMNS = MappingProxyType({
+    "policy/entropy": "entropy (nats/token)",
+    "response/length_mean": "response length (tokens)",
+    "optim/grad_norm": "grad norm (before clipping)",
+    "loss/clip_frac": "clip fraction",
+    "reward/zero_std_frac": "zero-std group fraction",
+    "kl/ref_k3": "KL to reference (k3)",
+    "reward/format_mean": "train format reward",
+    "reward/answer_mean": "train answer reward",
+})
+
+#: ``rlpipe toy-sort --out DIR`` (seed 003's delta x loss grid, ``rlpipe.tasks.sorting.experiment``):
+#: ``curves`` (loss, delta, seed, epoch, reward) and ``finals`` (loss, delta, seed, expected_reward).
+TOY_SORT_DATA = MappingProxyType({
+    "curves": "curves.parquet",
+    "finals": "finals.parquet",
+})
+#: ``rlpipe toy-sort-report --dir DIR`` (``rlpipe.analysis.toy_sort``), beside the data.
+TOY_SORT_FILES = MappingProxyType({
+    "curves": "curves.png",
+    "table_csv": "table.csv",
+    "table_html": "table.html",
+})

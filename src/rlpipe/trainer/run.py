@@ -198,9 +198,13 @@ def _actor_threads(per_actor: int, job_threads: int, disagg: bool) -> int:
 
 
 def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | None,
-        threads: int | None = None, resume: str = "never") -> dict:
+        threads: int | None = None, resume: str = "never", seed: int | None = None) -> dict:
     cfg = load_config(config_path)
     train_cfg = resolve_variant(cfg, variant)
+    if seed is not None:  # one replicate of an experiment family (rlpipe.config.family_seeds)
+        if seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {seed}")
+        train_cfg = train_cfg.model_copy(update={"seed": seed})
     # absolute: actors on a Ray cluster run in another working directory
     base, dataset = os.path.abspath(base), (os.path.abspath(dataset) if dataset else None)
     tokenizer = _check_inputs(train_cfg, base, dataset)
@@ -285,12 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", required=True, help="base model: an rlpipe checkpoint or a local HF model directory")
     p.add_argument("--dataset", default=None, help="keyword dataset directory")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for this job (torch + Ray)")
+    p.add_argument("--seed", type=int, default=None, help="override train.seed (a replicate of a family)")
     p.add_argument("--resume", nargs="?", const="always", default="never", choices=("auto", "never", "always"),
                    help="auto: continue <out>/checkpoints/last.pt iff it is an unfinished run of the same "
                         "settings, else start afresh; always (bare --resume): continue or fail; never (default)")
     a = p.parse_args(argv)
     try:
-        info = run(a.config, a.variant, a.out, a.base, a.dataset, a.threads, a.resume)
+        info = run(a.config, a.variant, a.out, a.base, a.dataset, a.threads, a.resume, a.seed)
     except (ConfigError, FileNotFoundError, ResumeError, InputError, CheckpointError, RunLockedError) as e:
         p.error(str(e))  # bad input: usage error, exit status 2, nothing started
     except (ActorFailure, TrainingDiverged, WeightSyncError, io.OutputWriteError) as e:

@@ -1,0 +1,417 @@
+"""``rlpipe family-report``: one experiment family's report section, computed from its replicates.
+
+A family (``rlpipe.config.FamilyConfig``, project issue 12) is a set of variants of one GRPO run,
+each trained on ``replicates`` seeds. This module reads every replicate's run directory and writes
+``results/families/<family>/report/`` (``rlpipe.analysis.contract.FAMILY_REPORT_FILES``):
+
+- ``curves.png``: validation reward vs optimizer step and vs wall time, the mean over seeds with its
+  95% band; with a sweep axis (``x``), the final reward against it.
+- ``health.png``: the GRPO health signals (``contract.HEALTH_COLUMNS``: entropy, response length,
+  grad norm, clip fraction, zero-std fraction, KL, format and answer reward) vs step, seed means.
+- ``discussion.html``, ``summary.csv``, ``family.json``: the per-variant table (mean ± CI) and a
+  discussion whose every sentence is computed from it.
+
+Nothing here knows a variant's name: the reference is the family's, the sweep axis is its ``x``.
+
+Honesty rules (issue 12), all computed:
+
+- A difference between two variants is a finding only when its Welch 95% interval excludes 0
+  (``rlpipe.analysis.stats``). With one replicate there is no such interval: the difference is
+  called unreplicated and set against the validation sampling noise (binomial, ``val_size``
+  prompts), a lower bound on seed-to-seed noise, and is never called a finding.
+- A timing comparison draws no conclusion when any run in it was contended (its ``run_info``
+  conditions, ``rlpipe.trainer.conditions``).
+- A variant "diverged" when its run did not finish, or its final validation reward fell below its
+  initial one by more than the validation noise.
+
+Departure from the seeds: seeds 001/004 ask for curves and 2-5 sentences per experiment; they do
+not ask for replicates or intervals. The sentences here are templates filled with measured
+numbers, so they stay true when the numbers change; the judgement a human writeup adds is left to
+the reader, with the numbers to make it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on workers; must precede pyplot
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from rlpipe import io
+from rlpipe.analysis import contract
+from rlpipe.analysis.aggregate import AggregateError, RunData, load_run, run_row
+from rlpipe.analysis.frames import col, last_valid
+from rlpipe.analysis.stats import MeanCI, binomial_half_width, mean_ci, welch_difference
+from rlpipe.config import ConfigError, family_pipeline, family_reference, load_config, resolve_variant
+
+VAL = "reward/val_mean"
+SMOOTH_STEPS = 5  # rolling window of the per-step health signals (train-batch noise)
+
+
+@dataclass
+class Replicate:
+    variant: str
+    seed: int
+    run: RunData
+    row: dict
+
+
+@dataclass
+class Family:
+    name: str
+    question: str
+    reference: str
+    variants: list[str]
+    replicates: int
+    x: str | None = None
+    x_values: dict[str, object] = field(default_factory=dict)
+    val_size: dict[str, int] = field(default_factory=dict)
+    runs: list[Replicate] = field(default_factory=list)
+
+    def of(self, variant: str) -> list[Replicate]:
+        return [r for r in self.runs if r.variant == variant]
+
+
+def _dotted(data: dict, key: str):
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def load_family(config: str, name: str, runs: list[tuple[str, int, str]]) -> Family:
+    """The family's metadata from the pipeline config and its replicates' run directories
+    (``runs``: (variant, seed, directory) triples)."""
+    cfg = load_config(config)
+    fp = family_pipeline(cfg, name)
+    fam_cfg = cfg.families[name]
+    fam = Family(name=name, question=fam_cfg.question, reference=family_reference(cfg, name),
+                 variants=list(fp.variants), replicates=fam_cfg.replicates, x=fam_cfg.x)
+    for v in fam.variants:
+        train = resolve_variant(fp, v).model_dump()
+        fam.val_size[v] = int(train["val_size"])
+        if fam.x:
+            fam.x_values[v] = _dotted(train, fam.x)
+    for variant, seed, directory in runs:
+        if variant not in fam.variants:
+            raise ConfigError(f"families.{name}: run {directory} is of variant '{variant}', not in the family "
+                              f"({', '.join(fam.variants)})")
+        run = load_run(directory, variant)
+        row = run_row(run)
+        row["val_answer_final"] = last_valid(col(run.metrics, "reward/val_answer_mean"))
+        fam.runs.append(Replicate(variant, seed, run, row))
+    return fam
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def stat(fam: Family, variant: str, key: str) -> MeanCI:
+    return mean_ci(r.row.get(key, math.nan) for r in fam.of(variant))
+
+
+def noise(fam: Family, variant: str) -> float:
+    """Validation sampling noise (95% half-width) of one run's final reward."""
+    return binomial_half_width(stat(fam, variant, "val_reward_final").mean, fam.val_size.get(variant, 0))
+
+
+def diverged(fam: Family, rep: Replicate) -> bool:
+    r = rep.row
+    if not r.get("finished", False):
+        return True
+    init, final = r.get("val_reward_initial", math.nan), r.get("val_reward_final", math.nan)
+    if not (math.isfinite(init) and math.isfinite(final)):
+        return False
+    return final < init - binomial_half_width(init, fam.val_size.get(rep.variant, 0))
+
+
+def variant_numbers(fam: Family, variant: str) -> dict:
+    reps = fam.of(variant)
+    out: dict = {"replicates": len(reps), "x": fam.x_values.get(variant),
+                 "diverged": sum(diverged(fam, r) for r in reps),
+                 "contended": sum(bool(r.row.get("contended")) for r in reps)}
+    for key in contract.FAMILY_STATS:
+        s = stat(fam, variant, key)
+        out.update({f"{key}_mean": s.mean, f"{key}_ci": s.half, f"{key}_n": s.n})
+    return out
+
+
+def comparison(fam: Family, variant: str) -> dict:
+    """``variant`` against the reference: final reward and samples/s, with verdicts."""
+    ref = fam.reference
+
+    def values(v: str, key: str) -> list[float]:
+        return [r.row.get(key, math.nan) for r in fam.of(v)]
+
+    reward = welch_difference(values(ref, "val_reward_final"), values(variant, "val_reward_final"))
+    speed = welch_difference(values(ref, "samples_per_s"), values(variant, "samples_per_s"))
+    ref_speed = stat(fam, ref, "samples_per_s").mean
+    contended = any(r.row.get("contended") for v in (ref, variant) for r in fam.of(v))
+    band = max(noise(fam, ref), noise(fam, variant))
+    if reward.decided:
+        verdict = "exceeds the 95% interval" if reward.exceeds else "within replicate noise"
+    else:
+        verdict = "unreplicated"
+    return {"variant": variant, "reward_diff": reward.diff, "reward_ci": reward.half, "reward_verdict": verdict,
+            "val_noise": band, "speed_ratio": (ref_speed + speed.diff) / ref_speed if ref_speed else math.nan,
+            "speed_diff": speed.diff, "speed_ci": speed.half,
+            "speed_verdict": ("contended: no conclusion" if contended else
+                              "exceeds the 95% interval" if speed.exceeds else
+                              "within replicate noise" if speed.decided else "unreplicated")}
+
+
+# --------------------------------------------------------------------------- sentences
+
+
+def _signed(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{x:+.3f}"
+
+
+def reward_sentences(fam: Family, comps: list[dict]) -> list[str]:
+    finals = {v: stat(fam, v, "val_reward_final") for v in fam.variants}
+    ranked = sorted((v for v in fam.variants if finals[v].n), key=lambda v: -finals[v].mean)
+    out = ["Final validation reward (mean ± 95% CI over seeds): "
+           + "; ".join(f"{v} {finals[v].fmt()}" for v in ranked) + "."]
+    for c in comps:
+        v = c["variant"]
+        if c["reward_verdict"] == "unreplicated":
+            size = "larger" if abs(c["reward_diff"]) > c["val_noise"] else "no larger"
+            out.append(f"{v} vs {fam.reference}: {_signed(c['reward_diff'])}, unreplicated, so not a finding: it is "
+                       f"{size} than the validation sampling noise alone (±{c['val_noise']:.3f}), which "
+                       "understates the seed-to-seed noise.")
+        else:
+            lo, hi = c["reward_diff"] - c["reward_ci"], c["reward_diff"] + c["reward_ci"]
+            out.append(f"{v} vs {fam.reference}: {_signed(c['reward_diff'])} [{lo:+.3f}, {hi:+.3f}], "
+                       f"{c['reward_verdict']}.")
+    div = {v: n for v in fam.variants if (n := sum(diverged(fam, r) for r in fam.of(v)))}
+    if div:
+        out.append("Diverged (did not finish, or ended below its initial reward beyond validation noise): "
+                   + ", ".join(f"{v} ({n}/{len(fam.of(v))} seeds)" for v, n in div.items()) + ".")
+    if fam.x and len(ranked) > 1:
+        out.append(f"Along {fam.x}, the best final reward is at {fam.x}={fam.x_values.get(ranked[0])} "
+                   f"({ranked[0]}), the worst at {fam.x}={fam.x_values.get(ranked[-1])} ({ranked[-1]}).")
+    return out
+
+
+def _start_end(fam: Family, variant: str, column: str) -> tuple[float, float]:
+    """Seed-mean of a signal over the first and the last fifth of the run's steps."""
+    starts, ends = [], []
+    for r in fam.of(variant):
+        s = col(r.run.metrics[r.run.metrics["step"] >= 1], column).dropna()
+        if len(s):
+            k = max(1, len(s) // 5)
+            starts.append(float(s.iloc[:k].mean()))
+            ends.append(float(s.iloc[-k:].mean()))
+    return mean_ci(starts).mean, mean_ci(ends).mean
+
+
+def health_sentences(fam: Family) -> list[str]:
+    out = []
+    for column, label in (("policy/entropy", "Entropy"), ("response/length_mean", "Response length"),
+                          ("loss/clip_frac", "Clip fraction"), ("optim/grad_norm", "Grad norm")):
+        parts = []
+        for v in fam.variants:
+            a, b = _start_end(fam, v, column)
+            if math.isfinite(a) and math.isfinite(b):
+                parts.append(f"{v} {a:.3g}→{b:.3g}")
+        if parts:
+            out.append(f"{label}, first → last fifth of steps: " + ", ".join(parts) + ".")
+    return out
+
+
+def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
+    if not comps:
+        return []
+    parts = []
+    for c in comps:
+        ratio = f"{c['speed_ratio']:.2f}x" if math.isfinite(c["speed_ratio"]) else "n/a"
+        parts.append(f"{c['variant']} {ratio} ({c['speed_verdict']})")
+    return [f"Samples/s relative to {fam.reference}: " + "; ".join(parts) + "."]
+
+
+def discussion(fam: Family) -> tuple[list[dict], list[str]]:
+    comps = [comparison(fam, v) for v in fam.variants if v != fam.reference and fam.of(v)]
+    sentences = reward_sentences(fam, comps) + health_sentences(fam) + speed_sentences(fam, comps)
+    return comps, sentences
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _band(fam: Family, variant: str, column: str, smooth: int = 1) -> pd.DataFrame:
+    """Per step: the seed mean of ``column``, its 95% half-width, and the mean wall time."""
+    frames = []
+    for r in fam.of(variant):
+        m = r.run.metrics
+        d = pd.DataFrame({"step": m["step"], "y": col(m, column), "t": col(m, "wall_time")}).dropna(subset=["y"])
+        if smooth > 1:
+            d["y"] = d["y"].rolling(smooth, min_periods=1).mean()
+        frames.append(d.assign(seed=r.seed))
+    if not frames:
+        return pd.DataFrame(columns=["step", "mean", "half", "t"])
+    d = pd.concat(frames)
+    rows = [(step, mean_ci(g["y"]), g["t"].mean()) for step, g in d.groupby("step")]
+    return pd.DataFrame({"step": [s for s, _, _ in rows], "mean": [c.mean for _, c, _ in rows],
+                         "half": [c.half for _, c, _ in rows], "t": [t for _, _, t in rows]})
+
+
+def _draw(ax, d: pd.DataFrame, x: str, color, label: str, marker: str | None = None) -> None:
+    ax.plot(d[x], d["mean"], color=color, label=label, marker=marker, ms=3)
+    band = d.dropna(subset=["half"])
+    if len(band):
+        ax.fill_between(band[x], band["mean"] - band["half"], band["mean"] + band["half"], color=color, alpha=0.2)
+
+
+def _no_data(ax, why: str, notes: list[str]) -> None:
+    ax.set_facecolor("#f2f2f2")
+    ax.text(0.5, 0.5, f"no data:\n{why}", ha="center", va="center", transform=ax.transAxes, fontsize=9,
+            color="#555555", wrap=True)
+    notes.append(why)
+
+
+def draw_curves(fam: Family, out: str | Path, notes: list[str]) -> None:
+    panels = 3 if fam.x else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
+    try:
+        for i, v in enumerate(fam.variants):
+            d = _band(fam, v, VAL)
+            if len(d):
+                _draw(axes[0], d, "step", f"C{i % 10}", f"{v} (n={len(fam.of(v))})", "o")
+                _draw(axes[1], d, "t", f"C{i % 10}", v, "o")
+        axes[0].set(title=f"{fam.name}: validation reward", xlabel="optimizer step", ylabel="mean reward")
+        axes[1].set(title="vs wall-clock time", xlabel="seconds", ylabel="mean reward")
+        if not axes[0].lines:
+            for ax in axes[:2]:
+                _no_data(ax, f"no run of {fam.name} logged {VAL}", notes)
+        else:
+            axes[0].legend(fontsize=7)
+        if fam.x:
+            _draw_sweep(fam, axes[2], notes)
+        _save(fig, out)
+    finally:
+        plt.close(fig)
+
+
+def _draw_sweep(fam: Family, ax, notes: list[str]) -> None:
+    pts = [(fam.x_values[v], stat(fam, v, "val_reward_final"), v) for v in fam.variants
+           if isinstance(fam.x_values.get(v), (int, float)) and stat(fam, v, "val_reward_final").n]
+    if not pts:
+        _no_data(ax, f"no numeric {fam.x} with a final reward", notes)
+        return
+    pts.sort(key=lambda p: p[0])
+    xs = [p[0] for p in pts]
+    ax.errorbar(xs, [p[1].mean for p in pts], yerr=[0 if math.isnan(p[1].half) else p[1].half for p in pts],
+                marker="o", capsize=3)
+    if min(xs) > 0 and max(xs) / min(xs) >= 10:
+        ax.set_xscale("log")
+    ax.set(title=f"final reward vs {fam.x}", xlabel=fam.x, ylabel="final validation reward")
+
+
+def draw_health(fam: Family, out: str | Path, notes: list[str]) -> None:
+    columns = list(contract.HEALTH_COLUMNS.items())
+    fig, axes = plt.subplots(2, (len(columns) + 1) // 2, figsize=(4.2 * ((len(columns) + 1) // 2), 7))
+    try:
+        for ax, (column, label) in zip(axes.flat, columns, strict=False):
+            for i, v in enumerate(fam.variants):
+                d = _band(fam, v, column, SMOOTH_STEPS)
+                d = d[d["step"] >= 1]
+                if len(d):
+                    _draw(ax, d, "step", f"C{i % 10}", v)
+            ax.set(title=label, xlabel="optimizer step")
+            if not ax.lines:
+                _no_data(ax, f"{column} not logged by {fam.name}'s runs", notes)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="upper right", fontsize=7)
+        _save(fig, out)
+    finally:
+        plt.close(fig)
+
+
+def _save(fig, out: str | Path) -> None:
+    fig.tight_layout()
+    with io.atomic_path(out, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def table(fam: Family) -> pd.DataFrame:
+    rows = [{"variant": v, **variant_numbers(fam, v)} for v in fam.variants]
+    return pd.DataFrame(rows, columns=list(contract.FAMILY_TABLE_COLUMNS))
+
+
+def _cell(row: pd.Series, key: str, spec: str) -> str:
+    return MeanCI(row[f"{key}_mean"], row[f"{key}_ci"], int(row[f"{key}_n"])).fmt(spec)
+
+
+def page(fam: Family, tab: pd.DataFrame, sentences: list[str], notes: list[str]) -> str:
+    head = ["variant", *([fam.x] if fam.x else []), "seeds", "final val reward", "best val reward",
+            "samples/s", "diverged", "contended"]
+    body = []
+    for _, r in tab.iterrows():
+        cells = [r["variant"] + (" (reference)" if r["variant"] == fam.reference else ""),
+                 *([str(r["x"])] if fam.x else []), str(r["replicates"]), _cell(r, "val_reward_final", ".3f"),
+                 _cell(r, "val_reward_best", ".3f"), _cell(r, "samples_per_s", ".1f"), str(r["diverged"]),
+                 str(r["contended"])]
+        body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    parts = [f"<h2>Family {html.escape(fam.name)}</h2>",
+             f"<p><b>Question.</b> {html.escape(fam.question or '(none given)')}</p>",
+             "<table border=1 cellpadding=4 style='border-collapse:collapse'><tr>"
+             + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(body) + "</table>",
+             "<p>Intervals: Student t 95% over seeds; differences: Welch 95%.</p>",
+             "<h3>Discussion (computed)</h3><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in sentences) + "</ul>"]
+    if notes:
+        parts.append("<p><i>Missing data: " + html.escape("; ".join(notes)) + "</i></p>")
+    return "<html><body style='font-family:sans-serif;max-width:70em'>" + "".join(parts) + "</body></html>"
+
+
+def build(fam: Family, out_dir: str | Path) -> dict:
+    out = Path(out_dir)
+    files = contract.FAMILY_REPORT_FILES
+    notes: list[str] = []
+    draw_curves(fam, out / files["curves"], notes)
+    draw_health(fam, out / files["health"], notes)
+    tab = table(fam)
+    comps, sentences = discussion(fam)
+    io.write_text(out / files["table"], tab.to_csv(index=False))
+    io.write_text(out / files["discussion"], page(fam, tab, sentences, notes))
+    numbers = {"family": fam.name, "question": fam.question, "reference": fam.reference, "x": fam.x,
+               "replicates": fam.replicates,
+               "variants": {r["variant"]: {k: r[k] for k in tab.columns if k != "variant"} for r in table_rows(tab)},
+               "comparisons": comps, "sentences": sentences, "notes": notes}
+    io.write_json(out / files["numbers"], numbers)
+    return numbers
+
+
+def table_rows(tab: pd.DataFrame) -> list[dict]:
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in tab.to_dict("records")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rlpipe family-report", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="the pipeline config holding the families table")
+    ap.add_argument("--family", required=True)
+    ap.add_argument("--runs", nargs="+", required=True, help="replicate run directories")
+    ap.add_argument("--variants", nargs="+", required=True, help="the variant of each run directory")
+    ap.add_argument("--seeds", nargs="+", type=int, required=True, help="the seed of each run directory")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    if not len(a.runs) == len(a.variants) == len(a.seeds):
+        ap.error(f"--runs ({len(a.runs)}), --variants ({len(a.variants)}) and --seeds ({len(a.seeds)}) "
+                 "must have the same length")
+    try:
+        fam = load_family(a.config, a.family, list(zip(a.variants, a.seeds, a.runs, strict=True)))
+    except (ConfigError, AggregateError) as e:
+        ap.error(str(e))
+    numbers = build(fam, a.out)
+    print("\n".join(numbers["sentences"]))
+    return 0

@@ -1,0 +1,152 @@
+"""Experiment families (issue 12): config, workflow expansion and the computed report section."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from rlpipe.analysis import contract, families
+from rlpipe.config import ConfigError, active_families, family_pipeline, family_seeds, load_config, parse_config
+
+FAMILY = {"track": "keyword", "question": "Q?", "base": {"n_grpo_steps": 4}, "replicates": 3,
+          "variants": {"a": {}, "b": {"learning_rate": 1e-3}}}
+
+
+def _cfg(**families):
+    return parse_config({"workflow": {"tracks": ["keyword"]}, "families": families})
+
+
+def test_family_pipeline_resolves_base_variants_and_seeds():
+    cfg = _cfg(fam=FAMILY)
+    fp = family_pipeline(cfg, "fam")
+    assert fp.train.n_grpo_steps == 4 and list(fp.variants) == ["a", "b"] and fp.families == {}
+    assert family_seeds(cfg, "fam") == [0, 1, 2]
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"base": {"n_grpo_steps": 0}}, "families.fam.base.n_grpo_steps"),
+    ({"base": {"no_such_key": 1}}, "families.fam.base"),
+    ({"variants": {"a": {"learning_rate": -1}}}, "families.fam.variants.a"),
+    ({"reference": "zzz"}, "families.fam.reference"),
+    ({"replicates": 0}, "families.fam.replicates"),
+    ({"variants": {}}, "families.fam.variants"),
+    ({"variants": {"a": None}}, "families.fam.variants"),
+    ({"variants": {"bad/name": {}}}, "families.fam.variants"),
+])
+def test_bad_family_names_the_key(change, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        _cfg(fam={**FAMILY, **change})
+
+
+def test_family_of_a_switched_off_track_is_inactive():
+    cfg = _cfg(fam={**FAMILY, "track": "math"})
+    assert active_families(cfg) == []
+
+
+def test_default_config_families_resolve():
+    cfg = load_config("config/config.yaml")
+    assert active_families(cfg) == []  # the default run includes none (its 30-minute budget)
+    names = list(cfg.families)
+    assert {"lr_sweep", "baselines", "length_norm", "std_norm", "offpolicy_sweep", "clip_ablation",
+            "prompt_ablation", "kl_drift", "epochs_per_batch", "offpolicyness"} <= set(names)
+    for name in names:
+        fp = family_pipeline(cfg, name)
+        assert fp.train.task == ("math" if cfg.families[name].track == "math" else "keyword_inclusion")
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _run(d, finals, seed, contended=False, finished=True, val_size=64):
+    """A synthetic replicate: validation reward rises linearly from 0.2 to ``finals`` over 4 steps."""
+    d.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for step in range(5):
+        row = {c: math.nan for c in contract.METRIC_COLUMNS}
+        row.update(step=step, policy_version=step, wall_time=10.0 * step, samples=8 * step)
+        row["reward/val_mean"] = 0.2 + (finals - 0.2) * step / 4
+        if step:
+            row.update({"policy/entropy": 2.0 - 0.1 * step, "response/length_mean": 10.0 + step,
+                        "loss/clip_frac": 0.01, "optim/grad_norm": 1.0, "time/generate": 5.0, "time/update": 5.0})
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=list(contract.METRIC_COLUMNS))
+    df.astype({c: "int64" for c in contract.METRIC_INT_COLUMNS}).to_parquet(d / contract.METRICS_FILE)
+    info = {"variant": d.parent.name, "mode": "colocated_sync", "devices": 1, "device_type": "cpu",
+            "wall_time_s": 40.0 + seed, "total_samples": 32, "total_optimizer_steps": 4, "finished": finished,
+            "config": {"seed": seed, "val_size": val_size},
+            "conditions": {"contended": contended}}
+    (d / contract.RUN_INFO_FILE).write_text(json.dumps(info))
+
+
+def _family(tmp_path, finals: dict[str, list[float]], **family):
+    cfg = {"workflow": {"tracks": ["keyword"]},
+           "families": {"fam": {**FAMILY, "variants": {v: {} for v in finals}, **family}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    runs = []
+    for v, values in finals.items():
+        for seed, final in enumerate(values):
+            d = tmp_path / "runs" / v / f"seed{seed}"
+            _run(d, final, seed)
+            runs.append((v, seed, str(d)))
+    return families.load_family(str(tmp_path / "c.yaml"), "fam", runs)
+
+
+def test_report_calls_a_clear_difference_a_finding_and_a_small_one_noise(tmp_path):
+    fam = _family(tmp_path, {"a": [0.50, 0.52, 0.48], "b": [0.80, 0.82, 0.78], "c": [0.51, 0.47, 0.53]})
+    numbers = families.build(fam, tmp_path / "out")
+    comps = {c["variant"]: c for c in numbers["comparisons"]}
+    assert comps["b"]["reward_diff"] == pytest.approx(0.30)
+    assert comps["b"]["reward_verdict"] == "exceeds the 95% interval"
+    assert comps["c"]["reward_verdict"] == "within replicate noise"
+    assert numbers["variants"]["b"]["val_reward_final_n"] == 3
+    assert set(numbers) == set(contract.FAMILY_JSON_KEYS)
+    for f in contract.FAMILY_REPORT_FILES.values():
+        assert (tmp_path / "out" / f).stat().st_size > 0
+    table = pd.read_csv(tmp_path / "out" / contract.FAMILY_REPORT_FILES["table"])
+    assert list(table.columns) == list(contract.FAMILY_TABLE_COLUMNS)
+    text = (tmp_path / "out" / contract.FAMILY_REPORT_FILES["discussion"]).read_text()
+    assert "Q?" in text and "exceeds the 95% interval" in text and "Entropy" in text
+
+
+def test_unreplicated_difference_is_never_a_finding(tmp_path):
+    fam = _family(tmp_path, {"a": [0.5], "b": [0.9]}, replicates=1)
+    comps, sentences = families.discussion(fam)
+    assert comps[0]["reward_verdict"] == "unreplicated"
+    assert any("unreplicated, so not a finding" in s for s in sentences)
+
+
+def test_contended_timings_draw_no_conclusion(tmp_path):
+    fam = _family(tmp_path, {"a": [0.5, 0.5], "b": [0.5, 0.5]})
+    fam.runs[0].row["contended"] = True
+    comps, sentences = families.discussion(fam)
+    assert comps[0]["speed_verdict"] == "contended: no conclusion"
+
+
+def test_divergence_is_flagged(tmp_path):
+    fam = _family(tmp_path, {"a": [0.5, 0.5], "b": [0.0, 0.0]})
+    _, sentences = families.discussion(fam)
+    assert any(s.startswith("Diverged") and "b (2/2 seeds)" in s for s in sentences)
+
+
+def test_sweep_axis_names_best_and_worst(tmp_path):
+    cfg = {"workflow": {"tracks": ["keyword"]},
+           "families": {"fam": {**FAMILY, "x": "learning_rate", "replicates": 1,
+                                "variants": {"lo": {"learning_rate": 1e-4}, "hi": {"learning_rate": 1e-2}}}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    for v, final in (("lo", 0.7), ("hi", 0.1)):
+        _run(tmp_path / v / "seed0", final, 0)
+    fam = families.load_family(str(tmp_path / "c.yaml"), "fam",
+                               [(v, 0, str(tmp_path / v / "seed0")) for v in ("lo", "hi")])
+    _, sentences = families.discussion(fam)
+    assert any("best final reward is at learning_rate=0.0001 (lo)" in s for s in sentences)
+
+
+def test_cli_rejects_a_run_of_another_variant(tmp_path, capsys):
+    _family(tmp_path, {"a": [0.5]})
+    with pytest.raises(SystemExit):
+        families.main(["--config", str(tmp_path / "c.yaml"), "--family", "fam", "--runs",
+                       str(tmp_path / "runs" / "a" / "seed0"), "--variants", "zzz", "--seeds", "0",
+                       "--out", str(tmp_path / "o")])
+    assert "not in the family" in capsys.readouterr().err

@@ -253,6 +253,11 @@ def test_discussion_numbers_and_missing_variants(runs):
     assert sec["versions"]["numbers"]["lag_disagg"] == 1.0
     assert sec["replay"]["sentences"][0].startswith("No data: variant 'replay'")
     assert "1/2" in sec["rollouts"]["sentences"][0] and "2/2" in sec["rollouts"]["sentences"][0]
+    # Problem 10 by hand (onpolicy: generate 24 s, update 8 s, sync 2 s, wall 40 s, 6 s elsewhere):
+    # overlap saves 40 - max(24, 10) - 6 = 10 s (1.33x); a 2x sampler saves 12 s (1.43x): recommended
+    opt = sec["optimization"]["numbers"]
+    assert opt["speedup_0"] == pytest.approx(40 / 30) and opt["speedup_1"] == pytest.approx(40 / 28)
+    assert opt["recommended"].startswith("a 2x faster sampler")
     assert not re.search(r"\bnan\b", json.dumps(disc), re.IGNORECASE)
     assert "<h3>" in report_text.render_html(disc)
 

@@ -8,7 +8,15 @@ import pytest
 import yaml
 
 from rlpipe.analysis import contract, families
-from rlpipe.config import ConfigError, active_families, family_pipeline, family_seeds, load_config, parse_config
+from rlpipe.config import (
+    ConfigError,
+    active_families,
+    family_pipeline,
+    family_seeds,
+    load_config,
+    parse_config,
+    to_dict,
+)
 
 FAMILY = {"track": "keyword", "question": "Q?", "base": {"n_grpo_steps": 4}, "replicates": 3,
           "variants": {"a": {}, "b": {"learning_rate": 1e-3}}}
@@ -23,6 +31,14 @@ def test_family_pipeline_resolves_base_variants_and_seeds():
     fp = family_pipeline(cfg, "fam")
     assert fp.train.n_grpo_steps == 4 and list(fp.variants) == ["a", "b"] and fp.families == {}
     assert family_seeds(cfg, "fam") == [0, 1, 2]
+
+
+def test_family_config_of_a_selected_family_parses_again():
+    """The written family config is read back by `rlpipe train`: it must not name the family."""
+    cfg = parse_config({"workflow": {"tracks": ["keyword"], "families": ["fam"]}, "families": {"fam": FAMILY}})
+    fp = family_pipeline(cfg, "fam")
+    again = parse_config(to_dict(fp))
+    assert again.workflow.families is None and list(again.variants) == ["a", "b"]
 
 
 @pytest.mark.parametrize("change, key", [

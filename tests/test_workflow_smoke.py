@@ -79,10 +79,24 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run):
     for f in contract.MATH_REPORT_FILES.values():
         assert (math / "report" / f).stat().st_size > 0, f
 
+    # the replicated family (2 seeds x 2 variants): its section states intervals
+    fam = results / "families" / "epochs_per_batch"
+    for v in ("onpolicy", "e2_epochs"):
+        for seed in (0, 1):
+            info = json.loads((fam / contract.family_run_dir(v, seed) / contract.RUN_INFO_FILE).read_text())
+            assert info["finished"] and info["config"]["seed"] == seed, (v, seed)
+    numbers = json.loads((fam / contract.FAMILY_REPORT_DIR / contract.FAMILY_REPORT_FILES["numbers"]).read_text())
+    assert numbers["variants"]["onpolicy"]["val_reward_final_n"] == 2
+    assert numbers["comparisons"][0]["reward_verdict"] != "unreplicated"
+    for f in contract.TOY_SORT_FILES.values():
+        assert (results / "toy_sort" / f).stat().st_size > 0, f
+
     run(tmp_path, "--report", "report.html")
     report = (tmp_path / "report.html").read_text()
     for name in [*FIGURES, *contract.SUMMARY_REPORT_FILES.values(), contract.MATH_REPORT_FILES["eval_html"],
-                 contract.MATH_REPORT_FILES["learning_png"]]:
+                 contract.MATH_REPORT_FILES["learning_png"],
+                 contract.FAMILY_REPORT_FILES["curves"], contract.FAMILY_REPORT_FILES["health"],
+                 contract.TOY_SORT_FILES["table_html"]]:
         assert name in report, f"{name} missing from the report"
 
     # nothing left to do: a second invocation schedules no job (no spurious params/code triggers)

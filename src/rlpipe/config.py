@@ -737,6 +737,7 @@ def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
     from_dict(TrainConfig, train, f"{prefix}.base")
     data = dict(to_dict(track), train=train, families={},
                 variants={k: v or {} for k, v in fam.variants.items() if v is not None})
+    data["workflow"] = dict(data["workflow"], families=None)  # the derived config holds no families
     out = from_dict(PipelineConfig, data)
     for variant in out.variants:
         try:

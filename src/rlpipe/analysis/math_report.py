@@ -44,6 +44,7 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from rlpipe import io
+from rlpipe.analysis.aggregate import AggregateError, load_run
 from rlpipe.analysis.contract import (
     EVAL_CATEGORIES,
     EVAL_COLUMNS,
@@ -51,7 +52,6 @@ from rlpipe.analysis.contract import (
     EVAL_SUMMARY_KEYS,
     MATH_JSON_KEYS,
     MATH_REPORT_FILES,
-    METRICS_FILE,
 )
 
 EXAMPLES_PER_CATEGORY = 3
@@ -110,14 +110,11 @@ def load_eval(directory: str | Path, label: str) -> EvalResult:
 
 
 def load_metrics(run_dir: str | Path, label: str) -> pd.DataFrame:
-    p = Path(run_dir) / METRICS_FILE
-    if not p.is_file():
-        raise MathReportInputError(f"run {label!r}: {p} does not exist")
-    df = pd.read_parquet(p)
-    for c in ("step", "wall_time"):
-        if c not in df.columns:
-            raise MathReportInputError(f"run {label!r}: {p} lacks column {c!r}")
-    return df.sort_values("step", kind="stable").reset_index(drop=True)
+    """The run's metrics, read by aggregation's reader (one copy of the checks: file and columns)."""
+    try:
+        return load_run(run_dir, label).metrics
+    except AggregateError as e:
+        raise MathReportInputError(f"run {label!r}: {e}") from None
 
 
 # ----------------------------------------------------------------------------- eval.html

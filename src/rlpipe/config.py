@@ -696,12 +696,18 @@ def math_pipeline(cfg: PipelineConfig) -> PipelineConfig:
     data = dict(to_dict(cfg), tokenizer=to_dict(m.tokenizer), model=to_dict(m.model),
                 pretrain=to_dict(m.pretrain), train=train,
                 variants={k: v or {} for k, v in m.variants.items() if v is not None})
+    return _derived_pipeline(data, MATH_PREFIX)
+
+
+def _derived_pipeline(data: dict[str, Any], prefix: str) -> PipelineConfig:
+    """Validate a pipeline config derived from the user's (the math track's, a family's) and every
+    variant it holds; a variant's error names the key the user wrote (``<prefix>.variants.<v>``)."""
     out = from_dict(PipelineConfig, data)
     for name in out.variants:
         try:
             resolve_variant(out, name)
         except ConfigError as e:
-            raise ConfigError(re.sub(r"(?<![\w.])variants\.", f"{MATH_PREFIX}.variants.", str(e))) from None
+            raise ConfigError(re.sub(r"(?<![\w.])variants\.", f"{prefix}.variants.", str(e))) from None
     return out
 
 
@@ -738,13 +744,7 @@ def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
     data = dict(to_dict(track), train=train, families={},
                 variants={k: v or {} for k, v in fam.variants.items() if v is not None})
     data["workflow"] = dict(data["workflow"], families=None)  # the derived config holds no families
-    out = from_dict(PipelineConfig, data)
-    for variant in out.variants:
-        try:
-            resolve_variant(out, variant)
-        except ConfigError as e:
-            raise ConfigError(re.sub(r"(?<![\w.])variants\.", f"{prefix}.variants.", str(e))) from None
-    return out
+    return _derived_pipeline(data, prefix)
 
 
 def family_reference(cfg: PipelineConfig, name: str) -> str:

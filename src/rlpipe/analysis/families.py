@@ -48,6 +48,7 @@ from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.analysis.aggregate import AggregateError, RunData, load_run, run_row
 from rlpipe.analysis.frames import col, last_valid
+from rlpipe.analysis.plots import no_data, save
 from rlpipe.analysis.stats import MeanCI, binomial_half_width, mean_ci, welch_difference
 from rlpipe.config import ConfigError, family_pipeline, family_reference, load_config, resolve_variant
 
@@ -268,13 +269,6 @@ def _draw(ax, d: pd.DataFrame, x: str, color, label: str, marker: str | None = N
         ax.fill_between(band[x], band["mean"] - band["half"], band["mean"] + band["half"], color=color, alpha=0.2)
 
 
-def _no_data(ax, why: str, notes: list[str]) -> None:
-    ax.set_facecolor("#f2f2f2")
-    ax.text(0.5, 0.5, f"no data:\n{why}", ha="center", va="center", transform=ax.transAxes, fontsize=9,
-            color="#555555", wrap=True)
-    notes.append(why)
-
-
 def draw_curves(fam: Family, out: str | Path, notes: list[str]) -> None:
     panels = 3 if fam.x else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
@@ -288,12 +282,12 @@ def draw_curves(fam: Family, out: str | Path, notes: list[str]) -> None:
         axes[1].set(title="vs wall-clock time", xlabel="seconds", ylabel="mean reward")
         if not axes[0].lines:
             for ax in axes[:2]:
-                _no_data(ax, f"no run of {fam.name} logged {VAL}", notes)
+                no_data(ax, f"no run of {fam.name} logged {VAL}", notes)
         else:
             axes[0].legend(fontsize=7)
         if fam.x:
             _draw_sweep(fam, axes[2], notes)
-        _save(fig, out)
+        save(fig, out)
     finally:
         plt.close(fig)
 
@@ -302,7 +296,7 @@ def _draw_sweep(fam: Family, ax, notes: list[str]) -> None:
     pts = [(fam.x_values[v], stat(fam, v, "val_reward_final"), v) for v in fam.variants
            if isinstance(fam.x_values.get(v), (int, float)) and stat(fam, v, "val_reward_final").n]
     if not pts:
-        _no_data(ax, f"no numeric {fam.x} with a final reward", notes)
+        no_data(ax, f"no numeric {fam.x} with a final reward", notes)
         return
     pts.sort(key=lambda p: p[0])
     xs = [p[0] for p in pts]
@@ -325,19 +319,13 @@ def draw_health(fam: Family, out: str | Path, notes: list[str]) -> None:
                     _draw(ax, d, "step", f"C{i % 10}", v)
             ax.set(title=label, xlabel="optimizer step")
             if not ax.lines:
-                _no_data(ax, f"{column} not logged by {fam.name}'s runs", notes)
+                no_data(ax, f"{column} not logged by {fam.name}'s runs", notes)
         handles, labels = axes.flat[0].get_legend_handles_labels()
         if handles:
             fig.legend(handles, labels, loc="upper right", fontsize=7)
-        _save(fig, out)
+        save(fig, out)
     finally:
         plt.close(fig)
-
-
-def _save(fig, out: str | Path) -> None:
-    fig.tight_layout()
-    with io.atomic_path(out, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
 
 
 # --------------------------------------------------------------------------- pages

@@ -127,6 +127,23 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fails the test if the command gets past its input checks: no ``ray.init`` and no driver
+    (Ray may already be up from other tests)."""
+    import ray
+
+    from rlpipe.trainer import run as run_module
+
+    was_up = ray.is_initialized()
+    started = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append("ray.init"))
+    monkeypatch.setattr(run_module, "_run_with_ray", lambda *a, **k: started.append("driver"))
+    yield
+    assert not started, f"got past the input checks: {started}"
+    assert was_up or not ray.is_initialized()
+
+
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory):
     """(checkpoint, dataset dir) of a briefly trained micro TransformerLM, shared by trainer tests."""

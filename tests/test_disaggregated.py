@@ -69,6 +69,14 @@ def test_version_bound_holds_over_six_steps(env):
     gen, upd = events[events.phase == "generate"], events[events.phase == "update"]
     overlaps = [(g.start < u.end and u.start < g.end) for _, g in gen.iterrows() for _, u in upd.iterrows()]
     assert any(overlaps)
+    # every step's time/<phase> is the sum of its events, including the generator's, which are
+    # drained a round before their step's row exists (they used to be lost: time/generate read 0)
+    per_step = events[events.step > 0].assign(s=events.end - events.start).groupby(["step", "phase"]).s.sum()
+    for phase in ("generate", "score", "update", "weight_sync"):
+        got = m.set_index("step").loc[1:, f"time/{phase}"]
+        want = per_step.xs(phase, level="phase").reindex(got.index, fill_value=0.0)
+        assert got.to_numpy() == pytest.approx(want.to_numpy(), abs=1e-9), phase
+        assert (got > 0).all(), phase
 
 
 def test_rdt_gloo_variant_runs(env):

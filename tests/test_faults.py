@@ -62,15 +62,6 @@ def temp_files(*dirs: Path) -> list[str]:
     return [p.name for d in dirs if d.exists() for p in d.iterdir() if p.name.endswith(".tmp")]
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    """Fails the test if the run gets past its checks (Ray may be up from other tests)."""
-    started = []
-    monkeypatch.setattr(run_module, "_run_with_ray", lambda *a, **k: started.append("driver"))
-    yield
-    assert not started, "the run got past its checks and started driving actors"
-
-
 # --------------------------------------------------------------------------- actor death
 
 

@@ -17,6 +17,7 @@ from rlpipe.grpo import (
     compute_grpo_no_clip_loss,
     compute_naive_policy_gradient_loss,
     compute_policy_gradient_loss,
+    entropy_from_log_probs,
     get_response_log_probs,
     grpo_microbatch_train_step,
     masked_kl,
@@ -457,6 +458,25 @@ def test_compute_entropy_hand_values_and_stability():
     huge = compute_entropy(torch.tensor([[1e4, 0.0, -1e4], [3e38, 3e38, -3e38]]))
     close(huge, [0.0, LN(2)])
     assert compute_entropy(torch.zeros(2, 3, 4, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_learner_entropy_reuses_log_softmax_and_equals_the_naive_formula():
+    """Optimised (entropy from the log-probs get_response_log_probs already holds) vs naive
+    (-sum p log p of a fresh softmax of the tempered logits), with banned (-inf) tokens."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 11, generator=g) * 4  # (B, T, V)
+    logits[..., 3] = -math.inf
+
+    class Fixed(torch.nn.Module):
+        def forward(self, ids):
+            return logits
+
+    ids = torch.zeros(3, 5, dtype=torch.long)
+    out = get_response_log_probs(Fixed(), ids, ids, return_token_entropy=True, temperature=0.7)
+    p = torch.softmax(logits / 0.7, dim=-1)  # (B, T, V)
+    naive = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)  # (B, T)
+    torch.testing.assert_close(out["token_entropy"], naive, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(entropy_from_log_probs(torch.log_softmax(logits, -1)), compute_entropy(logits))
 
 
 class _TinyLM(nn.Module):

@@ -20,19 +20,6 @@ from rlpipe.io import torch_save
 from rlpipe.trainer import run as run_module
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    import ray
-
-    was_up = ray.is_initialized()
-    started = []
-    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append("ray.init"))
-    monkeypatch.setattr(run_module, "_run_with_ray", lambda *a, **k: started.append("driver"))
-    yield
-    assert not started, f"got past the input checks: {started}"
-    assert was_up or not ray.is_initialized()
-
-
 def _base_with(tmp: Path, base: str, **changes) -> Path:
     payload = torch.load(base, weights_only=True)
     payload.update(changes)

@@ -45,7 +45,8 @@ def test_default_config_dag(workdir, dry_run):
     assert dry_run.training_gpus(out) == {v: 0 for v in ALL_VARIANTS}
     rules = dry_run.rules(out)
     assert {"run_unit_tests", "build_corpus", "train_tokenizer", "pretrain_base",
-            "build_keyword_dataset", "bench_weight_sync", "bench_sampler", "aggregate_metrics"} <= rules
+            "build_keyword_dataset", "bench_weight_sync", "bench_sampler", "bench_update", "bench_scaling",
+            "report_scaling", "aggregate_metrics"} <= rules
     assert {r for r in rules if r.startswith("plot_")} >= {"plot_kl", "plot_timeline", "plot_throughput"}
 
 
@@ -97,11 +98,13 @@ def fake_upstream(workdir: Path, variants, make_runs) -> None:
     (r / "bench/weight_sync.json").write_text(json.dumps(
         [{"transport": "object_store", "median_s": 0.2}, {"transport": "rdt", "backend": "gloo", "median_s": 0.05}]))
     (r / "bench/sampler.json").write_text(json.dumps({"tokens_per_s": 1000.0}))
+    (r / "bench/update.json").write_text(json.dumps({"update_fraction_of_peak": 0.3}))
     (r / "bench/trl.json").write_text(json.dumps({"bench": "trl", "skipped": True, "reason": "synthetic"}))
-    # the analysis half of the keyword track only (the MATH track, the families and the toy grid have
-    # their own tests)
+    # the analysis half of the keyword track only (the MATH track, the families, the toy grid and the
+    # scaling bench have their own tests)
     (workdir / "config/keyword_only.yaml").write_text(
-        "workflow: {tracks: [keyword], families: [], toy_sort_seeds: []}\n")
+        "workflow: {tracks: [keyword], families: [], toy_sort_seeds: [], scaling_sizes: [], scaling_batches: [], "
+        "scaling_lengths: []}\n")
 
 
 @pytest.mark.slow

@@ -91,12 +91,28 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run):
     for f in contract.TOY_SORT_FILES.values():
         assert (results / "toy_sort" / f).stat().st_size > 0, f
 
+    # issue 13: the update phase and the sampler against the same-run matmul peak; the scaling curves
+    # (smoke: the base's width and 16, in both modes; every phase timed per step, the generator's too)
+    bench = results / "bench"
+    upd = json.loads((bench / "update.json").read_text())
+    assert upd["matmul_peak_gflops"] > 0 and 0 < upd["fwd_bwd_fraction_of_peak"]
+    assert upd["update_s"] == pytest.approx(upd["fwd_bwd_s"] + upd["optimizer_s"] + upd["kl_monitor_s"], rel=1e-3)
+    assert json.loads((bench / "sampler.json").read_text())["kv_gflops"] > 0
+    points = json.loads((bench / contract.SCALING_FILE).read_text())["points"]
+    assert {(p["mode"], p["d_model"]) for p in points if p["axis"] == "model"} == {
+        (m, d) for m in contract.SCALING_MODES for d in (16, 32)}
+    assert all(p["samples_per_s"] > 0 and p[contract.scaling_phase_key("generate")] > 0 for p in points)
+    exps = pd.read_csv(bench / contract.SCALING_REPORT_DIR / contract.SCALING_REPORT_FILES["table"])
+    assert set(exps.loc[exps["axis"] == "model", "mode"]) == set(contract.SCALING_MODES)
+    assert exps.loc[exps["axis"] == "model", "exponent"].notna().all()
+
     run(tmp_path, "--report", "report.html")
     report = (tmp_path / "report.html").read_text()
     for name in [*FIGURES, *contract.SUMMARY_REPORT_FILES.values(), contract.MATH_REPORT_FILES["eval_html"],
                  contract.MATH_REPORT_FILES["learning_png"],
                  contract.FAMILY_REPORT_FILES["curves"], contract.FAMILY_REPORT_FILES["health"],
-                 contract.TOY_SORT_FILES["table_html"]]:
+                 contract.TOY_SORT_FILES["table_html"], contract.SCALING_REPORT_FILES["figure"],
+                 contract.SCALING_REPORT_FILES["discussion"]]:
         assert name in report, f"{name} missing from the report"
 
     # nothing left to do: a second invocation schedules no job (no spurious params/code triggers)

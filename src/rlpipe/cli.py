@@ -26,9 +26,11 @@ COMMANDS = {
     "family-report": ("rlpipe.analysis.families", "main"),
     "toy-sort": ("rlpipe.tasks.sorting.experiment", "main"),
     "toy-sort-report": ("rlpipe.analysis.toy_sort", "main"),
+    "scaling-report": ("rlpipe.analysis.scaling", "main"),
     "schema": ("rlpipe.cli", "schema_main"),
 }
-BENCHES = {"sampler": "rlpipe.bench.sampler", "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl"}
+BENCHES = {"sampler": "rlpipe.bench.sampler", "update": "rlpipe.bench.update", "scaling": "rlpipe.bench.scaling",
+           "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl"}
 
 
 def schema_main(argv: list[str]) -> int:

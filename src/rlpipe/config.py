@@ -393,6 +393,16 @@ class WorkflowConfig(_Section):
     bench_sizes_mb: list[Annotated[float, Field(gt=0, le=4096)]] = Field(
         [1, 10, 100, 1000], min_length=1,
         description="Synthetic payload sweep of the weight-sync benchmark, in MB (issue 13: 1 MB to 1 GB).")
+    scaling_sizes: list[Annotated[int, Field(ge=8, le=4096)]] = Field(
+        [64, 256], description="`rlpipe bench scaling`: model widths (d_model; the base's own is added). "
+        "[] with the two lists below empty skips the scaling bench.")
+    scaling_batches: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        [16, 64], description="`rlpipe bench scaling`: rollout batch sizes (train.rollout_batch_size is added).")
+    scaling_lengths: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        [20, 80], description="`rlpipe bench scaling`: response lengths in tokens (train.sampling_max_tokens "
+        "is added).")
+    scaling_steps: int = Field(4, ge=2, le=100, description="`rlpipe bench scaling`: GRPO steps per point (the "
+                               "first is warm-up and not counted).")
 
 
 class ArithmeticConfig(_Section):

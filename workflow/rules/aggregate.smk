@@ -7,7 +7,7 @@ rule aggregate_metrics:
     input:
         runs=expand(res("runs", "{variant}", "run_info.json"), variant=VARIANTS),
         metrics=expand(res("runs", "{variant}", "metrics.parquet"), variant=VARIANTS),
-        bench=[res("bench", "weight_sync.json"), res("bench", "sampler.json")],
+        bench=[res("bench", "weight_sync.json"), res("bench", "sampler.json"), res("bench", "update.json")],
         code=[module_file("rlpipe.analysis.aggregate"), module_file("rlpipe.analysis.report_text")],
     output:
         **{k: res("summary", f) for k, f in SUMMARY_FILES.items()},

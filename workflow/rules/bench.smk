@@ -49,6 +49,87 @@ rule bench_sampler:
         "--repeats {params.repeats} --device {params.device} --threads {threads} --out {output} > {log} 2>&1"
 
 
+# The learner's update phase (forward + backward + AdamW, and the KL monitor's forward) against a
+# matmul peak measured in the same process, on a learner actor's threads (train.threads).
+# lint: conda (no environment on purpose, see common.smk)
+rule bench_update:
+    input:
+        tests=tests_done(),
+        base=res("base", "model.pt"),  # the pipeline's own model
+    output:
+        res("bench", "update.json"),
+    params:
+        batch=CFG.train.train_batch_size,
+        group=CFG.train.group_size,
+        grad_accum=CFG.train.gradient_accumulation_steps,
+        response_tokens=CFG.train.sampling_max_tokens,
+        repeats=CFG.workflow.bench_repeats,
+        actor_threads=CFG.train.threads,
+    threads: CFG.workflow.threads_per_variant
+    log:
+        "logs/bench_update/bench_update.log",
+    benchmark:
+        "benchmarks/bench_update/bench_update.tsv"
+    shell:
+        "rlpipe bench update --checkpoint {input.base} --batch {params.batch} --group-size {params.group} "
+        "--grad-accum {params.grad_accum} --response-tokens {params.response_tokens} --repeats {params.repeats} "
+        "--threads {params.actor_threads} --out {output} > {log} 2>&1"
+
+
+# Scaling curves (issue 13 item 3): short real training runs, colocated and disaggregated, one axis
+# at a time (model width, rollout batch, response length; workflow.scaling_*), then the figure and
+# the growth exponents, with weight-sync latency vs payload from bench_weight_sync.
+# lint: conda (no environment on purpose, see common.smk)
+# lint: CONFIG_FILE (a global, not a param: see common.smk)
+rule bench_scaling:
+    input:
+        tests=tests_done(),
+        base=res("base", "model.pt"),
+        dataset=res("data", "keywords", "train.jsonl"),
+    output:
+        res("bench", SCALING_FILE),
+    params:
+        settings=scaling_settings(),
+        dataset=lambda w, input: os.path.dirname(input.dataset),
+    threads: CFG.workflow.threads_per_variant
+    log:
+        "logs/bench_scaling/bench_scaling.log",
+    benchmark:
+        "benchmarks/bench_scaling/bench_scaling.tsv"
+    shell:
+        "rlpipe bench scaling --config {CONFIG_FILE} --base {input.base} --dataset {params.dataset} "
+        "--threads {threads} --out {output} > {log} 2>&1"
+
+
+# lint: conda (no environment on purpose, see common.smk)
+rule report_scaling:
+    input:
+        bench=res("bench", SCALING_FILE),
+        weight_sync=res("bench", "weight_sync.json"),
+        code=module_file("rlpipe.analysis.scaling"),
+    output:
+        figure=report(
+            res("bench", SCALING_REPORT_DIR, SCALING_REPORT_FILES["figure"]),
+            caption="../report/scaling.rst",
+            category="4 Throughput and GPU-hours",
+            labels={"figure": "scaling curves"},
+        ),
+        table=res("bench", SCALING_REPORT_DIR, SCALING_REPORT_FILES["table"]),
+        discussion=report(
+            res("bench", SCALING_REPORT_DIR, SCALING_REPORT_FILES["discussion"]),
+            caption="../report/scaling_discussion.rst",
+            category="4 Throughput and GPU-hours",
+            labels={"figure": "scaling exponents"},
+        ),
+    params:
+        out=lambda w, output: os.path.dirname(output.figure),
+    log:
+        "logs/report_scaling/report_scaling.log",
+    shell:
+        "rlpipe scaling-report --bench {input.bench} --weight-sync {input.weight_sync} --out {params.out} "
+        "> {log} 2>&1"
+
+
 # rlpipe's colocated on-policy GRPO side by side with TRL's GRPOTrainer (issue 13 item 4): the same
 # exported model, keyword task, prompts and settings (rlpipe.bench.trl says which cannot be equal).
 # Needs the optional `bench` extra (trl); without it the command writes {"skipped": true, ...} at

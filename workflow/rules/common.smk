@@ -116,6 +116,9 @@ from rlpipe.analysis.contract import (
     TOY_SORT_DATA,
     TOY_SORT_FILES,
     RUN_FILES,
+    SCALING_FILE,
+    SCALING_REPORT_DIR,
+    SCALING_REPORT_FILES,
     SUMMARY_FILES,
     SUMMARY_REPORT_FILES,
     Figure,
@@ -150,6 +153,18 @@ def section_params(*sections: str) -> str:
 
 def variant_train(variant: str) -> str:
     return canonical(to_dict(resolve_variant(CFG, variant)))
+
+
+def scaling_on() -> bool:
+    w = CFG.workflow
+    return bool(w.scaling_sizes or w.scaling_batches or w.scaling_lengths)
+
+
+def scaling_settings() -> str:
+    """What a scaling point runs: the train section and the sweep (a change reruns the bench)."""
+    w = CFG.workflow
+    return canonical({"train": to_dict(CFG.train), "sizes": w.scaling_sizes, "batches": w.scaling_batches,
+                      "lengths": w.scaling_lengths, "steps": w.scaling_steps})
 
 
 def forced(rule: str, outputs) -> bool:
@@ -245,8 +260,10 @@ def all_targets() -> list:
     targets += [res("summary", f) for f in SUMMARY_FILES.values()]
     targets += [res("summary", f) for f in SUMMARY_REPORT_FILES.values()]
     targets += [figure_path(k) for k in FIGURES]
-    targets += [res("bench", "weight_sync.json"), res("bench", "sampler.json"), res("bench", "trl.json"),
-                res("base", "zero_shot.json")]
+    targets += [res("bench", "weight_sync.json"), res("bench", "sampler.json"), res("bench", "update.json"),
+                res("bench", "trl.json"), res("base", "zero_shot.json")]
+    if scaling_on():
+        targets += [res("bench", SCALING_REPORT_DIR, f) for f in SCALING_REPORT_FILES.values()]
     targets += [res("runs", v, f) for v in VARIANTS for f in RUN_FILES.values()]
     return targets
 

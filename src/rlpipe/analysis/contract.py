@@ -310,3 +310,27 @@ TOY_SORT_FILES = MappingProxyType({
     "table_csv": "table.csv",
     "table_html": "table.html",
 })
+
+# --------------------------------------------------------------------------- scaling bench
+
+#: ``rlpipe bench scaling`` (``rlpipe.bench.scaling``) writes results/bench/``SCALING_FILE``: one
+#: record per (mode, axis, point); ``rlpipe scaling-report`` draws and fits it into ``SCALING_REPORT_FILES``.
+SCALING_FILE = "scaling.json"
+SCALING_AXES = ("model", "batch", "length")  # x: parameters, responses per rollout batch, response tokens
+SCALING_X = MappingProxyType({"model": "num_parameters", "batch": "batch", "length": "length"})
+SCALING_MODES = ("colocated_sync", "disaggregated")
+#: the per-step phase times a scaling point records (medians of time/<phase> over its steady steps)
+SCALING_PHASES = ("generate", "score", "update", "weight_sync")
+SCALING_REPORT_DIR = "scaling"  # under results/bench/
+SCALING_REPORT_FILES = MappingProxyType({
+    "figure": "scaling.png",
+    "table": "exponents.csv",
+    "discussion": "scaling.html",
+})
+#: exponents.csv: the log-log least-squares slope of each curve (y ~ x^exponent)
+SCALING_TABLE_COLUMNS = ("mode", "axis", "quantity", "exponent", "x_min", "x_max", "y_min", "y_max", "points")
+
+
+def scaling_phase_key(phase: str) -> str:
+    """A scaling point's key for a phase's median seconds per step: ``step_<phase>_s``."""
+    return f"step_{phase}_s"

@@ -577,6 +577,42 @@ def bench_section(bench: dict) -> dict:
     return section("bench", "Benchmarks", s or ["No benchmark files were found."])
 
 
+def _num(d: dict, key: str) -> float:
+    v = d.get(key) if isinstance(d, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def limits_section(bench: dict) -> dict:
+    """Issue 13 item 2: the learner's update and the sampler against the same-run matmul peak
+    (``rlpipe bench update`` / ``rlpipe bench sampler``), and what bounds each."""
+    title = "The learner and the sampler against the matmul peak"
+    up, sp = bench.get("update") or {}, bench.get("sampler") or {}
+    s, nums = [], {}
+    if not nan(_num(up, "update_fraction_of_peak")):
+        frac, fb = _num(up, "update_fraction_of_peak"), _num(up, "fwd_bwd_fraction_of_peak")
+        s.append(f"Update phase (forward + backward + AdamW + the KL monitor's forward) on "
+                 f"{fnum(_num(up, 'torch_threads'))} thread(s): {fnum(_num(up, 'update_gflops'))} GFLOP/s, "
+                 f"{fnum(frac * 100)}% of the same-run fp32 matmul peak ({fnum(_num(up, 'matmul_peak_gflops'))} "
+                 f"GFLOP/s); the forward + backward alone reaches {fnum(fb * 100)}%.")
+        s.append(f"Of the update's time, forward + backward is {fnum(_num(up, 'fwd_bwd_share') * 100)}%, "
+                 f"the KL monitor's extra forward {fnum(_num(up, 'kl_monitor_share') * 100)}% and AdamW with "
+                 f"clipping {fnum(_num(up, 'optimizer_share') * 100)}%. What keeps the rest from the peak: the "
+                 f"model's matrices are small (a few hundred wide), so the elementwise work of softmax over the "
+                 f"vocabulary, attention, SwiGLU and the loss is not hidden behind matmuls.")
+        nums.update(update_fraction=frac, fwd_bwd_fraction=fb)
+    if not nan(_num(sp, "kv_fraction_of_peak")):
+        kf = _num(sp, "kv_fraction_of_peak")
+        s.append(f"Generation (KV-cache sampler, batch {fnum(_num(sp, 'batch'))}): {fnum(_num(sp, 'kv_gflops'))} "
+                 f"GFLOP/s, {fnum(kf * 100)}% of the same-run peak ({fnum(_num(sp, 'matmul_peak_gflops'))} GFLOP/s). "
+                 f"Each decoding step multiplies one row per sequence by every weight matrix and then samples "
+                 f"in Python: small matrix-vector products and per-token overhead bound it, not FLOPs, which is "
+                 f"why batching more sequences per step raises it (see the scaling curves).")
+        nums["generation_fraction"] = kf
+    if not s:
+        s.append("No data: results/bench/update.json and sampler.json hold no FLOP measurements.")
+    return section("limits", title, s, nums)
+
+
 # --------------------------------------------------------------------------- assembly
 
 
@@ -635,6 +671,7 @@ def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFram
         versions_section(table, versions),
         replay_section(table),
         bench_section(bench or {}),
+        limits_section(bench or {}),
         optimization_section(table, reference),
     ]}
 

@@ -9,6 +9,11 @@ Prints ONE JSON line (and with ``--out`` also writes it atomically):
 - ``hf_ours_tokens_per_s`` / ``hf_generate_tokens_per_s`` / ``ours_over_hf_generate``: our sampler
   driving a randomly initialised HF ``Qwen2ForCausalLM`` of the same width/depth vs HF's own
   ``generate`` on the same model and batch (sampling, top_k disabled). Goal: ratio >= 1.
+- ``kv_gflops`` / ``matmul_peak_gflops`` / ``kv_fraction_of_peak``: the KV-cache sampler's achieved
+  FLOP/s (prefill plus one forward per new token against its cached context, counted as in
+  ``rlpipe.bench.flops``) against the best square fp32 matmul rate measured in this process on the
+  same threads. Decoding multiplies (B, D) rows by (D, D) weights once per token: small products
+  plus per-token Python and sampling work, so a low fraction here says what bounds generation.
 
 Every run samples ``--batch`` rows of ``--new-tokens`` tokens with no early stop
 (``min_tokens = max_tokens``) from left-padded prompts of 12..24 tokens (the keyword-inclusion
@@ -30,6 +35,7 @@ import warnings
 
 import torch
 
+from rlpipe.bench.flops import decode_flops, gflops, matmul_peak
 from rlpipe.io import write_text
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
@@ -38,7 +44,7 @@ from rlpipe.lm.tokenizer import Tokenizer, train_bpe
 TEMPERATURE = 0.8  # seed 000 §3.1.2 sampling_temperature
 
 
-def _bench_tokenizer(vocab_size: int, tmpdir: str) -> Tokenizer:
+def bench_tokenizer(vocab_size: int, tmpdir: str) -> Tokenizer:
     """A BPE of ``vocab_size`` trained on random pseudo-words (enough merges, under a second)."""
     rng = random.Random(0)
     letters = "abcdefghijklmnopqrstuvwxyz"
@@ -101,7 +107,7 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
     dev = torch.device(device)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        tok = _bench_tokenizer(min(ModelConfig.from_preset(preset).vocab_size, 2048), tmp)
+        tok = bench_tokenizer(min(ModelConfig.from_preset(preset).vocab_size, 2048), tmp)
     cfg = ModelConfig.from_preset(preset, vocab_size=tok.vocab_size)
     model = TransformerLM(cfg).to(dev)
     prompts, small = _prompts(batch, cfg.vocab_size), _prompts(min(batch, 8), cfg.vocab_size, seed=1)
@@ -114,7 +120,10 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
     for warm in (ours(model, p=small), ours(model, False, small), ours(hf, p=small),
                  _hf_generate_fn(hf, small, new_tokens, tok.pad_token_id, dev)):
         warm()
+    peak = matmul_peak()["flops_per_s"]
     kv_s, naive_s = _paired_median_seconds(ours(model), ours(model, False), repeats)
+    peak = max(peak, matmul_peak()["flops_per_s"])
+    kv_flops = sum(decode_flops(cfg, len(p), new_tokens, 1) for p in prompts)
     hf_gen = _hf_generate_fn(hf, prompts, new_tokens, tok.pad_token_id, dev)
     hf_ours_s, hf_gen_s = _paired_median_seconds(ours(hf), hf_gen, repeats)
     n_tok = batch * new_tokens
@@ -125,6 +134,8 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
         "torch_threads": torch.get_num_threads(), "load_avg_1m": round(os.getloadavg()[0], 2),
         "kv_tokens_per_s": round(n_tok / kv_s, 1), "naive_tokens_per_s": round(n_tok / naive_s, 1),
         "kv_over_naive": round(naive_s / kv_s, 2),
+        "kv_gflops": gflops(kv_flops / kv_s), "matmul_peak_gflops": gflops(peak),
+        "kv_fraction_of_peak": round(kv_flops / kv_s / peak, 4),
         "hf_ours_tokens_per_s": round(n_tok / hf_ours_s, 1),
         "hf_generate_tokens_per_s": round(n_tok / hf_gen_s, 1),
         "ours_over_hf_generate": round(hf_gen_s / hf_ours_s, 2),

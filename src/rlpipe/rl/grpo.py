@@ -43,6 +43,7 @@ from rlpipe.rl.advantages import (
 from rlpipe.rl.kl import KL_ESTIMATORS, KL_REDUCTIONS, kl_importance_weights, masked_kl
 from rlpipe.rl.logprobs import (
     compute_entropy,
+    entropy_from_log_probs,
     get_response_log_probs,
     pack_response_values,
     pack_token_ids,
@@ -80,6 +81,7 @@ __all__ = [  # every public name of the modules above (the table in the docstrin
     "compute_grpo_clip_loss",
     "compute_grpo_no_clip_loss",
     "compute_naive_policy_gradient_loss",
+    "entropy_from_log_probs",
     "compute_policy_gradient_loss",
     "get_response_log_probs",
     "grpo_microbatch_train_step",

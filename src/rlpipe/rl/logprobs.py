@@ -28,6 +28,7 @@ from torch import Tensor
 
 __all__ = [
     "compute_entropy",
+    "entropy_from_log_probs",
     "get_response_log_probs",
     "pack_response_values",
     "pack_token_ids",
@@ -45,9 +46,16 @@ def compute_entropy(logits: Tensor) -> Tensor:
     Half-precision logits are upcast to float32.
     """
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    log_p = F.log_softmax(logits, dim=-1)  # (..., V)
-    log_p = torch.where(torch.isfinite(log_p), log_p, torch.zeros_like(log_p))  # p = 0 there
-    return -(log_p.exp() * log_p).sum(dim=-1)  # (...)
+    return entropy_from_log_probs(F.log_softmax(logits, dim=-1))  # (..., V) -> (...)
+
+
+def entropy_from_log_probs(log_p: Tensor) -> Tensor:
+    """Entropy from normalised log-probs: (..., V) -> (...). The learner already holds
+    ``log_softmax(logits)`` for the sampled tokens' log-probs; reusing it saves a second (B, T, V)
+    softmax (``rlpipe bench update``'s profile: ~10% of the forward + backward on cpu-tiny).
+    ``-inf`` entries (p = 0) are clamped to the smallest float so that 0 * log 0 = 0: one pass,
+    where an ``isfinite`` mask and ``where`` took three."""
+    return -(log_p.exp() * log_p.clamp_min(torch.finfo(log_p.dtype).min)).sum(dim=-1)  # (..., V) -> (...)
 
 
 def _logits_of(output: Any) -> Tensor:
@@ -100,7 +108,7 @@ def get_response_log_probs(
     out = {"log_probs": torch.where(valid, picked, torch.zeros_like(picked))}  # (B, T)
     if return_token_entropy:
         with torch.no_grad():
-            out["token_entropy"] = compute_entropy(logits)  # (B, T, V) -> (B, T)
+            out["token_entropy"] = entropy_from_log_probs(log_p.detach())  # (B, T, V) -> (B, T)
     return out
 
 

@@ -78,6 +78,7 @@ class RunContext:
         self.writer = RunWriter(self.out_dir, tensorboard=self.cfg.logging.tensorboard)
         self.sizes = self.train.derived()
         self.driver_events: list[PhaseEvent] = []
+        self._early_events: list[PhaseEvent] = []  # drained before their step's row exists
         self.step = 0  # last optimizer step whose result the driver has
         self.checkpoint_step: int | None = None  # step of the checkpoint on disk (this run's)
         self.roles: dict[str, str] = {}  # actor id (hex) -> "learner actor (<variant>/LearnerWorker)"
@@ -191,17 +192,23 @@ class RunContext:
 
     def finalize_steps(self, logs: list) -> None:
         """Attach phase seconds and throughput to rows; ``logs`` are actors' drained logs."""
-        events = self.driver_events
+        new = self.driver_events
         self.driver_events = []
         for phase_events, version_events in logs:
-            events = events + list(phase_events)
+            new = new + list(phase_events)
             self.writer.add_versions(version_events)
             self._new_versions += [e for e in version_events if e.event in ("optimizer_step", "load_weights")]
-        self.writer.add_events(events)
+        self.writer.add_events(new)
+        # Disaggregated, the generator is a step ahead: its events for step s + 1 (and the driver's
+        # wait for that batch) are drained in round s, before row s + 1 exists. They are kept for
+        # the round that writes that row, else time/generate, time/score and time/wait read 0.
+        events = self._early_events + new
         by_step: dict[int, list[PhaseEvent]] = {}
         for e in events:
             by_step.setdefault(e.step, []).append(e)
         rows = sorted(self.writer.rows, key=lambda r: r["step"])
+        last = int(rows[-1]["step"]) if rows else -1
+        self._early_events = [e for e in events if e.step > last]
         for prev, row in zip(rows, rows[1:], strict=False):
             if "_tokens" not in row:
                 continue

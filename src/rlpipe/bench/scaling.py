@@ -1,0 +1,198 @@
+"""``rlpipe bench scaling``: how a GRPO step's cost grows with model size, batch and response length.
+
+Every point is a real ``rlpipe train`` run (the colocated on-policy driver and the disaggregated
+one), ``--steps`` GRPO steps long, on the pipeline's keyword task and tokenizer, through
+``rlpipe.trainer.run.run`` inside one Ray instance that the bench starts once (each run's actors
+are killed after it). One axis moves at a time from the centre point, which is the pipeline's own
+variant (the base's width, ``train.rollout_batch_size``, ``train.sampling_max_tokens``); the other
+values come from the config (``workflow.scaling_*``, one place for the defaults):
+
+- ``model``: ``d_model`` in ``scaling_sizes`` (same depth and heads, ``d_ff = 3 d``; randomly
+  initialised, since only the cost is measured), x = parameter count;
+- ``batch``: ``rollout_batch_size = train_batch_size`` in ``scaling_batches`` (on-policy), x = responses;
+- ``length``: response tokens in ``scaling_lengths``: ``sampling_min_tokens = sampling_max_tokens``,
+  so every response is exactly that long whatever the model samples (the keyword task has no stop
+  string), x = tokens.
+
+A point's numbers are medians over its steps after the first (which pays for warm-up):
+``samples_per_s`` (``perf/samples_per_s``) and each phase's seconds per step (``time/<phase>``).
+The JSON (``--out``, written atomically) holds every point with the run's load record
+(``rlpipe.trainer.conditions``); ``rlpipe scaling-report`` draws the curves and fits the growth
+exponents. Seed 000 asks for none of this; issue 13 does, to show where each phase stops scaling
+linearly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io as _io
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from rlpipe import io
+from rlpipe.analysis.contract import (
+    METRICS_FILE,
+    SCALING_AXES,
+    SCALING_MODES,
+    SCALING_PHASES,
+    metric_time_column,
+    scaling_phase_key,
+)
+from rlpipe.config import ConfigError, load_config, to_dict
+from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
+from rlpipe.lm.model import TransformerLM
+from rlpipe.trainer import run as train_run
+
+
+def points(sizes, batches, lengths, center: dict) -> list[dict]:
+    """One-axis-at-a-time design: the centre point once per axis (so each curve has it), then the
+    axis's other values. Each point: ``{"axis", "d_model", "batch", "length"}``."""
+    out = []
+    for axis, values in zip(SCALING_AXES, (sizes, batches, lengths), strict=True):
+        key = {"model": "d_model", "batch": "batch", "length": "length"}[axis]
+        for v in sorted(set(values) | {center[key]}):
+            out.append({**center, key: v, "axis": axis})
+    return out
+
+
+def _checkpoint(base: str, d_model: int, tmp: Path) -> str:
+    """A randomly initialised model of width ``d_model`` with the base's depth, heads and tokenizer."""
+    path = tmp / f"d{d_model}.pt"
+    if not path.exists():
+        loaded = load_checkpoint(base)  # a TransformerLM: design() refused an HF base
+        cfg = loaded.model_config.replace(d_model=d_model, d_ff=3 * d_model)
+        torch.manual_seed(0)
+        save_checkpoint(path, TransformerLM(cfg), tokenizer=loaded.tokenizer)
+    return str(path)
+
+
+def _point_config(config: str, mode: str, p: dict, steps: int, tmp: Path) -> tuple[str, str]:
+    """A pipeline config holding one variant: the point's settings on top of ``train``."""
+    cfg = load_config(config)
+    name = f"{'coloc' if mode == 'colocated_sync' else 'disagg'}_d{p['d_model']}_b{p['batch']}_l{p['length']}"
+    g = cfg.train.group_size
+    train = dict(to_dict(cfg.train), mode=mode, k=1, n_grpo_steps=steps, rollout_batch_size=p["batch"],
+                 train_batch_size=p["batch"], gradient_accumulation_steps=1, epochs_per_rollout_batch=1,
+                 sampling_max_tokens=p["length"], sampling_min_tokens=p["length"], val_every=steps,
+                 val_size=2 * g, log_rollouts_every=steps, checkpoint_every=steps)
+    data = dict(to_dict(cfg), train=train, variants={name: {}}, families={})
+    data["workflow"] = dict(data["workflow"], families=None)
+    path = tmp / f"{name}.yaml"
+    io.write_yaml(path, data)
+    return str(path), name
+
+
+def _summarise(out_dir: Path, info: dict) -> dict:
+    m = pd.read_parquet(out_dir / METRICS_FILE)
+    steady = m[m["step"] > 1] if (m["step"] > 1).any() else m
+    row = {"samples_per_s": float(statistics.median(steady["perf/samples_per_s"].dropna()))}
+    for ph in SCALING_PHASES:
+        col = metric_time_column(ph)
+        vals = steady[col].dropna() if col in steady else []
+        row[scaling_phase_key(ph)] = float(statistics.median(vals)) if len(vals) else 0.0
+    row["conditions"] = info.get("conditions", {})
+    return row
+
+
+def run_point(config, base, dataset, mode, p, steps, threads, tmp: Path) -> dict:
+    ckpt = _checkpoint(base, p["d_model"], tmp)
+    cfg_path, name = _point_config(config, mode, p, steps, tmp)
+    out_dir = tmp / "runs" / name
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(_io.StringIO()):  # one line per step per run: keep the bench log short
+        info = train_run.run(cfg_path, name, str(out_dir), ckpt, dataset, threads=threads)
+    loaded = load_checkpoint(ckpt).model_config
+    res = {"mode": mode, **p, "num_parameters": loaded.num_parameters(), "seconds": time.perf_counter() - t0}
+    res.update(_summarise(out_dir, info))
+    print(f"  {mode:15s} {p['axis']:6s} d={p['d_model']:<4d} b={p['batch']:<3d} l={p['length']:<3d} "
+          f"{res['samples_per_s']:7.1f} samples/s  ({res['seconds']:.1f} s)", flush=True)
+    return res
+
+
+def design(config: str, base: str) -> tuple[dict, list[dict]]:
+    """(centre, points), every point checked before anything runs (errors name the workflow.scaling_*
+    key)."""
+    cfg = load_config(config)
+    w, base_cfg = cfg.workflow, load_checkpoint(base).model_config
+    if base_cfg is None:
+        raise ConfigError(f"rlpipe bench scaling: --base {base} is an HF model; the scaling bench needs an rlpipe "
+                          f"TransformerLM checkpoint (its width is varied)")
+    center = {"d_model": base_cfg.d_model, "batch": cfg.train.rollout_batch_size,
+              "length": cfg.train.sampling_max_tokens}
+    for d in w.scaling_sizes:
+        try:
+            base_cfg.replace(d_model=d, d_ff=3 * d)
+        except ValueError as e:
+            raise ConfigError(f"workflow.scaling_sizes: {d} does not fit the base's {base_cfg.num_heads} "
+                              f"heads: {e}") from None
+    for b in w.scaling_batches:
+        if b % cfg.train.group_size:
+            raise ConfigError(f"workflow.scaling_batches: {b} is not a multiple of train.group_size "
+                              f"({cfg.train.group_size})")
+    return center, points(w.scaling_sizes, w.scaling_batches, w.scaling_lengths, center)
+
+
+def run_bench(config, base, dataset, modes, threads) -> dict:
+    cfg = load_config(config)
+    (center, pts), steps = design(config, base), cfg.workflow.scaling_steps
+    import ray
+
+    start = time.time()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        train_run._init_ray(cfg, num_cpus=2 * threads + 1)
+        try:
+            done: dict[tuple, dict] = {}  # the centre point is on every axis: run it once per mode
+            for mode in modes:
+                for p in pts:
+                    key = (mode, p["d_model"], p["batch"], p["length"])
+                    if key not in done:
+                        done[key] = run_point(config, base, dataset, mode, p, steps, threads, Path(tmp))
+                    results.append({**done[key], "axis": p["axis"]})
+        finally:
+            ray.shutdown()
+    return {"bench": "scaling", "steps": steps, "threads": threads, "center": center, "modes": list(modes),
+            "load_avg_1m_end": round(os.getloadavg()[0], 2), "seconds": round(time.time() - start, 1),
+            "points": results}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="rlpipe bench scaling", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="the pipeline config (its train section is the centre)")
+    ap.add_argument("--base", required=True, help="an rlpipe checkpoint: tokenizer, depth and centre width")
+    ap.add_argument("--dataset", required=True, help="keyword dataset directory")
+    ap.add_argument("--modes", default=",".join(SCALING_MODES))
+    ap.add_argument("--threads", type=int, default=2,
+                    help="the job's threads, as a training job's (actors get train.threads each, capped to fit)")
+    ap.add_argument("--out", default=None, help="write the JSON here (atomically)")
+    a = ap.parse_args(argv)
+    modes = tuple(a.modes.split(","))
+    bad = [m for m in modes if m not in SCALING_MODES]
+    if bad:
+        ap.error(f"--modes: unknown mode {bad[0]!r}; choose from {', '.join(SCALING_MODES)}")
+    if a.threads < 1:
+        ap.error("--threads must be >= 1")
+    for path, what in ((a.config, "--config"), (a.base, "--base"), (a.dataset, "--dataset")):
+        if not os.path.exists(path):
+            ap.error(f"{what}: {path} does not exist")
+    try:
+        result = run_bench(a.config, os.path.abspath(a.base), os.path.abspath(a.dataset), modes, a.threads)
+    except ConfigError as e:
+        ap.error(str(e))
+    text = json.dumps(result)
+    if a.out:
+        io.write_text(a.out, text + "\n")
+    print(f"rlpipe bench scaling: {len(result['points'])} points in {result['seconds']} s", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""FLOP accounting (hand values, and against torch's own FLOP counter), the matmul peak and the
+update bench (issue 13 item 2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from rlpipe.bench.flops import decode_flops, forward_flops, matmul_params, matmul_peak, train_flops
+from rlpipe.lm.model import ModelConfig, TransformerLM
+
+TINY = ModelConfig(vocab_size=10, context_length=16, num_layers=1, d_model=4, num_heads=2, d_ff=8)
+
+
+def test_hand_counted_values():
+    # N_mm = L (4 D^2 + 3 D F) + D V = 64 + 96 + 40 = 200
+    assert matmul_params(TINY) == 200
+    # T = 3: 3 tokens x 2 N_mm + 4 L D x (1 + 2 + 3) attended positions = 1200 + 16 x 6
+    assert forward_flops(TINY, [3]) == 1296
+    assert forward_flops(TINY, [3, 3]) == 2 * 1296
+    assert train_flops(TINY, [3]) == 3 * 1296
+
+
+def test_kv_decoding_does_the_work_of_one_causal_forward():
+    # prefill of P tokens + n single-token steps attend to 1..P+n positions: one forward over P+n
+    assert decode_flops(TINY, 5, 7, 1) == forward_flops(TINY, [12])
+    assert decode_flops(TINY, 5, 7, 3) == 3 * forward_flops(TINY, [12])
+
+
+def test_matmul_count_equals_torch_flop_counter():
+    """Naive (torch's FlopCounterMode over a real forward, attention through the math SDPA kernel,
+    i.e. plain batched matmuls over the full T x T scores) vs ours."""
+    cfg = ModelConfig(vocab_size=64, context_length=32, num_layers=2, d_model=16, num_heads=2, d_ff=48)
+    model = TransformerLM(cfg)
+    B, T = 3, 10
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        model(torch.randint(0, 64, (B, T)))  # (B, T) -> (B, T, V)
+    counts = counter.get_flop_counts()["Global"]
+    weights = sum(v for op, v in counts.items() if str(op).startswith("aten.mm"))
+    scores = sum(v for op, v in counts.items() if str(op).startswith("aten.bmm"))
+    assert weights == B * T * 2 * matmul_params(cfg)
+    assert scores == cfg.num_layers * 4 * B * T * T * cfg.d_model  # QK^T and AV, full T x T
+    # ours counts the causal lower triangle, T (T + 1) / 2 of the T x T scores
+    ours_attn = forward_flops(cfg, [T] * B) - weights
+    assert ours_attn == pytest.approx(scores * (T + 1) / (2 * T))
+
+
+def test_matmul_peak_is_measured_per_size():
+    peak = matmul_peak(sizes=(64, 128), repeats=2)
+    assert set(peak["by_size"]) == {64, 128} and peak["size"] in (64, 128)
+    assert peak["flops_per_s"] == max(peak["by_size"].values()) > 0
+
+
+def test_update_bench_times_the_learners_real_step(tmp_path, capsys):
+    from rlpipe.bench import update
+
+    out = tmp_path / "update.json"
+    res = update.main(["--batch", "4", "--group-size", "2", "--prompt-tokens", "4", "--response-tokens", "4",
+                       "--repeats", "2", "--out", str(out)])
+    assert out.read_text().strip() == capsys.readouterr().out.strip().splitlines()[-1]
+    assert res["update_s"] == pytest.approx(res["fwd_bwd_s"] + res["optimizer_s"] + res["kl_monitor_s"], rel=1e-3)
+    assert res["fwd_bwd_share"] + res["optimizer_share"] + res["kl_monitor_share"] == pytest.approx(1.0, abs=1e-3)
+    # the fractions are FLOPs / time / peak: recompute one from the parts
+    cfg = ModelConfig.from_preset("cpu-tiny", vocab_size=update.bench_tokenizer(2048, str(tmp_path)).vocab_size)
+    fb = train_flops(cfg, [8] * 4) / res["fwd_bwd_s"] / (res["matmul_peak_gflops"] * 1e9)
+    assert res["fwd_bwd_fraction_of_peak"] == pytest.approx(fb, rel=0.01)
+    assert 0 < res["update_fraction_of_peak"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "6", "--group-size", "4"], "divisible"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--checkpoint", "/no/such.pt"], "does not exist"),
+])
+def test_update_bench_rejects_bad_arguments(args, message, capsys):
+    from rlpipe.bench import update
+
+    with pytest.raises(SystemExit):
+        update.main(args)
+    assert message in capsys.readouterr().err

@@ -1,0 +1,113 @@
+"""Scaling curves (issue 13 item 3): the design, the growth exponents (hand values), the report, and
+the bench's input checks (before Ray starts). The real runs are in the smoke workflow test."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from rlpipe.analysis import scaling
+from rlpipe.analysis.contract import SCALING_MODES, SCALING_REPORT_FILES, scaling_phase_key
+from rlpipe.bench import scaling as bench
+
+
+def test_growth_exponent_hand_values():
+    assert scaling.growth_exponent([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)  # y = 3 x^2
+    assert scaling.growth_exponent([16, 32, 64], [5.0, 5.0, 5.0]) == pytest.approx(0.0, abs=1e-12)
+    # least squares on (ln x, ln y) = (0, 0), (a, a), (2a, 4a), a = ln 2: centred dx = (-a, 0, a),
+    # dy = (-5a/3, -2a/3, 7a/3), slope = sum dx dy / sum dx^2 = 4a^2 / 2a^2 = 2
+    assert scaling.growth_exponent([1, 2, 4], [1, 2, 16]) == pytest.approx(2.0)
+    assert math.isnan(scaling.growth_exponent([8, 8], [1, 2]))  # one distinct x
+    assert scaling.growth_exponent([0, 1, 2], [5, 1, 2]) == pytest.approx(1.0)  # x = 0 is dropped
+
+
+def test_design_moves_one_axis_at_a_time_through_the_centre():
+    center = {"d_model": 128, "batch": 32, "length": 40}
+    pts = bench.points((64, 256), (16, 64), (20, 80), center)
+    by_axis = {a: [(p["d_model"], p["batch"], p["length"]) for p in pts if p["axis"] == a] for a in
+               ("model", "batch", "length")}
+    assert by_axis == {"model": [(64, 32, 40), (128, 32, 40), (256, 32, 40)],
+                       "batch": [(128, 16, 40), (128, 32, 40), (128, 64, 40)],
+                       "length": [(128, 32, 20), (128, 32, 40), (128, 32, 80)]}
+    assert len({(p["d_model"], p["batch"], p["length"]) for p in pts}) == 7  # the centre runs once per mode
+    assert [p["axis"] for p in bench.points((), (), (), center)] == ["model", "batch", "length"]
+
+
+def synthetic_points() -> list[dict]:
+    """samples/s ~ batch^0.5 and update seconds ~ params^1, generate ~ params^0.5, in both modes."""
+    pts = []
+    for mode in SCALING_MODES:
+        for b in (16, 32, 64):
+            pts.append({"mode": mode, "axis": "batch", "d_model": 128, "num_parameters": 1e6, "batch": b,
+                        "length": 40, "samples_per_s": 10 * b ** 0.5, scaling_phase_key("update"): 0.01 * b,
+                        scaling_phase_key("generate"): 0.02 * b, scaling_phase_key("score"): 0.001,
+                        scaling_phase_key("weight_sync"): 0.0})
+        for n in (1e5, 1e6, 1e7):
+            pts.append({"mode": mode, "axis": "model", "d_model": 128, "num_parameters": n, "batch": 32,
+                        "length": 40, "samples_per_s": 1e7 / n, scaling_phase_key("update"): n * 1e-7,
+                        scaling_phase_key("generate"): (n ** 0.5) * 1e-4, scaling_phase_key("score"): 0.001,
+                        scaling_phase_key("weight_sync"): 0.0})
+    return pts
+
+
+def test_exponents_table_and_sentences():
+    pts = pd.DataFrame(synthetic_points())
+    sync = pd.DataFrame({"source": "bench", "label": "object_store@cpu", "bytes": [1e6, 1e7, 1e8],
+                         "median_s": [1e-3, 1e-2, 1e-1]})
+    tab = scaling.exponents(pts, sync)
+    get = {(r.mode, r.axis, r.quantity): r.exponent for r in tab.itertuples()}
+    for mode in SCALING_MODES:
+        assert get[(mode, "batch", "samples_per_s")] == pytest.approx(0.5)
+        assert get[(mode, "batch", scaling_phase_key("update"))] == pytest.approx(1.0)
+        assert get[(mode, "model", scaling_phase_key("generate"))] == pytest.approx(0.5)
+    assert (mode, "model", scaling_phase_key("weight_sync")) not in get  # all-zero curves are not fitted
+    assert get[("object_store@cpu", "payload", "sync_seconds")] == pytest.approx(1.0)
+    text = " ".join(scaling.sentences(tab, pts))
+    assert "samples/s grows as batch^0.50" in text
+    assert "generation grows more slowly (exponent 0.50 vs 1.00)" in text
+    assert "latency grows as payload^1.00" in text
+
+
+def test_report_writes_figure_table_and_page(tmp_path):
+    src = tmp_path / "scaling.json"
+    src.write_text(json.dumps({"bench": "scaling", "steps": 4, "threads": 2, "points": synthetic_points()}))
+    assert scaling.main(["--bench", str(src), "--out", str(tmp_path / "out")]) == 0
+    for f in SCALING_REPORT_FILES.values():
+        assert (tmp_path / "out" / f).stat().st_size > 0, f
+    page = (tmp_path / "out" / SCALING_REPORT_FILES["discussion"]).read_text()
+    assert "no weight-sync bench JSON" in page  # the payload panels say why they are empty
+    assert len(pd.read_csv(tmp_path / "out" / SCALING_REPORT_FILES["table"])) == 2 * 2 * 4
+
+
+def test_report_rejects_a_file_that_is_not_a_scaling_result(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"points": [{"mode": "colocated_sync"}]}))
+    with pytest.raises(SystemExit):
+        scaling.main(["--bench", str(bad), "--out", str(tmp_path / "o")])
+    assert "not an `rlpipe bench scaling` result" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        scaling.main(["--bench", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o")])
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workflow, message", [
+    ({"scaling_sizes": [9]}, "workflow.scaling_sizes: 9 does not fit"),
+    ({"scaling_sizes": [6]}, "workflow.scaling_sizes[0]: must be >= 8, got 6"),
+    ({"scaling_batches": [6]}, "workflow.scaling_batches: 6 is not a multiple of train.group_size (4)"),
+])
+def test_bench_rejects_a_bad_sweep_before_ray_starts(workflow, message, tiny_base, write_config, tmp_path,
+                                                    capsys, no_ray):
+    cfg = write_config(tmp_path / "c.yaml", workflow={"threads_per_variant": 2, **workflow})
+    with pytest.raises(SystemExit):
+        bench.main(["--config", str(cfg), "--base", tiny_base[0], "--dataset", tiny_base[1]])
+    assert message in capsys.readouterr().err
+
+
+def test_bench_names_a_missing_input(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--config", str(tmp_path / "c.yaml"), "--base", "b.pt", "--dataset", "d"])
+    err = capsys.readouterr().err
+    assert "--config" in err and "does not exist" in err

@@ -401,7 +401,7 @@ class WorkflowConfig(_Section):
     scaling_lengths: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         [20, 80], description="`rlpipe bench scaling`: response lengths in tokens (train.sampling_max_tokens "
         "is added).")
-    scaling_steps: int = Field(4, ge=2, le=100, description="`rlpipe bench scaling`: GRPO steps per point (the "
+    scaling_steps: int = Field(3, ge=2, le=100, description="`rlpipe bench scaling`: GRPO steps per point (the "
                                "first is warm-up and not counted).")
 
 

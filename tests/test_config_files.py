@@ -38,7 +38,7 @@ def test_default_config_is_the_scaled_down_cpu_run():
     cfg = load_config(ROOT / "config/config.yaml")
     assert set(cfg.variants) == EXPECTED_VARIANTS
     t = cfg.train
-    assert (t.n_grpo_steps, t.rollout_batch_size, t.group_size, t.train_batch_size) == (64, 32, 4, 32)
+    assert (t.n_grpo_steps, t.rollout_batch_size, t.group_size, t.train_batch_size) == (40, 32, 4, 32)
     assert (t.sampling_max_tokens, t.val_every, t.val_size, t.threads) == (40, 10, 64, 1)
     assert t.n_grpo_steps % 8 == 0 and cfg.model.preset == "cpu-tiny" and t.device == "cpu"
     # seed 000 §3.1.2 values kept

@@ -20,6 +20,8 @@ import yaml
 
 from rlpipe.analysis import contract
 
+pytestmark = pytest.mark.dag
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEFILE = ROOT / "Snakefile"
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.dag
+
 ROOT = Path(__file__).resolve().parents[1]
 CONDA = "Specify a conda environment or container for each rule."
 CONFIG_GLOBAL = "Shell command directly uses variable CONFIG_FILE from outside of the rule"

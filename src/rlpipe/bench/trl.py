@@ -79,7 +79,7 @@ import yaml
 from rlpipe.analysis.contract import CHECKPOINT_FILE, METRICS_FILE, RUN_INFO_FILE
 from rlpipe.config import ConfigError, TrainConfig, apply_overrides, load_config, load_yaml
 from rlpipe.io import write_json
-from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
+from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint
 from rlpipe.lm.hf_export import export_hf
 from rlpipe.lm.policy import load_policy
 from rlpipe.lm.sampler import SamplingParams, generate
@@ -197,14 +197,10 @@ def check_inputs(checkpoint: str, dataset: str, config: str | None):
     """Open every input; a bad one raises ``BenchInputError`` naming it. Returns the train section
     of the pipeline config (its defaults when ``config`` is None)."""
 
-    if not Path(checkpoint).is_file():
-        raise BenchInputError(f"--checkpoint: {checkpoint} not found (run `rlpipe pretrain` first)")
     try:
-        ckpt = load_checkpoint(checkpoint)
-    except CheckpointError as e:
-        raise BenchInputError(f"--checkpoint: {e}") from None
-    if ckpt.tokenizer is None:
-        raise BenchInputError(f"--checkpoint: {checkpoint} names no tokenizer (export-hf needs one)")
+        open_base_checkpoint(checkpoint, "--checkpoint")
+    except (FileNotFoundError, CheckpointError) as e:
+        raise BenchInputError(str(e)) from None
     try:
         KeywordInclusionTask.check_dataset(dataset)
     except (FileNotFoundError, ValueError) as e:

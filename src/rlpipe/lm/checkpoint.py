@@ -42,6 +42,7 @@ from torch import nn
 
 from rlpipe.io import torch_save
 from rlpipe.lm.model import ModelConfig, TransformerLM
+from rlpipe.lm.tokenizer import load_tokenizer
 
 FORMAT = "rlpipe.lm.checkpoint"
 VERSION = 1
@@ -322,3 +323,29 @@ def load_training_state(model: nn.Module, path) -> tuple[dict | None, dict]:
     check_state_dict(model, payload["model"], source=f"checkpoint {path}")
     _unwrap(model).load_state_dict(payload["model"], strict=True)
     return payload.get("optimizer"), payload.get("extra") or {}
+
+
+def open_base_checkpoint(path: str | os.PathLike, flag: str = "--base") -> tuple[LoadedCheckpoint, str]:
+    """Open an rlpipe checkpoint and the tokenizer it references, so that a bad one fails before any
+    work; every error names ``flag`` and the file. Returns the checkpoint and the tokenizer reference
+    (absolute when it is a path: actors on a cluster do not share the caller's working directory;
+    a spec such as ``tiktoken:gpt2`` unchanged)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{flag}: checkpoint {path} not found (run `rlpipe pretrain` first)")
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError as e:
+        raise CheckpointError(f"{flag}: {e}") from None
+    if ckpt.tokenizer is None:
+        raise CheckpointError(f"{flag}: checkpoint {path} names no tokenizer (save it with tokenizer=...)")
+    try:
+        tok = load_tokenizer(ckpt.tokenizer)
+    except Exception as e:  # the tokenizer loaders raise many types (OSError, ValueError, Exception)
+        raise CheckpointError(f"{flag}: the tokenizer {ckpt.tokenizer} that checkpoint {path} references cannot "
+                              f"be loaded: {type(e).__name__}: {e}") from None
+    vocab = ckpt.model_config.vocab_size if ckpt.model_config is not None else None
+    if vocab is not None and tok.vocab_size > vocab:
+        raise CheckpointError(f"{flag}: the tokenizer {ckpt.tokenizer} has {tok.vocab_size} tokens but the model in "
+                              f"{path} only {vocab} (vocab_size)")
+    ref = os.path.abspath(ckpt.tokenizer) if os.path.exists(ckpt.tokenizer) else ckpt.tokenizer
+    return ckpt, ref

@@ -55,7 +55,7 @@ from rlpipe.config import (
     to_dict,
     variant_gpus,
 )
-from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, read_extra
+from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint, read_extra
 from rlpipe.lm.policy import HF_CONFIG, is_hf_dir
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.tasks import TASKS
@@ -109,23 +109,7 @@ def _check_base(base: str) -> str:
     share the driver's working directory), or the spec unchanged when it is no path (``tiktoken:gpt2``)."""
     if Path(base).is_dir():
         return _check_hf_base(base)
-    if not Path(base).is_file():
-        raise FileNotFoundError(f"--base: checkpoint {base} not found (run `rlpipe pretrain` first)")
-    try:
-        ckpt = load_checkpoint(base)
-    except CheckpointError as e:
-        raise CheckpointError(f"--base: {e}") from None
-    if ckpt.tokenizer is None:
-        raise InputError(f"--base: checkpoint {base} names no tokenizer (save it with tokenizer=...)")
-    try:
-        tok = load_tokenizer(ckpt.tokenizer)
-    except Exception as e:  # the tokenizer loaders raise many types (OSError, ValueError, Exception)
-        raise InputError(f"--base: the tokenizer {ckpt.tokenizer} that checkpoint {base} references cannot be "
-                         f"loaded: {type(e).__name__}: {e}") from None
-    if tok.vocab_size > ckpt.model_config.vocab_size:
-        raise InputError(f"--base: the tokenizer {ckpt.tokenizer} has {tok.vocab_size} tokens but the model in "
-                         f"{base} only {ckpt.model_config.vocab_size} (vocab_size)")
-    return os.path.abspath(ckpt.tokenizer) if os.path.exists(ckpt.tokenizer) else ckpt.tokenizer
+    return open_base_checkpoint(base, "--base")[1]
 
 
 def _check_inputs(train_cfg, base: str, dataset: str | None) -> str:

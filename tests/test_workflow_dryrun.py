@@ -47,8 +47,10 @@ def test_default_config_dag(workdir, dry_run):
     assert dry_run.training_gpus(out) == {v: 0 for v in ALL_VARIANTS}
     rules = dry_run.rules(out)
     assert {"run_unit_tests", "build_corpus", "train_tokenizer", "pretrain_base",
-            "build_keyword_dataset", "bench_weight_sync", "bench_sampler", "bench_update", "bench_scaling",
-            "report_scaling", "aggregate_metrics"} <= rules
+            "build_keyword_dataset", "bench_weight_sync", "bench_sampler", "bench_update", "aggregate_metrics"} <= rules
+    assert not {"bench_scaling", "report_scaling"} & rules  # the budget: config/scaling.yaml adds them
+    scaled = dry_run.rules(snakemake(workdir, "-n", "--configfile", "config/scaling.yaml").stdout)
+    assert {"bench_scaling", "report_scaling"} <= scaled and scaled - rules == {"bench_scaling", "report_scaling"}
     assert {r for r in rules if r.startswith("plot_")} >= {"plot_kl", "plot_timeline", "plot_throughput"}
 
 
@@ -105,8 +107,7 @@ def fake_upstream(workdir: Path, variants, make_runs) -> None:
     # the analysis half of the keyword track only (the MATH track, the families, the toy grid and the
     # scaling bench have their own tests)
     (workdir / "config/keyword_only.yaml").write_text(
-        "workflow: {tracks: [keyword], families: [], toy_sort_seeds: [], scaling_sizes: [], scaling_batches: [], "
-        "scaling_lengths: []}\n")
+        "workflow: {tracks: [keyword], families: [], toy_sort_seeds: [], bench_scaling: false}\n")
 
 
 @pytest.mark.slow

@@ -393,9 +393,11 @@ class WorkflowConfig(_Section):
     bench_sizes_mb: list[Annotated[float, Field(gt=0, le=4096)]] = Field(
         [1, 10, 100, 1000], min_length=1,
         description="Synthetic payload sweep of the weight-sync benchmark, in MB (issue 13: 1 MB to 1 GB).")
+    bench_scaling: bool = Field(
+        True, description="Run `rlpipe bench scaling` (real short runs over model size, batch and response "
+        "length, ~4 min on 2 cores) and put its curves in the report.")
     scaling_sizes: list[Annotated[int, Field(ge=8, le=4096)]] = Field(
-        [64, 256], description="`rlpipe bench scaling`: model widths (d_model; the base's own is added). "
-        "[] with the two lists below empty skips the scaling bench.")
+        [64, 256], description="`rlpipe bench scaling`: model widths (d_model; the base's own is added).")
     scaling_batches: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         [16, 64], description="`rlpipe bench scaling`: rollout batch sizes (train.rollout_batch_size is added).")
     scaling_lengths: list[Annotated[int, Field(ge=1, le=4096)]] = Field(

@@ -156,8 +156,7 @@ def variant_train(variant: str) -> str:
 
 
 def scaling_on() -> bool:
-    w = CFG.workflow
-    return bool(w.scaling_sizes or w.scaling_batches or w.scaling_lengths)
+    return CFG.workflow.bench_scaling
 
 
 def scaling_settings() -> str:

@@ -25,7 +25,6 @@ downloaded. The load average is reported because the CPU may be shared with othe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -35,8 +34,8 @@ import warnings
 
 import torch
 
+from rlpipe.bench import emit
 from rlpipe.bench.flops import decode_flops, gflops, matmul_peak
-from rlpipe.io import write_text
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
 from rlpipe.lm.tokenizer import Tokenizer, train_bpe
@@ -162,10 +161,7 @@ def main(argv=None) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # HF generation-config chatter
         result = run_bench(args.preset, args.batch, args.new_tokens, args.repeats, args.device)
-    line = json.dumps(result)
-    print(line, flush=True)
-    if args.out:
-        write_text(args.out, line + "\n")
+    emit(result, args.out)
     return result
 
 

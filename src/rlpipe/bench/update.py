@@ -23,7 +23,6 @@ CPU may be shared.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -31,10 +30,10 @@ import time
 
 import torch
 
+from rlpipe.bench import emit
 from rlpipe.bench.flops import forward_flops, gflops, matmul_peak, train_flops
 from rlpipe.bench.sampler import bench_tokenizer
 from rlpipe.config import TrainConfig
-from rlpipe.io import write_text
 from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.rl.records import RolloutBatch
@@ -152,10 +151,7 @@ def main(argv=None) -> dict:
         ap.error(f"--checkpoint: {args.checkpoint} does not exist")
     result = run_bench(args.preset, args.checkpoint, args.batch, args.group_size, args.grad_accum, args.prompt_tokens,
                        args.response_tokens, args.repeats, args.threads)
-    line = json.dumps(result)
-    print(line, flush=True)
-    if args.out:
-        write_text(args.out, line + "\n")
+    emit(result, args.out)
     return result
 
 

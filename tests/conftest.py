@@ -100,6 +100,7 @@ VARIANTS = {
     "disagg_rdt": {"mode": "disaggregated", "weight_sync.transport": "rdt", "n_grpo_steps": 3},
     "replay": {"mode": "disaggregated", "replay.enabled": True, "replay.max_age": 2, "n_grpo_steps": 4},
     "scorer": {"mode": "disaggregated", "scorer_actor": True, "n_grpo_steps": 2},
+    "lag3": {"mode": "disaggregated", "policy_lag": 3, "n_grpo_steps": 6},
     "kl_penalty": {"mode": "colocated_sync", "kl_coef": 0.1},
 }
 

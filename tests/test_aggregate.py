@@ -251,7 +251,7 @@ def test_discussion_numbers_and_missing_variants(runs):
     assert "took 12% less time" in " ".join(sec["kstep"]["sentences"])
     assert sec["disagg"]["numbers"]["bound_disagg"] == pytest.approx(1.8)
     assert sec["versions"]["numbers"]["lag_disagg"] == 1.0
-    assert sec["replay"]["sentences"][0].startswith("No data: variant 'replay'")
+    assert sec["replay"]["sentences"][0].startswith("No data: no variant with train.replay.enabled")
     assert "1/2" in sec["rollouts"]["sentences"][0] and "2/2" in sec["rollouts"]["sentences"][0]
     # Problem 10 by hand (onpolicy: generate 24 s, update 8 s, sync 2 s, wall 40 s, 6 s elsewhere):
     # overlap saves 40 - max(24, 10) - 6 = 10 s (1.33x); a 2x sampler saves 12 s (1.43x): recommended
@@ -372,13 +372,16 @@ def test_conditions_sentence_with_some_runs_unrecorded(tmp_path, make_runs):
 
 def test_run_transport_and_replay_comparisons_check_contention():
     table = pd.DataFrame([
-        {"variant": "disagg", "contended": True, "other_cpu_frac": 0.4, "samples_per_s": 1.0,
+        {"variant": "disagg", "mode": "disaggregated", "replay": False, "transport": "object_store",
+         "contended": True, "other_cpu_frac": 0.4, "samples_per_s": 1.0,
          "val_reward_final": 0.5, "val_reward_best": 0.6, "replay_reuse_mean": math.nan,
          "replay_age_mean": math.nan, "staleness_max": 1.0},
-        {"variant": "disagg_rdt", "contended": False, "other_cpu_frac": 0.01, "samples_per_s": 2.0,
+        {"variant": "disagg_rdt", "mode": "disaggregated", "replay": False, "transport": "rdt",
+         "contended": False, "other_cpu_frac": 0.01, "samples_per_s": 2.0,
          "val_reward_final": 0.5, "val_reward_best": 0.6, "replay_reuse_mean": math.nan,
          "replay_age_mean": math.nan, "staleness_max": 1.0},
-        {"variant": "replay", "contended": False, "other_cpu_frac": 0.01, "samples_per_s": 3.0,
+        {"variant": "replay", "mode": "disaggregated", "replay": True, "transport": "object_store",
+         "contended": False, "other_cpu_frac": 0.01, "samples_per_s": 3.0,
          "val_reward_final": 0.4, "val_reward_best": 0.6, "replay_reuse_mean": 1.5,
          "replay_age_mean": 0.8, "staleness_max": 2.0}])
     sync = pd.DataFrame([

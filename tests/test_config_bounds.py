@@ -299,6 +299,7 @@ def test_several_errors_are_all_reported():
     ({"mode": "colocated_k", "k": 3}, "train.n_grpo_steps (100) must be divisible by train.k (3)"),
     ({"k": 2}, "train.k=2 needs train.mode: colocated_k"),
     ({"replay": {"enabled": True}}, "train.replay.enabled needs train.mode: disaggregated"),
+    ({"policy_lag": 2}, "train.policy_lag=2 needs train.mode: disaggregated"),
     ({"mode": "disaggregated", "replay": {"enabled": True, "capacity_groups": 4}},
      "train.replay.capacity_groups (4) must hold one rollout batch"),
     ({"sampling_min_tokens": 61}, "train.sampling_min_tokens (61) must be <= train.sampling_max_tokens (60)"),

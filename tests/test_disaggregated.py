@@ -79,6 +79,35 @@ def test_version_bound_holds_over_six_steps(env):
         assert (got > 0).all(), phase
 
 
+def test_policy_lag_three_is_exactly_three_versions_stale(env):
+    """Seed 001 Problem 14's policy-lag sweep: with policy_lag L the generator samples with the
+    oldest of the last L versions it received, so batch j is min(j, L) versions stale, the version
+    log shows it, and validation still measures the newest weights."""
+    out = train(env, "lag3")
+    m = pd.read_parquet(out / "metrics.parquet")
+    assert m.loc[m.step > 0, "staleness/mean"].tolist() == [0, 1, 2, 3, 3, 3]
+    versions = pd.read_parquet(out / "versions.parquet")
+    events = pd.read_parquet(out / "events.parquet")
+    # sampling starts while the learner trains version j - 1 -> j: L - 1 behind at the start, at most L by the end
+    assert max(generator_lag(versions)) == 2
+    assert learner_lead_while_sampling(versions, events) <= 3
+    sampled = versions[(versions.who == "generator") & (versions.event == "sample_start")].version.tolist()
+    assert sampled == [0, 0, 0, 0, 1, 2]
+    # every version still reaches the generator (validation runs on the newest)
+    assert sorted(versions[(versions.who == "generator") & (versions.event == "load_weights")].version) == \
+        list(range(1, 7))
+
+
+def test_policy_lag_bound_is_checked():
+    from rlpipe.trainer.drivers.disaggregated import PolicyLagError, check_lag
+
+    check_lag(sampled=3, learner=6, policy_lag=3, spb=1, b=6)
+    check_lag(sampled=2, learner=6, policy_lag=2, spb=2, b=3)
+    with pytest.raises(PolicyLagError, match=r"rollout batch 6 .* 4 optimizer steps behind .* train.policy_lag=3 "
+                                             r"allows at most 3"):
+        check_lag(sampled=2, learner=6, policy_lag=3, spb=1, b=6)
+
+
 def test_rdt_gloo_variant_runs(env):
     out = train(env, "disagg_rdt")
     m = pd.read_parquet(out / "metrics.parquet")

@@ -265,6 +265,11 @@ class TrainConfig(_Section):
         1, ge=1, description="torch threads per compute actor (one CPU 'device': colocated runs one, "
                              "disaggregated two), capped by the job's threads (workflow.threads_per_variant).")
     scorer_actor: bool = Field(False, description="Disaggregated: score rewards in a separate Scorer actor.")
+    policy_lag: int = Field(
+        1, ge=1, le=16, description="Disaggregated: rollouts are sampled with the weights of this many syncs ago "
+        "(1: the one-version-behind loop; L: every batch after the first L is L rollout batches stale; "
+        "seed 001 Problem 14's policy-lag sweep). The generator keeps the last L versions; validation uses "
+        "the newest.")
     ray_timeout_s: float = Field(
         600.0, gt=0, description="Max seconds the driver waits on any actor call before failing.")
     recompute_old_log_probs: bool | None = Field(
@@ -312,6 +317,8 @@ class TrainConfig(_Section):
              f"@k={self.k} needs @mode: colocated_k (mode is {self.mode})")
         need(not self.replay.enabled or self.mode == "disaggregated",
              f"@replay.enabled needs @mode: disaggregated (mode is {self.mode})")
+        need(self.policy_lag == 1 or self.mode == "disaggregated",
+             f"@policy_lag={self.policy_lag} needs @mode: disaggregated (mode is {self.mode})")
         groups = self.rollout_batch_size // self.group_size
         need(not self.replay.enabled or self.replay.capacity_groups >= groups,
              f"@replay.capacity_groups ({self.replay.capacity_groups}) must hold one rollout batch "

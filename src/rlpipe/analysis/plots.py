@@ -259,8 +259,18 @@ def _disagg_variant(s: Summary) -> str | None:
     r = s.runs
     if not len(r) or "mode" not in r.columns:
         return None
-    names = list(r[r["mode"] == "disaggregated"]["variant"])
-    return "disagg" if "disagg" in names else (names[0] if names else None)
+    dis = r[r["mode"] == "disaggregated"]
+    plain = dis[~dis["replay"].astype(bool)] if "replay" in dis.columns else dis  # the plain one-behind run first
+    names = list(plain["variant"]) + list(dis["variant"])
+    return names[0] if names else None
+
+
+def _replay_variant(s: Summary) -> str | None:
+    r = s.runs
+    if not len(r) or "replay" not in r.columns:
+        return None
+    names = list(r[r["replay"].astype(bool)]["variant"])
+    return names[0] if names else None
 
 
 @figure("phase_steps", {"ncols": 2, "figsize": (13, 4.2), "sharey": True})
@@ -413,7 +423,8 @@ def plot_versions(s: Summary, axes, notes: list[str]) -> None:
 
 @figure("replay", {"ncols": 3, "figsize": (15, 4.2)})
 def plot_replay(s: Summary, axes, notes: list[str]) -> None:
-    m = s.of("metrics", "replay")
+    rep, base = _replay_variant(s), _disagg_variant(s)
+    m = s.of("metrics", rep) if rep else s.of("metrics", "")
     specs = [(axes[0], ("replay/age_mean", "replay/age_max"), "sample age (policy versions)"),
              (axes[1], ("replay/reuse_mean", "replay/size"), "reuse per group / buffer size (groups)")]
     for ax, columns, ylabel in specs:
@@ -424,24 +435,27 @@ def plot_replay(s: Summary, axes, notes: list[str]) -> None:
                 ax.plot(d["x"], d["y"], label=c)
                 drawn = True
         if not drawn:
-            no_data(ax, "variant 'replay' did not run" if not len(m) else f"{', '.join(columns)} all NaN", notes)
+            no_data(ax, "no variant with train.replay.enabled ran" if not len(m) else
+                    f"{', '.join(columns)} all NaN", notes)
             continue
-        ax.set(xlabel="optimizer step", ylabel=ylabel, title="replay: " + ylabel)
+        ax.set(xlabel="optimizer step", ylabel=ylabel, title=f"{rep}: " + ylabel)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     drawn = 0
-    for v, color in (("replay", "#c44e52"), ("disagg", "#4c72b0")):
+    for v, color in ((rep, "#c44e52"), (base, "#4c72b0")):
+        if v is None:
+            continue
         m = s.of("metrics", v)
         d = pd.DataFrame({"x": col(m, "step"), "y": col(m, "reward/val_mean")}).dropna()
         if len(d):
             axes[2].plot(d["x"], d["y"], marker="o", ms=3, color=color, label=v)
             drawn += 1
     if drawn:
-        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title="replay vs disagg")
+        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title=f"{rep} vs {base}")
         axes[2].legend(fontsize=8)
         axes[2].grid(alpha=0.3)
     else:
-        no_data(axes[2], "neither 'replay' nor 'disagg' has validation rewards", notes)
+        no_data(axes[2], "no replay or plain disaggregated run has validation rewards", notes)
 
 
 # --------------------------------------------------------------------------- rollouts (HTML)

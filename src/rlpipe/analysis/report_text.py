@@ -77,6 +77,21 @@ def row_of(table: pd.DataFrame, variant: str) -> dict | None:
     return None if rows is None or not len(rows) else rows.iloc[0].to_dict()
 
 
+def first_row(table: pd.DataFrame, mask, prefer: str | None = None) -> dict | None:
+    """The first row where ``mask`` holds (``prefer``'s row when it is one of them): sections pick
+    the runs they compare by what the runs are (mode, replay, KL coefficient), not by name."""
+    if not len(table):
+        return None
+    rows = table[mask]
+    if prefer is not None and (rows["variant"] == prefer).any():
+        rows = rows[rows["variant"] == prefer]
+    return rows.iloc[0].to_dict() if len(rows) else None
+
+
+def has_columns(table: pd.DataFrame, *cols: str) -> bool:
+    return bool(len(table)) and all(c in table.columns for c in cols)
+
+
 def missing(variant: str) -> str:
     return f"No data: variant '{variant}' is not in this run (not configured, or its run is missing)."
 
@@ -216,10 +231,12 @@ def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
         s.append(f"KL rises fastest around step {step} ({fnum(slope)} per step, 5-step average); validation "
                  f"reward was {fnum(last_valid(before))} before and {fnum(after.max() if len(after) else math.nan)} "
                  "at best after it - a KL surge without a reward gain would be the sign of instability.")
-    pen = row_of(table, "kl_penalty")
     base = row_of(table, ref)
+    pen = (first_row(table, (table["kl_coef"] > 0) & (table["mode"] == base["mode"]))
+           if base and has_columns(table, "kl_coef", "mode") and not base["kl_coef"] > 0 else None)
     if pen and base:
-        s.append(f"With the k3 penalty (kl_penalty) the final KL is {fnum(pen['kl_ref_final'])} vs "
+        s.append(f"With the k3 penalty ({pen['variant']}, kl_coef {fnum(pen['kl_coef'])}) the final KL is "
+                 f"{fnum(pen['kl_ref_final'])} vs "
                  f"{fnum(base['kl_ref_final'])} without, and the final validation reward "
                  f"{fnum(pen['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
     nums = {"best_fit": fit["best"], "power": fit["power"], "corr_kl_val": corr, "steepest_step": step,
@@ -546,20 +563,22 @@ def max_version_lag(versions: pd.DataFrame) -> float:
 
 def replay_section(table: pd.DataFrame) -> dict:
     title = "Replay buffer vs the standard disaggregated run (seed 002 Problem 11)"
-    rep, base = row_of(table, "replay"), row_of(table, "disagg")
+    rep = first_row(table, table["replay"].astype(bool)) if has_columns(table, "replay") else None
     if rep is None:
-        return section("replay", title, [missing("replay")])
-    s = [(f"replay reused each stored group {fnum(rep['replay_reuse_mean'])} times on average with a mean "
+        return section("replay", title, ["No data: no variant with train.replay.enabled ran."])
+    base = first_row(table, (table["mode"] == "disaggregated") & ~table["replay"].astype(bool)
+                     & (table["transport"] == rep["transport"]), prefer="disagg")
+    s = [(f"{rep['variant']} reused each stored group {fnum(rep['replay_reuse_mean'])} times on average with a mean "
          f"sample age of {fnum(rep['replay_age_mean'])} policy versions (max staleness {fnum(rep['staleness_max'])}).")]
     if base is not None:
         caveat = contention_caveat(rep, base)
         speed = (f"throughput {caveat}" if caveat else
                  f"throughput {fnum(rep['samples_per_s'])} vs {fnum(base['samples_per_s'])} samples/s")
-        s.append(f"Final / best validation reward: replay {fnum(rep['val_reward_final'])} / "
-                 f"{fnum(rep['val_reward_best'])} "
-                 f"vs disagg {fnum(base['val_reward_final'])} / {fnum(base['val_reward_best'])}; {speed}.")
+        s.append(f"Final / best validation reward: {rep['variant']} {fnum(rep['val_reward_final'])} / "
+                 f"{fnum(rep['val_reward_best'])} vs {base['variant']} {fnum(base['val_reward_final'])} / "
+                 f"{fnum(base['val_reward_best'])}; {speed}.")
     else:
-        s.append(missing("disagg") + " (the replay run's baseline)")
+        s.append(f"No data: no disaggregated run without replay over {rep['transport']} (the replay run's baseline).")
     return section("replay", title, s, {"reuse": rep["replay_reuse_mean"], "age": rep["replay_age_mean"]})
 
 

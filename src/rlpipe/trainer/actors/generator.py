@@ -15,11 +15,23 @@ checkpoint, or a local HuggingFace ``AutoModelForCausalLM`` directory (bf16 weig
 KV-cache sampler (``rlpipe.lm.sampler.generate``), which drives both. Validation reports the mean
 reward and, for tasks whose reward dicts have them, the format and answer rewards
 (``reward/val_format_mean``, ``reward/val_answer_mean``).
+
+Policy lag (seed 001 Problem 14; ``train.policy_lag`` L > 1, disaggregated only). Real asynchronous
+systems get staleness from queueing, so its amount depends on timing. To sweep it as a controlled
+variable, the generator keeps the last L versions it received (``deque`` of CPU copies) and samples
+rollouts with the oldest, in a second model; validation still uses the newest weights, so the
+validation curve shows the learner's policy, not the lagged one. Every batch is stamped with the
+version it was sampled with, so the learner's ``staleness/*`` metrics and the version log show the
+lag, and the disaggregated driver checks the bound on every batch. Cost: L weight copies and one
+model more of memory, one weight copy per rollout batch. A resumed run restarts the history from
+its checkpoint, so its first L batches after the restart are less stale than uninterrupted ones.
 """
 
 from __future__ import annotations
 
+import copy
 import time
+from collections import deque
 
 import torch
 
@@ -30,6 +42,7 @@ from rlpipe.rl.records import RolloutBatch, VersionEvent
 from rlpipe.rl.scoring import guarded_rewards, reward_means
 from rlpipe.tasks import Example
 from rlpipe.trainer.profiling import Profiler
+from rlpipe.trainer.weight_sync.payload import _load_into, flat_weights
 
 
 def sample_seed(run_seed: int, step: int) -> int:
@@ -50,6 +63,12 @@ class Generator:
         self.version = 0
         self.prof = profiler or Profiler("generator")
         self.version_log: list[VersionEvent] = [VersionEvent("generator", 0, time.time(), "init")]
+        self.lag = train_cfg.policy_lag
+        if self.lag > 1:  # the last `lag` versions received, oldest first; rollouts use the oldest
+            self._history: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=self.lag)
+            self._remember()
+            self._lagged_model = copy.deepcopy(self.model)
+            self._lagged_version: int | None = None  # the version in _lagged_model; None before any rollout
 
     # -- sampling -----------------------------------------------------------------------------
     def _sampling_params(self, n: int, seed: int):
@@ -59,19 +78,35 @@ class Generator:
                               stop=self.stop, include_stop_str_in_output=self.include_stop, seed=seed)
 
     @torch.inference_mode()
-    def _sample(self, examples: list[Example], n: int, seed: int):
+    def _sample(self, examples: list[Example], n: int, seed: int, model=None):
         with autocast(self.device, self.cfg.dtype):
-            return generate(self.model, self.tokenizer, [e.prompt for e in examples],
+            return generate(model or self.model, self.tokenizer, [e.prompt for e in examples],
                             self._sampling_params(n, seed), device=self.device)
 
+    def _rollout_policy(self):
+        """``(model, version)`` that rollouts sample with: the newest weights, or with
+        ``policy_lag`` L > 1 the oldest of the last L versions received."""
+        if self.lag == 1:
+            return self.model, self.version
+        version, weights = self._history[0]
+        if version != self._lagged_version:
+            with torch.no_grad():
+                _load_into(flat_weights(self._lagged_model), weights)
+            self._lagged_version = version
+        return self._lagged_model, version
+
+    def _remember(self) -> None:
+        self._history.append((self.version, {k: v.detach().clone() for k, v in flat_weights(self.model).items()}))
+
     def generate(self, examples: list[Example], step: int) -> RolloutBatch:
-        """G responses for each prompt, sampled with the weights of ``self.version``; ``step`` is
-        the first optimizer step that will train on the batch (events and seeds are keyed by it)."""
+        """G responses for each prompt, sampled with the weights of ``self.version`` (with a policy
+        lag, of the version L syncs older); ``step`` is the first optimizer step that will train on
+        the batch (events and seeds are keyed by it)."""
         g = self.cfg.group_size
-        version = self.version
+        model, version = self._rollout_policy()
         self.version_log.append(VersionEvent("generator", version, time.time(), "sample_start"))
         with self.prof.phase("generate", step, version):
-            out = self._sample(examples, g, sample_seed(self.cfg.seed, step))
+            out = self._sample(examples, g, sample_seed(self.cfg.seed, step), model)
         return RolloutBatch(
             prompts=[e.prompt for e in examples for _ in range(g)],
             ground_truths=[e.ground_truth for e in examples for _ in range(g)],
@@ -102,6 +137,10 @@ class Generator:
         """Record that a weight sync of learner ``version`` has been copied into ``self.model``."""
         self.version = int(version)
         self.version_log.append(VersionEvent("generator", self.version, time.time(), "load_weights"))
+        if self.lag > 1:
+            if self._lagged_version is None:  # no rollout yet (a resume): history starts here
+                self._history.clear()
+            self._remember()
 
     def drain_logs(self):
         events, self.version_log = self.version_log, []

@@ -14,6 +14,13 @@ it is split into train batches (or enters the replay buffer), and the learner's 
 moment, one version after the sampler's, are the old log-probs (``rlpipe.trainer.actors.learner``).
 Without a reference model (``kl_coef`` 0 and ``kl_monitor`` off) there is no initial-KL call.
 
+With ``train.policy_lag`` L > 1 (seed 001 Problem 14's policy-lag sweep) the schedule is the same,
+but the generator samples with the oldest of the last L versions it received
+(``rlpipe.trainer.actors.generator``), so batch i + 1 is sampled with version i + 1 - L: staleness
+L instead of 1. ``receive`` asserts the bound on every batch (``PolicyLagError``), and the version
+log records the version each batch was sampled with (``sample_start``), so the report's measured lag
+is the realised one.
+
 With ``train.replay.enabled`` the learner's train batches are drawn from a replay buffer that every
 new batch enters (seed 002 Problem 11); staleness is then up to ``replay.max_age``.
 With ``train.scorer_actor`` rewards are computed by a Scorer actor chained on the generation ref
@@ -98,6 +105,7 @@ class _Loop:
     def receive(self, ref, b: int, version: int):
         step = b * self.spb + 1
         batch = self.ctx.wait_get(ref, f"rollout batch {b} (for step {step})", step, version)
+        check_lag(batch.policy_version, version, self.ctx.train.policy_lag, self.spb, b)
         if self.scorer is None:
             with self.prof.phase("score", step, batch.policy_version):
                 batch = score_batch(batch, self.task, self.ctx.train)
@@ -149,6 +157,19 @@ class _Loop:
             logs.append(ctx.get(self.scorer.drain_logs.remote(), "drain logs"))
         ctx.finalize_steps(logs + [(self.prof.drain(), [])])
         ctx.end_round(first_step, step, next_batch, self.generator, self.learner)
+
+
+class PolicyLagError(RuntimeError):
+    """A rollout batch was sampled with weights older than ``train.policy_lag`` allows."""
+
+
+def check_lag(sampled: int, learner: int, policy_lag: int, spb: int, b: int) -> None:
+    """Raise unless rollout batch ``b``, sampled with version ``sampled``, is at most ``policy_lag``
+    syncs (``policy_lag * spb`` optimizer steps) behind the learner's version ``learner``."""
+    if learner - sampled > policy_lag * spb:
+        raise PolicyLagError(
+            f"rollout batch {b} was sampled with policy version {sampled}, {learner - sampled} optimizer steps "
+            f"behind the learner's {learner}; train.policy_lag={policy_lag} allows at most {policy_lag * spb}")
 
 
 def _make_buffer(train_cfg):

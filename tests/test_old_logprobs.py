@@ -102,3 +102,23 @@ def test_train_step_on_recomputed_batch_reports_the_gap(tiny_base):
     assert torch.isfinite(torch.tensor(res.metrics["loss/policy"]))
     events = learner.prof.drain()
     assert {"old_logprobs", "update"} <= {e.phase for e in events}
+
+
+def test_kl_monitor_every_measures_only_the_due_steps(tiny_base):
+    """train.kl_monitor_every: the KLs (and the reference forward) run on step 1, every N-th step
+    and the last one; with a KL penalty on every step, since the loss reads the reference."""
+    from rlpipe.trainer.actors.reference import ReferenceModel
+    from rlpipe.trainer.actors.workers import _update
+
+    cfg = _cfg("keyword_inclusion", False).model_copy(update={"kl_monitor": True, "kl_monitor_every": 3,
+                                                               "n_grpo_steps": 7})
+    task = make_task("keyword_inclusion", tiny_base[1], cfg)
+    gen, learner = Generator(tiny_base[0], cfg, stop=task.stop), Learner(tiny_base[0], cfg)
+    ref = ReferenceModel(tiny_base[0], cfg)
+    batch = score_batch(gen.generate(task.prompts_for_batch(0, 2, cfg.seed), 1), task, cfg)
+    measured = [s for s in range(1, 8) if "kl/ref_k3" in _update(learner, ref, batch, s).metrics]
+    assert measured == [1, 3, 6, 7]
+    ref_calls = [e.step for e in ref.prof.drain() if e.phase == "ref_logprobs"]
+    assert ref_calls == [1, 3, 6, 7]  # the reference forward is skipped between them
+    learner.cfg = cfg.model_copy(update={"kl_coef": 0.1})
+    assert all(learner.kl_due(s) for s in range(1, 8))

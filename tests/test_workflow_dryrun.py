@@ -75,7 +75,7 @@ def test_one_variant_target_schedules_only_it(workdir, dry_run):
 @pytest.mark.parametrize("bad,key", [
     ({"train": {"lerning_rate": 0.1}}, "lerning_rate"),
     ({"train": {"n_grpo_steps": "many"}}, "n_grpo_steps"),
-    ({"variants": {"k2": {"k": 3}}}, "variants.k2"),
+    ({"variants": {"k2": {"k": 5}}}, "variants.k2"),
     ({"variants": {"k2": {"bogus": 1}}}, "variants.k2.bogus"),
 ])
 def test_bad_config_fails_with_key(workdir, bad, key):
@@ -261,16 +261,28 @@ def test_math_config_runs_the_math_track_on_the_standin(workdir, tiny_qwen, math
 
 
 def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replicate(workdir, dry_run):
-    """Every family x variant x seed is one train_family_run job; each family one report_family."""
+    """Every family x variant x seed is one train_family_run job, except replicates whose settings
+    another family's replicate already has (trained once, read by both); each family one report."""
     out = snakemake(workdir, "-n", "--configfile", "config/config.yaml", "config/study.yaml").stdout
     jobs = dry_run.jobs(out)
     runs = {(j["wildcards"]["family"], j["wildcards"]["fvariant"], j["wildcards"]["fseed"])
             for j in jobs if j["rule"] == "train_family_run"}
-    from rlpipe.config import active_families, family_pipeline, load_config
+    from rlpipe.config import active_families, family_pipeline, load_config, resolve_variant, to_dict
     cfg = load_config(workdir / "config/config.yaml")
-    expected = {(f, v, str(s)) for f in cfg.families for v in family_pipeline(cfg, f).variants for s in (0, 1, 2)}
+    expected, seen = set(), set()
+    for f in cfg.families:
+        fp = family_pipeline(cfg, f)
+        for v in fp.variants:
+            key = (cfg.families[f].track, json.dumps(to_dict(resolve_variant(fp, v)), sort_keys=True))
+            if key not in seen:
+                seen.add(key)
+                expected |= {(f, v, str(s)) for s in (0, 1, 2)}
     assert runs == expected
+    # the math families' shared reference trains once, under lr_sweep
+    assert ("lr_sweep", "lr1e-4", "0") in runs and ("std_norm", "std", "0") not in runs
+    assert ("length_norm", "masked_mean", "0") not in runs and ("kl_drift", "kl0", "0") not in runs
     assert {j["wildcards"]["family"] for j in jobs if j["rule"] == "report_family"} == set(cfg.families)
-    assert active_families(cfg) == []  # the default run includes none
-    assert "train_family_run" not in dry_run.rules(
-        snakemake(workdir, "-n", "--configfile", "config/config.yaml").stdout)
+    assert active_families(cfg) == list(cfg.families)  # the default run includes every family
+    default = dry_run.jobs(snakemake(workdir, "-n", "--configfile", "config/config.yaml").stdout)
+    assert {j["wildcards"]["fseed"] for j in default if j["rule"] == "train_family_run"} == {"0"}
+    assert sum(j["rule"] == "report_family" for j in default) == len(cfg.families)

@@ -282,6 +282,10 @@ class TrainConfig(_Section):
     kl_monitor: bool = Field(
         True, description="Measure KL(pi || pi_ref) every step. With this off and kl_coef 0 no reference model "
         "is loaded (seed 001: it saves a model's memory).")
+    kl_monitor_every: int = Field(
+        1, ge=1, description="With kl_coef 0: measure both KLs (to the reference and to the previous step) on "
+        "every N-th optimizer step only (and the first and last), skipping the reference forward and the "
+        "post-update forward between them (about a quarter of a CPU step). The other steps log no kl/*.")
     math: MathOptions = Field(default_factory=MathOptions, description="Options of the math task.")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Weight-sync transport.")
     replay: ReplayConfig = Field(default_factory=ReplayConfig, description="Replay buffer.")
@@ -381,9 +385,10 @@ class WorkflowConfig(_Section):
         None, description="Experiment families to run (names of the families table); null: every family whose "
                           "track is on. An overlay selects a few with a list, or none with [].")
     family_threads: int = Field(
-        1, ge=1, description="Snakemake threads per family replicate job. 1 on the 2-core default: two replicates "
-        "train at once (their timings are then flagged contended and draw no conclusion; families compare "
-        "learning, the systems variants compare speed on a machine of their own).")
+        1, ge=1, description="Snakemake threads per job that compares learning, not speed: family replicates and "
+        "the MATH track's runs and evaluations. 1 on the 2-core default: two train at once (their timings are "
+        "then flagged contended and draw no conclusion; the systems variants compare speed on a machine of "
+        "their own, workflow.threads_per_variant).")
     toy_sort_seeds: list[Annotated[int, Field(ge=0)]] = Field(
         [5, 6, 7], description="Seeds of seed 003's toy-sorting grid (delta modes x loss modes; `rlpipe toy-sort`); "
                                "[] skips it.")

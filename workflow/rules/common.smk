@@ -373,6 +373,32 @@ def family_runs(family: str) -> list:
     return [(v, s) for v in FAMILY_CFG[family].variants for s in FAMILY_SEEDS[family]]
 
 
+def _family_run_key(family: str, variant: str, seed) -> tuple:
+    """What a replicate computes: its track (base model and data) and resolved train settings."""
+    train = resolve_variant(FAMILY_CFG[family], variant)
+    return CFG.families[family].track, canonical(dict(to_dict(train), seed=int(seed)))
+
+
+def _family_run_owners() -> dict:
+    """(family, variant, seed) -> the replicate that trains it. Families share identical runs: the
+    reference settings of several math families are the same run (lr_sweep's lr1e-4 is
+    length_norm's masked_mean, std_norm's std, ...), so it trains once, under the first family in
+    config order that has it, and every family's report reads it under its own variant name."""
+    first, owners = {}, {}
+    for f in FAMILIES:
+        for v, s in family_runs(f):
+            owners[(f, v, s)] = first.setdefault(_family_run_key(f, v, s), (f, v, s))
+    return owners
+
+
+FAMILY_RUN_OWNER = _family_run_owners()
+
+
+def family_trained_outputs(family: str, variant: str, seed) -> dict:
+    """The run files a family replicate reads: those of the replicate that trains it."""
+    return family_run_outputs(*FAMILY_RUN_OWNER[(family, variant, seed)])
+
+
 def _family_math(family: str) -> bool:
     return CFG.families[family].track == MATH_TRACK
 
@@ -413,13 +439,14 @@ def family_resume_mode(wildcards) -> str:
 
 def family_targets() -> list:
     targets = [family_res(f, FAMILY_REPORT_DIR, name) for f in FAMILIES for name in FAMILY_REPORT_FILES.values()]
-    targets += [p for f in FAMILIES for v, s in family_runs(f) for p in family_run_outputs(f, v, s).values()]
+    targets += [p for f in FAMILIES for v, s in family_runs(f) if FAMILY_RUN_OWNER[(f, v, s)] == (f, v, s)
+                for p in family_run_outputs(f, v, s).values()]
     return targets
 
 
 def family_report_inputs(wildcards) -> dict:
     f = wildcards.family
     runs = family_runs(f)
-    return {"metrics": [family_run_outputs(f, v, s)["metrics"] for v, s in runs],
-            "info": [family_run_outputs(f, v, s)["info"] for v, s in runs],
+    return {"metrics": [family_trained_outputs(f, v, s)["metrics"] for v, s in runs],
+            "info": [family_trained_outputs(f, v, s)["info"] for v, s in runs],
             "code": [module_file("rlpipe.analysis.families"), module_file("rlpipe.analysis.stats")]}

@@ -79,7 +79,7 @@ rule evaluate_math:
         checkpoint=math_eval_checkpoint,
         dataset=lambda w: math_dataset_dir(),
         out=lambda w, output: os.path.dirname(output.summary),
-    threads: CFG.workflow.threads_per_variant
+    threads: CFG.workflow.family_threads  # compares learning, not speed
     resources:
         gpu=lambda w: 1 if MATH_ON and MATH_CFG.workflow.gpus_per_colocated > 0 else 0,
     log:
@@ -109,7 +109,7 @@ rule train_math_variant:
     resources:
         gpu=lambda w: variant_gpus(MATH_CFG, w.math_variant),
         resume=math_resume_mode,
-    threads: CFG.workflow.threads_per_variant
+    threads: CFG.workflow.family_threads  # compares learning, not speed
     log:
         "logs/train_math_variant/{math_variant}.log",
     benchmark:

@@ -162,10 +162,18 @@ class Learner:
             staleness = (self.version - batch.versions()).float()  # (B,)
             metrics, pre_lp = self._accumulate_gradients(t, ref, step)
             metrics["optim/grad_norm"] = self._optimizer_step(step)
-            metrics.update(self._kl_metrics(t, pre_lp, ref, step))
+            if self.kl_due(step):
+                metrics.update(self._kl_metrics(t, pre_lp, ref, step))
         metrics["staleness/mean"] = float(staleness.mean())
         metrics["staleness/max"] = float(staleness.max())
         return UpdateResult(self.version, metrics, len(batch), int(t.response_mask.sum()))
+
+    def kl_due(self, step: int) -> bool:
+        """Whether optimizer step ``step`` measures the KLs (``train.kl_monitor_every``); always with a
+        KL penalty, whose loss reads the reference every step. Between measured steps the post-update
+        check for non-finite log-probs is skipped too; non-finite weights are still caught every step."""
+        c, every = self.cfg, self.cfg.kl_monitor_every
+        return c.kl_coef > 0 or step % every == 0 or step in (1, self.sizes.total_optimizer_steps)
 
     def _diverged(self, step: int, what: str, updated: bool) -> NonFiniteLossError:
         self.diverged = f"optimizer step {step}: {what}"

@@ -39,7 +39,8 @@ def _reference(checkpoint: str, train_cfg, tokenizer: str | None, prof: Profiler
 
 
 def _update(learner: Learner, ref_model: ReferenceModel | None, batch: RolloutBatch, step: int) -> UpdateResult:
-    ref = None if ref_model is None else ref_model.log_probs(batch, step, learner.version)
+    due = ref_model is not None and learner.kl_due(step)  # train.kl_monitor_every
+    ref = ref_model.log_probs(batch, step, learner.version) if due else None
     return learner.train_step(batch, ref, step)
 
 

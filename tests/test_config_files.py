@@ -38,8 +38,8 @@ def test_default_config_is_the_scaled_down_cpu_run():
     cfg = load_config(ROOT / "config/config.yaml")
     assert set(cfg.variants) == EXPECTED_VARIANTS
     t = cfg.train
-    assert (t.n_grpo_steps, t.rollout_batch_size, t.group_size, t.train_batch_size) == (24, 32, 4, 32)
-    assert (t.sampling_max_tokens, t.val_every, t.val_size, t.threads) == (40, 8, 64, 1)
+    assert (t.n_grpo_steps, t.rollout_batch_size, t.group_size, t.train_batch_size) == (16, 32, 4, 32)
+    assert (t.sampling_max_tokens, t.val_every, t.val_size, t.threads) == (40, 4, 64, 1)
     assert t.n_grpo_steps % 8 == 0 and cfg.model.preset == "cpu-tiny" and t.device == "cpu"
     # seed 000 §3.1.2 values kept
     assert (t.learning_rate, t.sampling_temperature, t.loss_type, t.use_std_normalization) == (

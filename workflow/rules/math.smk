@@ -8,6 +8,7 @@
 # lint: conda (no environment on purpose, see common.smk)
 # lint: CONFIG_FILE (a global, not a param: see common.smk)
 rule build_math_data:
+    priority: 50  # the math chain first: its pretraining is the longest path to the families
     output:
         train=math_res("data", "train.jsonl"),
         val=math_res("data", "val.jsonl"),
@@ -27,6 +28,7 @@ if MATH_ON and CFG.math.base_model_dir is None and MATH_CFG.tokenizer.path is No
     # lint: conda (no environment on purpose, see common.smk)
     # lint: CONFIG_FILE (a global, not a param: see common.smk)
     rule train_math_tokenizer:
+        priority: 50  # the math chain first: its pretraining is the longest path to the families
         input:
             corpus=math_res("data", "corpus.txt"),
         output:
@@ -45,6 +47,7 @@ if MATH_ON and CFG.math.base_model_dir is None:
     # lint: conda (no environment on purpose, see common.smk)
     # lint: CONFIG_FILE (a global, not a param: see common.smk)
     rule pretrain_math_base:
+        priority: 50  # the math chain first: its pretraining is the longest path to the families
         input:
             corpus=math_res("data", "corpus.txt"),
             tokenizer=math_tokenizer_inputs(),

@@ -428,8 +428,7 @@ def family_dataset_arg(wildcards) -> str:
 
 def family_variant_train(wildcards) -> str:
     """The replicate's resolved train settings (a params value: a change reruns exactly it)."""
-    train = resolve_variant(FAMILY_CFG[wildcards.family], wildcards.fvariant)
-    return canonical(dict(to_dict(train), seed=int(wildcards.fseed)))
+    return _family_run_key(wildcards.family, wildcards.fvariant, wildcards.fseed)[1]
 
 
 def family_resume_mode(wildcards) -> str:

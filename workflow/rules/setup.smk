@@ -13,7 +13,7 @@ if CFG.workflow.run_tests:
             repo=str(REPO),
         log:
             "logs/run_unit_tests/pytest.log",
-        threads: 1  # beside the pretrainings (1 thread each) on the 2-core default
+        threads: 1  # the other core runs a pretraining or the toy grid meanwhile (2-core default)
         shell:
             # pytest runs from the repository (its pyproject holds the markers); outputs and the
             # log are made absolute first because the workdir may be elsewhere (--directory).

@@ -77,14 +77,10 @@ def row_of(table: pd.DataFrame, variant: str) -> dict | None:
     return None if rows is None or not len(rows) else rows.iloc[0].to_dict()
 
 
-def first_row(table: pd.DataFrame, mask, prefer: str | None = None) -> dict | None:
-    """The first row where ``mask`` holds (``prefer``'s row when it is one of them): sections pick
-    the runs they compare by what the runs are (mode, replay, KL coefficient), not by name."""
-    if not len(table):
-        return None
-    rows = table[mask]
-    if prefer is not None and (rows["variant"] == prefer).any():
-        rows = rows[rows["variant"] == prefer]
+def first_row(table: pd.DataFrame, mask) -> dict | None:
+    """The first row where ``mask`` holds: sections pick the runs they compare by what the runs are
+    (mode, replay, transport, KL coefficient), not by name."""
+    rows = table[mask] if len(table) else table
     return rows.iloc[0].to_dict() if len(rows) else None
 
 
@@ -567,7 +563,7 @@ def replay_section(table: pd.DataFrame) -> dict:
     if rep is None:
         return section("replay", title, ["No data: no variant with train.replay.enabled ran."])
     base = first_row(table, (table["mode"] == "disaggregated") & ~table["replay"].astype(bool)
-                     & (table["transport"] == rep["transport"]), prefer="disagg")
+                     & (table["transport"] == rep["transport"]))
     s = [(f"{rep['variant']} reused each stored group {fnum(rep['replay_reuse_mean'])} times on average with a mean "
          f"sample age of {fnum(rep['replay_age_mean'])} policy versions (max staleness {fnum(rep['staleness_max'])}).")]
     if base is not None:

@@ -80,7 +80,7 @@ class Generator:
     @torch.inference_mode()
     def _sample(self, examples: list[Example], n: int, seed: int, model=None):
         with autocast(self.device, self.cfg.dtype):
-            return generate(model or self.model, self.tokenizer, [e.prompt for e in examples],
+            return generate(self.model if model is None else model, self.tokenizer, [e.prompt for e in examples],
                             self._sampling_params(n, seed), device=self.device)
 
     def _rollout_policy(self):

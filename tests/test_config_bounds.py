@@ -276,6 +276,23 @@ def test_unknown_key_without_a_close_match_lists_the_keys():
         parse_config({"ray": {"zzz": 1}})
 
 
+def test_unknown_key_in_a_table_entry_names_the_entry_s_keys():
+    # families.<name> is an entry of a table of sections: its valid keys are FamilyConfig's
+    with pytest.raises(ConfigError, match=r"unknown config key 'families\.f\.zzz'; valid keys: track, question, "):
+        parse_config({"families": {"f": {"zzz": 1, "variants": {"a": {}}}}})
+
+
+def test_math_section_defaults_survive_a_partial_section():
+    # math.pretrain / math.tokenizer have their own defaults; giving one key must not reset the others
+    # to the keyword track's (the default_factory bug that pretrained the math model 700 x 128)
+    cfg = parse_config({"math": {"pretrain": {"threads": 1}, "tokenizer": {"path": None}}})
+    fresh = parse_config({})
+    assert cfg.math.pretrain.threads == 1
+    assert cfg.math.pretrain.max_steps == fresh.math.pretrain.max_steps != fresh.pretrain.max_steps
+    assert cfg.math.pretrain.seq_len == fresh.math.pretrain.seq_len != fresh.pretrain.seq_len
+    assert cfg.math.tokenizer.vocab_size == fresh.math.tokenizer.vocab_size != fresh.tokenizer.vocab_size
+
+
 def test_several_errors_are_all_reported():
     with pytest.raises(ConfigError) as err:
         parse_config({"train": {"val_every": 0, "cliprange": -1}, "data": {"seed": -1}})

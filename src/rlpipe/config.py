@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -451,6 +452,28 @@ class ArithmeticConfig(_Section):
         return self
 
 
+class MathTokenizerConfig(TokenizerConfig):
+    """Tokenizer of the math base model: a small vocabulary suits the arithmetic corpus."""
+
+    _prefix: ClassVar[str] = "math.tokenizer"
+
+    vocab_size: int = Field(512, ge=257, description="BPE vocabulary size (256 bytes + <|endoftext|> + merges).")
+
+
+class MathPretrainConfig(PretrainConfig):
+    """Pretraining of the math base model. Its own defaults live on this class (not in a
+    ``default_factory``), so that a config giving part of the section (``math.pretrain: {threads:
+    1}``) keeps them: with a factory, the other keys fell back to the keyword track's defaults."""
+
+    _prefix: ClassVar[str] = "math.pretrain"
+
+    max_steps: int = Field(450, ge=1, description="Optimizer steps.")
+    seq_len: int = Field(144, ge=2, description="Tokens per training sequence (<= model context): a whole "
+                                                "worked solution.")
+    eval_every: int = Field(75, ge=1, description="Validation-loss interval in steps.")
+    device: str = Field("cpu", pattern=DEVICE_PATTERN, description=f"{_DEVICE_HELP}.")
+
+
 class MathTrackConfig(_Section):
     """The MATH track (seeds 001 and 004): its data, base model, evaluation and GRPO variants.
 
@@ -467,12 +490,11 @@ class MathTrackConfig(_Section):
         None, description="Local HuggingFace model directory (config.json, weights, tokenizer.json), e.g. "
         "Qwen2.5-Math-1.5B; never downloaded. null: pretrain our TransformerLM on the arithmetic corpus.")
     arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig, description="The arithmetic task.")
-    tokenizer: TokenizerConfig = Field(
-        default_factory=lambda: TokenizerConfig(vocab_size=512), description="Tokenizer of the math base model.")
+    tokenizer: MathTokenizerConfig = Field(
+        default_factory=MathTokenizerConfig, description="Tokenizer of the math base model.")
     model: ModelSection = Field(default_factory=ModelSection, description="The math base model (when pretrained).")
-    pretrain: PretrainConfig = Field(
-        default_factory=lambda: PretrainConfig(max_steps=450, seq_len=144, eval_every=75, device="cpu"),
-        description="Pretraining of the math base model.")
+    pretrain: MathPretrainConfig = Field(
+        default_factory=MathPretrainConfig, description="Pretraining of the math base model.")
     train: dict[str, Any] = Field({}, description="Overrides of the shared train section for math runs (dotted "
                                                   "keys allowed); train.task is always 'math'.")
     variants: dict[str, dict[str, Any] | None] = Field(
@@ -560,14 +582,29 @@ def _dotted(prefix: str, loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _section_class(ann: Any) -> type[BaseModel] | None:
+    """The section class in ``ann`` (``X`` or ``X | None``), else None."""
+    for a in (ann, *typing.get_args(ann)):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
 def _model_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The section class that ``loc`` (a path of field names) points into."""
-    for part in loc:
+    """The section class that ``loc`` (a path of field names, and of the names of a table's
+    entries such as ``families.<name>``) points into."""
+    parts = iter(loc)
+    for part in parts:
         field = cls.model_fields.get(str(part))
         ann = field.annotation if field else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        if typing.get_origin(ann) is dict:  # a table of sections: the next part names an entry
+            ann = typing.get_args(ann)[1]
+            if next(parts, None) is None:
+                return None
+        section = _section_class(ann)
+        if section is None:
             return None
-        cls = ann
+        cls = section
     return cls
 
 

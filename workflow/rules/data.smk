@@ -5,7 +5,7 @@
 # lint: conda (no environment on purpose, see common.smk)
 # lint: CONFIG_FILE (a global, not a param: see common.smk)
 rule build_corpus:
-    priority: 40  # pretraining before the test gate and the toy grid (1 thread each beside it)
+    priority: 40  # after the test gate (45), before the toy grid (1 thread each beside the math chain)
     input:
         source=optional_file(CFG.data.corpus_path),
     output:
@@ -24,7 +24,7 @@ if CFG.tokenizer.path is None:
     # lint: conda (no environment on purpose, see common.smk)
     # lint: CONFIG_FILE (a global, not a param: see common.smk)
     rule train_tokenizer:
-        priority: 40  # pretraining before the test gate and the toy grid (1 thread each beside it)
+        priority: 40  # after the test gate (45), before the toy grid (1 thread each beside the math chain)
         input:
             corpus=res("data", "corpus.txt"),
         output:
@@ -43,7 +43,7 @@ if CFG.model.base_checkpoint is None:
     # lint: conda (no environment on purpose, see common.smk)
     # lint: CONFIG_FILE (a global, not a param: see common.smk)
     rule pretrain_base:
-        priority: 40  # pretraining before the test gate and the toy grid (1 thread each beside it)
+        priority: 40  # after the test gate (45), before the toy grid (1 thread each beside the math chain)
         input:
             corpus=res("data", "corpus.txt"),
             tokenizer=tokenizer_inputs(),

@@ -6,6 +6,9 @@ if CFG.workflow.run_tests:
 
     # lint: conda (no environment on purpose, see common.smk)
     rule run_unit_tests:
+        # beside the math pretraining from the start, ahead of the keyword chain (40): started after
+        # both pretrainings it left a core idle for ~100 s, as every training waits for it
+        priority: 45
         output:
             res("tests", "junit.xml"),
         params:
@@ -13,7 +16,7 @@ if CFG.workflow.run_tests:
             repo=str(REPO),
         log:
             "logs/run_unit_tests/pytest.log",
-        threads: 1  # the other core runs a pretraining or the toy grid meanwhile (2-core default)
+        threads: 1  # the other core runs the math pretraining meanwhile (2-core default)
         shell:
             # pytest runs from the repository (its pyproject holds the markers); outputs and the
             # log are made absolute first because the workdir may be elsewhere (--directory).

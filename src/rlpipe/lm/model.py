@@ -270,7 +270,14 @@ class TransformerLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        # nn.Embedding's own normal_ init, made explicit so that it can be skipped on the meta device
+        # (load_checkpoint): there it is wasted work, and meta normal_ imports torch._dynamo (~1.4 s
+        # in every process that loads a checkpoint). On real devices it still runs, so the RNG stream
+        # (and every seeded model) is unchanged.
+        weight = torch.empty(config.vocab_size, config.d_model)  # (V, D)
+        if not weight.is_meta:
+            nn.init.normal_(weight)
+        self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model, _weight=weight, _freeze=False)
         _trunc_normal_(self.token_embeddings.weight, 1.0)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.ln_final = RMSNorm(config.d_model)

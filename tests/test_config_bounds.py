@@ -284,12 +284,12 @@ def test_unknown_key_in_a_table_entry_names_the_entry_s_keys():
 
 def test_math_section_defaults_survive_a_partial_section():
     # math.pretrain / math.tokenizer have their own defaults; giving one key must not reset the others
-    # to the keyword track's (the default_factory bug that pretrained the math model 700 x 128)
+    # to the keyword track's (the default_factory bug: the math model got the keyword track's 700 steps)
     cfg = parse_config({"math": {"pretrain": {"threads": 1}, "tokenizer": {"path": None}}})
     fresh = parse_config({})
     assert cfg.math.pretrain.threads == 1
     assert cfg.math.pretrain.max_steps == fresh.math.pretrain.max_steps != fresh.pretrain.max_steps
-    assert cfg.math.pretrain.seq_len == fresh.math.pretrain.seq_len != fresh.pretrain.seq_len
+    assert cfg.math.pretrain.eval_every == fresh.math.pretrain.eval_every != fresh.pretrain.eval_every
     assert cfg.math.tokenizer.vocab_size == fresh.math.tokenizer.vocab_size != fresh.tokenizer.vocab_size
 
 

@@ -467,10 +467,10 @@ class MathPretrainConfig(PretrainConfig):
 
     _prefix: ClassVar[str] = "math.pretrain"
 
-    max_steps: int = Field(450, ge=1, description="Optimizer steps.")
-    seq_len: int = Field(144, ge=2, description="Tokens per training sequence (<= model context): a whole "
-                                                "worked solution.")
-    eval_every: int = Field(75, ge=1, description="Validation-loss interval in steps.")
+    max_steps: int = Field(
+        560, ge=1, description="Optimizer steps (cpu-tiny, 128 tokens: val loss 0.214, zero-shot reward ~0.5; "
+                               "450 x 144 tokens gave 0.226 and GRPO learned more slowly from it).")
+    eval_every: int = Field(80, ge=1, description="Validation-loss interval in steps.")
     device: str = Field("cpu", pattern=DEVICE_PATTERN, description=f"{_DEVICE_HELP}.")
 
 

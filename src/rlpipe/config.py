@@ -408,7 +408,7 @@ class WorkflowConfig(_Section):
         description="Synthetic payload sweep of the weight-sync benchmark, in MB (issue 13: 1 MB to 1 GB).")
     bench_scaling: bool = Field(
         True, description="Run `rlpipe bench scaling` (real short runs over model size, batch and response "
-        "length, ~4 min on 2 cores) and put its curves in the report.")
+        "length, ~2 min on 2 cores) and put its curves in the report.")
     scaling_sizes: list[Annotated[int, Field(ge=8, le=4096)]] = Field(
         [64, 256], description="`rlpipe bench scaling`: model widths (d_model; the base's own is added).")
     scaling_batches: list[Annotated[int, Field(ge=1, le=4096)]] = Field(

@@ -271,7 +271,7 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.config = config
         # nn.Embedding's own normal_ init, made explicit so that it can be skipped on the meta device
-        # (load_checkpoint): there it is wasted work, and meta normal_ imports torch._dynamo (~1.4 s
+        # (load_checkpoint): there it is wasted work, and meta normal_ imports torch._dynamo (~1.1 s
         # in every process that loads a checkpoint). On real devices it still runs, so the RNG stream
         # (and every seeded model) is unchanged.
         weight = torch.empty(config.vocab_size, config.d_model)  # (V, D)

@@ -157,8 +157,8 @@ def _init_ray(cfg, num_cpus: float) -> None:
     # address="local": always a new instance of our own, never a cluster that `ray start` left
     # registered in /tmp/ray (ray.init() without an address would try to attach to it)
     # A local instance's workers inherit this process's environment. A runtime_env would do the same
-    # but costs ~3 s per run (its agent at init and at every actor start): a quarter of a short run's
-    # fixed cost, paid by each of the default pipeline's ~35 runs.
+    # but its agent adds ~0.8 s to every actor start (measured side by side; ray.init unchanged),
+    # paid by each actor of the default pipeline's ~35 runs.
     os.environ.setdefault("PYTHONWARNINGS", quiet)
     ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
              dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",

@@ -282,8 +282,8 @@ class DryRun:
 
     @staticmethod
     def jobs(output: str) -> list[dict]:
-        """Planned jobs (``all`` excluded): rule, wildcards and resources of each; ``[]`` when nothing
-        is to be done."""
+        """Planned jobs (``all`` excluded): rule, wildcards, resources and threads of each; ``[]`` when
+        nothing is to be done."""
         out = []
         for block in re.split(r"\n(?=(?:localrule|rule) \w+:)", output):
             m = re.match(r"(?:localrule|rule) (\w+):", block)
@@ -293,6 +293,8 @@ class DryRun:
             for key in ("wildcards", "resources"):
                 line = re.search(rf"^\s+{key}: (.*)$", block, re.M)
                 job[key] = dict(kv.split("=", 1) for kv in line.group(1).split(", ")) if line else {}
+            threads = re.search(r"^\s+threads: (\d+)$", block, re.M)
+            job["threads"] = int(threads.group(1)) if threads else 1  # Snakemake omits threads: 1
             out.append(job)
         return out
 

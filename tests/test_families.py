@@ -12,6 +12,7 @@ from rlpipe.config import (
     ConfigError,
     active_families,
     family_pipeline,
+    family_reference,
     family_seeds,
     load_config,
     parse_config,
@@ -54,6 +55,31 @@ def test_family_config_of_a_selected_family_parses_again():
 def test_bad_family_names_the_key(change, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _cfg(fam={**FAMILY, **change})
+
+
+TABLE = {"onpolicy": {"mode": "colocated_sync"}, "disagg": {"mode": "disaggregated"}}
+
+
+def test_systems_family_is_the_variants_table():
+    """A 'systems' family takes the variants table as its variants and its speedup baseline."""
+    cfg = parse_config({"workflow": {"tracks": ["keyword"]}, "variants": TABLE,
+                        "families": {"sys": {"track": "systems", "replicates": 3}}})
+    fp = family_pipeline(cfg, "sys")
+    assert list(fp.variants) == ["onpolicy", "disagg"] and fp.train == cfg.train
+    assert family_reference(cfg, "sys") == "onpolicy" and family_seeds(cfg, "sys") == [0, 1, 2]
+    assert active_families(cfg) == ["sys"]
+    off = parse_config({"workflow": {"tracks": ["math"]}, "variants": TABLE, "families": {"sys": {"track": "systems"}}})
+    assert active_families(off) == []  # it is the keyword track's
+
+
+@pytest.mark.parametrize("family, key", [
+    ({"track": "systems", "variants": {"a": {}}}, "families.sys.variants"),
+    ({"track": "systems", "reference": "zzz"}, "families.sys.reference"),
+    ({"track": "keyword"}, "families.sys.variants"),
+])
+def test_bad_systems_family_names_the_key(family, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        parse_config({"workflow": {"tracks": ["keyword"]}, "variants": TABLE, "families": {"sys": family}})
 
 
 def test_family_of_a_switched_off_track_is_inactive():
@@ -138,6 +164,20 @@ def test_contended_timings_draw_no_conclusion(tmp_path):
     fam.runs[0].row["contended"] = True
     comps, sentences = families.discussion(fam)
     assert comps[0]["speed_verdict"] == "contended: no conclusion"
+
+
+def test_speedup_interval_is_the_welch_interval_over_the_reference_mean(tmp_path):
+    """Hand-computed: samples/s a = 10, 11, 12 and b = 20, 21, 22 (sd 1 each, n 3): Welch df 4,
+    t = 2.776, half-width 2.776 * sqrt(2/3) = 2.267; ratio 21/11 = 1.909 in [18.733/11, 23.267/11]."""
+    fam = _family(tmp_path, {"a": [0.5, 0.5, 0.5], "b": [0.5, 0.5, 0.5]})
+    for r, speed in zip(fam.runs, (10.0, 11.0, 12.0, 20.0, 21.0, 22.0), strict=True):
+        r.row["samples_per_s"] = speed
+    comps, sentences = families.discussion(fam)
+    assert comps[0]["speed_ratio"] == pytest.approx(21 / 11)
+    assert comps[0]["speed_ratio_lo"] == pytest.approx(1.7030, abs=2e-4)
+    assert comps[0]["speed_ratio_hi"] == pytest.approx(2.1152, abs=2e-4)
+    assert any("b 1.91x [1.70, 2.12] (exceeds the 95% interval)" in s for s in sentences)
+    assert any(s.startswith("Share of the driver's step time in generation / update") for s in sentences)
 
 
 def test_divergence_is_flagged(tmp_path):

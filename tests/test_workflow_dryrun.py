@@ -261,21 +261,33 @@ def test_math_config_runs_the_math_track_on_the_standin(workdir, tiny_qwen, math
 def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replicate(workdir, dry_run):
     """Every family x variant x seed is one train_family_run job, except replicates whose settings
     another family's replicate already has (trained once, read by both); each family one report."""
-    out = snakemake(workdir, "-n", "--configfile", "config/config.yaml", "config/study.yaml").stdout
+    out = snakemake(workdir, "-n", "--cores", "2", "--configfile", "config/config.yaml", "config/study.yaml").stdout
     jobs = dry_run.jobs(out)
     runs = {(j["wildcards"]["family"], j["wildcards"]["fvariant"], j["wildcards"]["fseed"])
             for j in jobs if j["rule"] == "train_family_run"}
-    from rlpipe.config import active_families, family_pipeline, load_config, resolve_variant, to_dict
+    from rlpipe.config import (active_families, family_base_track, family_pipeline, load_config, resolve_variant,
+                               to_dict)
     cfg = load_config(workdir / "config/config.yaml")
-    expected, seen = set(), set()
+
+    def key(track, train, seed):
+        return track, json.dumps(dict(to_dict(train), seed=seed), sort_keys=True)
+
+    # the variants table's runs are seed train.seed (0) of any identical replicate
+    seen = {key("keyword", t, 0) for v in cfg.variants for t in [resolve_variant(cfg, v)]}
+    expected = set()
     for f in cfg.families:
         fp = family_pipeline(cfg, f)
         for v in fp.variants:
-            key = (cfg.families[f].track, json.dumps(to_dict(resolve_variant(fp, v)), sort_keys=True))
-            if key not in seen:
-                seen.add(key)
-                expected |= {(f, v, str(s)) for s in (0, 1, 2)}
+            for s in (0, 1, 2):
+                k = key(family_base_track(cfg.families[f]), resolve_variant(fp, v), s)
+                if k not in seen:
+                    seen.add(k)
+                    expected.add((f, v, str(s)))
     assert runs == expected
+    # the systems family's seed 0 is the variants table's run; seeds 1 and 2 train, timed
+    assert {(v, s) for f, v, s in runs if f == "systems"} == {(v, s) for v in cfg.variants for s in ("1", "2")}
+    threads = {(j["wildcards"]["family"] == "systems", j["threads"]) for j in jobs if j["rule"] == "train_family_run"}
+    assert threads == {(True, cfg.workflow.threads_per_variant), (False, cfg.workflow.family_threads)}
     # the math families' shared reference trains once, under lr_sweep
     assert ("lr_sweep", "lr1e-4", "0") in runs and ("std_norm", "std", "0") not in runs
     assert ("length_norm", "masked_mean", "0") not in runs and ("kl_drift", "kl0", "0") not in runs

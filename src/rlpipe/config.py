@@ -370,6 +370,9 @@ class LoggingConfig(_Section):
 
 
 KEYWORD_TRACK, MATH_TRACK = "keyword", "math"
+#: A family on this track is seed 000's systems comparison: the keyword track with the top-level
+#: ``variants`` table as its variants, timed (see ``FamilyConfig.track``).
+SYSTEMS_TRACK = "systems"
 
 
 class WorkflowConfig(_Section):
@@ -388,8 +391,8 @@ class WorkflowConfig(_Section):
     family_threads: int = Field(
         1, ge=1, description="Snakemake threads per job that compares learning, not speed: family replicates and "
         "the MATH track's runs and evaluations. 1 on the 2-core default: two train at once (their timings are "
-        "then flagged contended and draw no conclusion; the systems variants compare speed on a machine of "
-        "their own, workflow.threads_per_variant).")
+        "then flagged contended and draw no conclusion; the systems variants and the systems family's "
+        "replicates compare speed on a machine of their own, workflow.threads_per_variant).")
     toy_sort_seeds: list[Annotated[int, Field(ge=0)]] = Field(
         [5, 6, 7], description="Seeds of seed 003's toy-sorting grid (delta modes x loss modes; `rlpipe toy-sort`); "
                                "[] skips it.")
@@ -513,17 +516,22 @@ class FamilyConfig(_Section):
     family-report`` writes the family's report section from this metadata alone (no variant name is
     special)."""
 
-    track: Literal["keyword", "math"] = Field(
+    track: Literal["keyword", "math", "systems"] = Field(
         "math", description="Whose task, base model and train settings the runs start from: 'keyword' "
-                            "(the train section) or 'math' (train + math.train). Skipped when the track is "
-                            "not in workflow.tracks.")
+                            "(the train section) or 'math' (train + math.train). 'systems': seed 000's systems "
+                            "comparison, the keyword track with the top-level `variants` table as the family's "
+                            "variants (give none here); its replicates compare speed, so each runs alone on "
+                            "workflow.threads_per_variant threads like the variants, and its first seed is the "
+                            "variants' own runs (results/runs/<variant>). Skipped when the track (systems: "
+                            "keyword) is not in workflow.tracks.")
     question: str = Field(
         "", description="The seed problem the family answers (shown at the top of its report section).")
     base: dict[str, Any] = Field(
         {}, description="Overrides of the track's train settings shared by every variant (dotted keys allowed).")
-    variants: dict[str, dict[str, Any] | None] = Field(
-        ..., min_length=1, description="Variant name -> overrides of base (null drops one). The first is the "
-                                       "reference unless `reference` names another.")
+    variants: dict[str, dict[str, Any] | None] | None = Field(
+        None, description="Variant name -> overrides of base (null drops one). The first is the reference "
+                          "unless `reference` names another. Required, except on the 'systems' track (which "
+                          "takes the variants table).")
     reference: str | None = Field(
         None, description="Variant every other one is compared against (default: the first).")
     replicates: int = Field(
@@ -535,6 +543,12 @@ class FamilyConfig(_Section):
 
     @model_validator(mode="after")
     def check_cross_fields(self) -> FamilyConfig:
+        if self.track == SYSTEMS_TRACK:
+            if self.variants is not None:
+                raise _Invalid("@variants: a 'systems' family takes the top-level variants table; give none here")
+            return self  # its reference is checked against that table (family_pipeline)
+        if self.variants is None:
+            raise _Invalid("@variants: required (variant name -> overrides of base)")
         kept = [k for k, v in self.variants.items() if v is not None]
         if not kept:
             raise _Invalid("@variants: every variant is null; a family needs at least one")
@@ -734,7 +748,7 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 def _check_names(cfg: PipelineConfig) -> None:
     tables = {"variants": cfg.variants, "math.variants": cfg.math.variants, "families": cfg.families}
-    tables.update({f"families.{k}.variants": f.variants for k, f in cfg.families.items() if f is not None})
+    tables.update({f"families.{k}.variants": f.variants or {} for k, f in cfg.families.items() if f is not None})
     for where, table in tables.items():
         for name in table:
             if not NAME_PATTERN.fullmatch(name):
@@ -785,25 +799,48 @@ def active_families(cfg: PipelineConfig) -> list[str]:
             raise ConfigError(f"workflow.families: unknown family '{unknown[0]}'; configured families: "
                               f"{', '.join(k for k, f in cfg.families.items() if f is not None) or '(none)'}")
     return [k for k, f in cfg.families.items()
-            if f is not None and f.track in cfg.workflow.tracks and (chosen is None or k in chosen)]
+            if f is not None and family_base_track(f) in cfg.workflow.tracks and (chosen is None or k in chosen)]
+
+
+def family_base_track(fam: FamilyConfig) -> str:
+    """The track whose base model, dataset and train settings family ``fam`` starts from."""
+    return KEYWORD_TRACK if fam.track == SYSTEMS_TRACK else fam.track
+
+
+def table_reference(cfg: PipelineConfig) -> str:
+    """The variants table's baseline for speedups: ``onpolicy`` if configured, else the first
+    colocated_sync variant, else the first."""
+    if "onpolicy" in cfg.variants:
+        return "onpolicy"
+    sync = [v for v in cfg.variants if resolve_variant(cfg, v).mode == "colocated_sync"]
+    return (sync or list(cfg.variants) or ["onpolicy"])[0]
 
 
 def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
     """Family ``name`` as a pipeline config of its own: its track's pipeline (``cfg`` itself, or
     ``math_pipeline(cfg)``) with ``train`` = that track's train settings + ``families.<name>.base``
-    and ``variants`` = the family's variants (null entries dropped). ``rlpipe train --variant V
+    and ``variants`` = the family's variants (null entries dropped; on the 'systems' track, the
+    variants table). ``rlpipe train --variant V
     --seed S`` then runs one replicate unchanged. Errors name the ``families.<name>.*`` key."""
     if name not in cfg.families or cfg.families[name] is None:
         raise ConfigError(f"unknown family '{name}'; configured families: {', '.join(cfg.families) or '(none)'}")
     fam, prefix = cfg.families[name], f"{FAMILIES_PREFIX}.{name}"
     track = math_pipeline(cfg) if fam.track == MATH_TRACK else cfg
+    if fam.track == SYSTEMS_TRACK:
+        variants = dict(cfg.variants)
+        if not variants:
+            raise ConfigError(f"{prefix}: a 'systems' family needs the variants table, which is empty")
+        if fam.reference is not None and fam.reference not in variants:
+            raise ConfigError(f"{prefix}.reference: '{fam.reference}' is not in the variants table "
+                              f"({', '.join(variants)})")
+    else:
+        variants = {k: v or {} for k, v in fam.variants.items() if v is not None}
     try:
         train = apply_overrides(to_dict(track.train), fam.base)
     except ConfigError as e:
         raise ConfigError(f"{prefix}.base: {e}") from None
     from_dict(TrainConfig, train, f"{prefix}.base")
-    data = dict(to_dict(track), train=train, families={},
-                variants={k: v or {} for k, v in fam.variants.items() if v is not None})
+    data = dict(to_dict(track), train=train, families={}, variants=variants)
     data["workflow"] = dict(data["workflow"], families=None)  # the derived config holds no families
     return _derived_pipeline(data, prefix)
 
@@ -811,6 +848,8 @@ def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
 def family_reference(cfg: PipelineConfig, name: str) -> str:
     """The variant family ``name`` compares every other one against."""
     fam = cfg.families[name]
+    if fam.track == SYSTEMS_TRACK:
+        return fam.reference or table_reference(cfg)
     return fam.reference or next(k for k, v in fam.variants.items() if v is not None)
 
 

@@ -36,14 +36,17 @@ from rlpipe import io
 from rlpipe.config import (
     KEYWORD_TRACK,
     MATH_TRACK,
+    SYSTEMS_TRACK,
     ConfigError,
     active_families,
+    family_base_track,
     family_pipeline,
     family_reference,
     family_seeds,
     math_pipeline,
     parse_config,
     resolve_variant,
+    table_reference,
     to_dict,
     variant_gpus,
 )
@@ -188,11 +191,8 @@ def math_resume_mode(wildcards) -> str:
 
 
 def reference_variant() -> str:
-    """Baseline for speedups: `onpolicy` if configured, else the first colocated_sync variant."""
-    if "onpolicy" in CFG.variants:
-        return "onpolicy"
-    sync = [v for v in VARIANTS if resolve_variant(CFG, v).mode == "colocated_sync"]
-    return (sync or VARIANTS or ["onpolicy"])[0]
+    """Baseline for speedups (rlpipe.config.table_reference, which the systems family shares)."""
+    return table_reference(CFG)
 
 
 def tests_done() -> list:
@@ -373,18 +373,31 @@ def family_runs(family: str) -> list:
     return [(v, s) for v in FAMILY_CFG[family].variants for s in FAMILY_SEEDS[family]]
 
 
+def _run_key(track: str, train, seed) -> tuple:
+    """What a run computes: its track (base model and data) and resolved train settings."""
+    return track, canonical(dict(to_dict(train), seed=int(seed)))
+
+
 def _family_run_key(family: str, variant: str, seed) -> tuple:
-    """What a replicate computes: its track (base model and data) and resolved train settings."""
     train = resolve_variant(FAMILY_CFG[family], variant)
-    return CFG.families[family].track, canonical(dict(to_dict(train), seed=int(seed)))
+    return _run_key(family_base_track(CFG.families[family]), train, seed)
+
+
+# The owner of a replicate that is one of the variants table's own runs (results/runs/<variant>).
+TABLE_RUN = "(variants table)"
 
 
 def _family_run_owners() -> dict:
-    """(family, variant, seed) -> the replicate that trains it. Families share identical runs: the
-    reference settings of several math families are the same run (lr_sweep's lr1e-4 is
-    length_norm's masked_mean, std_norm's std, ...), so it trains once, under the first family in
-    config order that has it, and every family's report reads it under its own variant name."""
-    first, owners = {}, {}
+    """(family, variant, seed) -> the run that trains it. Identical runs train once:
+    - a replicate identical to a run of the variants table reads that run (the systems family's
+      first seed is results/runs/<variant>; the variants train alone, timed, as it asks);
+    - families share identical replicates: the reference settings of several math families are the
+      same run (lr_sweep's lr1e-4 is length_norm's masked_mean, std_norm's std, ...), so it trains
+      once, under the first family in config order that has it, and every family's report reads it
+      under its own variant name."""
+    first = {_run_key(KEYWORD_TRACK, t, t.seed): (TABLE_RUN, v, None)
+             for v in VARIANTS for t in [resolve_variant(CFG, v)]}
+    owners = {}
     for f in FAMILIES:
         for v, s in family_runs(f):
             owners[(f, v, s)] = first.setdefault(_family_run_key(f, v, s), (f, v, s))
@@ -395,8 +408,16 @@ FAMILY_RUN_OWNER = _family_run_owners()
 
 
 def family_trained_outputs(family: str, variant: str, seed) -> dict:
-    """The run files a family replicate reads: those of the replicate that trains it."""
-    return family_run_outputs(*FAMILY_RUN_OWNER[(family, variant, seed)])
+    """The run files a family replicate reads: those of the run that trains it."""
+    owner, v, s = FAMILY_RUN_OWNER[(family, variant, seed)]
+    return run_outputs(v) if owner == TABLE_RUN else family_run_outputs(owner, v, s)
+
+
+def family_threads(wildcards) -> int:
+    """A systems-family replicate compares speed: it runs alone, like the variants
+    (workflow.threads_per_variant); every other replicate takes workflow.family_threads."""
+    timed = CFG.families[wildcards.family].track == SYSTEMS_TRACK
+    return CFG.workflow.threads_per_variant if timed else CFG.workflow.family_threads
 
 
 def _family_math(family: str) -> bool:

@@ -4,12 +4,15 @@
 #
 # Rerun one replicate from scratch:
 #   snakemake --cores all --forcerun train_family_run -- results/families/<family>/runs/<variant>/seed<seed>/metrics.parquet
+# (a replicate that is a variants-table run, the systems family's first seed, is results/runs/<variant>:
+#   snakemake --cores all --forcerun train_variant -- results/runs/<variant>/metrics.parquet)
 # Each family runs on its own resolved pipeline config (FAMILY_CONFIG_FILES, common.smk). It reaches
 # the shell as a resource, not a param, for the reason CONFIG_FILE is a global: its path changes with
 # any config edit, while `params.train` (the replicate's resolved settings) reruns exactly the
 # replicates whose settings changed. Threads: workflow.family_threads (1 on the CPU default, so two
 # replicates share the 2 cores; their timings are flagged contended and the family report draws no
-# timing conclusion from them, see rlpipe.config.WorkflowConfig.family_threads).
+# timing conclusion from them, see rlpipe.config.WorkflowConfig.family_threads), except on the
+# systems track, whose replicates compare speed and run alone (family_threads, common.smk).
 
 
 # lint: conda (no environment on purpose, see common.smk)
@@ -27,7 +30,7 @@ rule train_family_run:
         gpu=lambda w: variant_gpus(FAMILY_CFG[w.family], w.fvariant),
         resume=family_resume_mode,
         config=lambda w: FAMILY_CONFIG_FILES[w.family],
-    threads: CFG.workflow.family_threads
+    threads: family_threads
     log:
         "logs/train_family_run/{family}/{fvariant}/seed{fseed}.log",
     benchmark:

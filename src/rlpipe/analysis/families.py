@@ -159,8 +159,12 @@ def comparison(fam: Family, variant: str) -> dict:
         verdict = "exceeds the 95% interval" if reward.exceeds else "within replicate noise"
     else:
         verdict = "unreplicated"
+    def ratio(diff: float) -> float:  # samples/s relative to the reference's mean
+        return (ref_speed + diff) / ref_speed if ref_speed else math.nan
+
     return {"variant": variant, "reward_diff": reward.diff, "reward_ci": reward.half, "reward_verdict": verdict,
-            "val_noise": band, "speed_ratio": (ref_speed + speed.diff) / ref_speed if ref_speed else math.nan,
+            "val_noise": band, "speed_ratio": ratio(speed.diff),
+            "speed_ratio_lo": ratio(speed.diff - speed.half), "speed_ratio_hi": ratio(speed.diff + speed.half),
             "speed_diff": speed.diff, "speed_ci": speed.half,
             "speed_verdict": ("contended: no conclusion" if contended else
                               "exceeds the 95% interval" if speed.exceeds else
@@ -227,13 +231,23 @@ def health_sentences(fam: Family) -> list[str]:
 
 
 def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
+    """Samples/s against the reference (the ratio's interval: the Welch interval of the difference
+    over the reference's mean), and where each variant's step time goes."""
     if not comps:
         return []
     parts = []
     for c in comps:
         ratio = f"{c['speed_ratio']:.2f}x" if math.isfinite(c["speed_ratio"]) else "n/a"
+        if math.isfinite(c["speed_ratio_lo"]) and c["speed_verdict"] != "unreplicated":
+            ratio += f" [{c['speed_ratio_lo']:.2f}, {c['speed_ratio_hi']:.2f}]"
         parts.append(f"{c['variant']} {ratio} ({c['speed_verdict']})")
-    return [f"Samples/s relative to {fam.reference}: " + "; ".join(parts) + "."]
+    out = [f"Samples/s relative to {fam.reference} (95% interval): " + "; ".join(parts) + "."]
+    shares = [(v, stat(fam, v, "share_generate"), stat(fam, v, "share_update")) for v in fam.variants]
+    shares = [(v, g, u) for v, g, u in shares if g.n and math.isfinite(g.mean)]
+    if shares:
+        out.append("Share of the driver's step time in generation / update (mean ± 95% CI): "
+                   + "; ".join(f"{v} {g.fmt('.2f')} / {u.fmt('.2f')}" for v, g, u in shares) + ".")
+    return out
 
 
 def discussion(fam: Family) -> tuple[list[dict], list[str]]:
@@ -342,12 +356,13 @@ def _cell(row: pd.Series, key: str, spec: str) -> str:
 
 def page(fam: Family, tab: pd.DataFrame, sentences: list[str], notes: list[str]) -> str:
     head = ["variant", *([fam.x] if fam.x else []), "seeds", "final val reward", "best val reward",
-            "samples/s", "diverged", "contended"]
+            "samples/s", "generate share", "update share", "diverged", "contended"]
     body = []
     for _, r in tab.iterrows():
         cells = [r["variant"] + (" (reference)" if r["variant"] == fam.reference else ""),
                  *([str(r["x"])] if fam.x else []), str(r["replicates"]), _cell(r, "val_reward_final", ".3f"),
-                 _cell(r, "val_reward_best", ".3f"), _cell(r, "samples_per_s", ".1f"), str(r["diverged"]),
+                 _cell(r, "val_reward_best", ".3f"), _cell(r, "samples_per_s", ".1f"),
+                 _cell(r, "share_generate", ".2f"), _cell(r, "share_update", ".2f"), str(r["diverged"]),
                  str(r["contended"])]
         body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     parts = [f"<h2>Family {html.escape(fam.name)}</h2>",

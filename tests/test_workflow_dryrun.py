@@ -265,8 +265,7 @@ def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replica
     jobs = dry_run.jobs(out)
     runs = {(j["wildcards"]["family"], j["wildcards"]["fvariant"], j["wildcards"]["fseed"])
             for j in jobs if j["rule"] == "train_family_run"}
-    from rlpipe.config import (active_families, family_base_track, family_pipeline, load_config, resolve_variant,
-                               to_dict)
+    from rlpipe.config import active_families, family_base_track, family_pipeline, load_config, resolve_variant, to_dict
     cfg = load_config(workdir / "config/config.yaml")
 
     def key(track, train, seed):

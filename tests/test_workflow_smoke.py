@@ -88,6 +88,12 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run):
     numbers = json.loads((fam / contract.FAMILY_REPORT_DIR / contract.FAMILY_REPORT_FILES["numbers"]).read_text())
     assert numbers["variants"]["onpolicy"]["val_reward_final_n"] == 2
     assert numbers["comparisons"][0]["reward_verdict"] != "unreplicated"
+    # the systems family: the variants table, its one seed read from results/runs (nothing retrained)
+    sys_fam = results / "families" / "systems"
+    numbers = json.loads((sys_fam / contract.FAMILY_REPORT_DIR / contract.FAMILY_REPORT_FILES["numbers"]).read_text())
+    assert list(numbers["variants"]) == ["onpolicy", "k2", "disagg"] and numbers["reference"] == "onpolicy"
+    assert all(r["samples_per_s_n"] == 1 and r["samples_per_s_mean"] > 0 for r in numbers["variants"].values())
+    assert not (sys_fam / "runs").exists()
     for f in contract.TOY_SORT_FILES.values():
         assert (results / "toy_sort" / f).stat().st_size > 0, f
 

@@ -72,6 +72,14 @@ def test_systems_family_is_the_variants_table():
     assert active_families(off) == []  # it is the keyword track's
 
 
+def test_systems_family_without_a_variants_table_is_skipped_unless_named():
+    fams = {"sys": {"track": "systems"}, "fam": FAMILY}
+    cfg = parse_config({"workflow": {"tracks": ["keyword"]}, "variants": {}, "families": fams})
+    assert active_families(cfg) == ["fam"]  # an overlay that drops every variant still loads
+    with pytest.raises(ConfigError, match=r"workflow\.families: 'sys' is a 'systems' family"):
+        parse_config({"workflow": {"tracks": ["keyword"], "families": ["sys"]}, "variants": {}, "families": fams})
+
+
 @pytest.mark.parametrize("family, key", [
     ({"track": "systems", "variants": {"a": {}}}, "families.sys.variants"),
     ({"track": "systems", "reference": "zzz"}, "families.sys.reference"),
@@ -166,18 +174,22 @@ def test_contended_timings_draw_no_conclusion(tmp_path):
     assert comps[0]["speed_verdict"] == "contended: no conclusion"
 
 
-def test_speedup_interval_is_the_welch_interval_over_the_reference_mean(tmp_path):
-    """Hand-computed: samples/s a = 10, 11, 12 and b = 20, 21, 22 (sd 1 each, n 3): Welch df 4,
-    t = 2.776, half-width 2.776 * sqrt(2/3) = 2.267; ratio 21/11 = 1.909 in [18.733/11, 23.267/11]."""
+def test_speedup_interval_is_the_delta_method_interval_of_the_ratio(tmp_path):
+    """Hand-computed: samples/s a = 10, 11, 12 and b = 20, 21, 22 (sd 1, n 3): var(log r) =
+    1/(3*11^2) + 1/(3*21^2) = 0.0035107, Welch df 3.02 -> t 3.182, half 0.18854 on the log scale:
+    21/11 = 1.909 in [1.909 * e^-0.18854, 1.909 * e^0.18854] = [1.581, 2.305]."""
     fam = _family(tmp_path, {"a": [0.5, 0.5, 0.5], "b": [0.5, 0.5, 0.5]})
     for r, speed in zip(fam.runs, (10.0, 11.0, 12.0, 20.0, 21.0, 22.0), strict=True):
         r.row["samples_per_s"] = speed
     comps, sentences = families.discussion(fam)
     assert comps[0]["speed_ratio"] == pytest.approx(21 / 11)
-    assert comps[0]["speed_ratio_lo"] == pytest.approx(1.7030, abs=2e-4)
-    assert comps[0]["speed_ratio_hi"] == pytest.approx(2.1152, abs=2e-4)
-    assert any("b 1.91x [1.70, 2.12] (exceeds the 95% interval)" in s for s in sentences)
+    assert comps[0]["speed_ratio_lo"] == pytest.approx(1.58105, abs=1e-4)
+    assert comps[0]["speed_ratio_hi"] == pytest.approx(2.30519, abs=1e-4)
+    assert any("b 1.91x [1.58, 2.31] (exceeds the 95% interval)" in s for s in sentences)
     assert any(s.startswith("Share of the driver's step time in generation / update") for s in sentences)
+    fam.runs[0].row["contended"] = True  # a contended comparison prints no interval
+    _, sentences = families.discussion(fam)
+    assert any("b 1.91x (contended: no conclusion)" in s for s in sentences)
 
 
 def test_divergence_is_flagged(tmp_path):

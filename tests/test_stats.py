@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rlpipe.analysis.stats import binomial_half_width, mean_ci, t975, welch_difference
+from rlpipe.analysis.stats import binomial_half_width, mean_ci, ratio_of_means, t975, welch_difference
 
 
 def test_mean_ci_hand_computed():
@@ -50,3 +50,22 @@ def test_binomial_half_width():
     # p = 0 still has a band (the variance is floored at 1/(4n))
     assert binomial_half_width(0.0, 100) > 0
     assert math.isnan(binomial_half_width(0.5, 0))
+
+
+def test_ratio_of_means_hand_computed():
+    """b / a for a = 2, 4 and b = 6, 6, 9 (means 3 and 7): var(log r) = 2/(2*9) + 3/(3*49) = 0.13152,
+    Welch df = 0.13152^2 / (0.11111^2 / 1 + 0.02041^2 / 2) = 1.3667 -> t(1) = 12.706."""
+    r = ratio_of_means([2.0, 4.0], [6.0, 6.0, 9.0])
+    se = math.sqrt(2 / 18 + 3 / 147)
+    assert r.ratio == pytest.approx(7 / 3)
+    assert r.low == pytest.approx(7 / 3 * math.exp(-12.706 * se))
+    assert r.high == pytest.approx(7 / 3 * math.exp(12.706 * se))
+    assert r.decided and not r.exceeds  # a wide interval: 2 reference runs
+    tight = ratio_of_means([10.0, 10.1, 9.9], [13.0, 13.1, 12.9])
+    assert tight.exceeds and tight.low > 1
+
+
+def test_ratio_of_means_needs_replicates_and_positive_values():
+    assert not ratio_of_means([10.0], [12.0, 13.0]).decided
+    assert ratio_of_means([10.0], [12.0]).ratio == pytest.approx(1.2)
+    assert math.isnan(ratio_of_means([0.0, 1.0], [1.0, 2.0]).ratio)

@@ -268,17 +268,19 @@ def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replica
     from rlpipe.config import active_families, family_base_track, family_pipeline, load_config, resolve_variant, to_dict
     cfg = load_config(workdir / "config/config.yaml")
 
-    def key(track, train, seed):
-        return track, json.dumps(dict(to_dict(train), seed=seed), sort_keys=True)
+    def key(track, train, seed, threads):
+        return track, json.dumps(dict(to_dict(train), seed=seed), sort_keys=True), threads
 
-    # the variants table's runs are seed train.seed (0) of any identical replicate
-    seen = {key("keyword", t, 0) for v in cfg.variants for t in [resolve_variant(cfg, v)]}
+    # the variants table's runs are seed train.seed (0) of any identical replicate that runs alone
+    timed, shared = cfg.workflow.threads_per_variant, cfg.workflow.family_threads
+    seen = {key("keyword", t, 0, timed) for v in cfg.variants for t in [resolve_variant(cfg, v)]}
     expected = set()
     for f in cfg.families:
         fp = family_pipeline(cfg, f)
+        threads = timed if cfg.families[f].track == "systems" else shared
         for v in fp.variants:
             for s in (0, 1, 2):
-                k = key(family_base_track(cfg.families[f]), resolve_variant(fp, v), s)
+                k = key(family_base_track(cfg.families[f]), resolve_variant(fp, v), s, threads)
                 if k not in seen:
                     seen.add(k)
                     expected.add((f, v, str(s)))
@@ -295,3 +297,19 @@ def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replica
     default = dry_run.jobs(snakemake(workdir, "-n", "--configfile", "config/config.yaml").stdout)
     assert {j["wildcards"]["fseed"] for j in default if j["rule"] == "train_family_run"} == {"0"}
     assert sum(j["rule"] == "report_family" for j in default) == len(cfg.families)
+
+
+def test_a_replicate_identical_to_a_table_run_but_not_timed_trains_its_own(workdir, dry_run):
+    """A keyword family listed before `systems`, whose variant equals the table's onpolicy, runs on
+    family_threads: it trains its own run, and the systems family still reads results/runs/onpolicy."""
+    path = workdir / "config" / "config.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    cfg["families"] = {"kw_first": {"track": "keyword", "variants": {"onpolicy": {"mode": "colocated_sync"}}},
+                       **cfg["families"]}
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    out = snakemake(workdir, "-n", "-p", "--cores", "2").stdout
+    runs = {(j["wildcards"]["family"], j["wildcards"]["fvariant"], j["threads"])
+            for j in dry_run.jobs(out) if j["rule"] == "train_family_run"}
+    assert ("kw_first", "onpolicy", 1) in runs and not any(f == "systems" for f, _, _ in runs)
+    report = next(line for line in out.splitlines() if "family-report" in line and "--family systems" in line)
+    assert "results/runs/onpolicy " in report

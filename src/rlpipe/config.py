@@ -521,9 +521,10 @@ class FamilyConfig(_Section):
                             "(the train section) or 'math' (train + math.train). 'systems': seed 000's systems "
                             "comparison, the keyword track with the top-level `variants` table as the family's "
                             "variants (give none here); its replicates compare speed, so each runs alone on "
-                            "workflow.threads_per_variant threads like the variants, and its first seed is the "
-                            "variants' own runs (results/runs/<variant>). Skipped when the track (systems: "
-                            "keyword) is not in workflow.tracks.")
+                            "workflow.threads_per_variant threads like the variants, and a replicate identical to "
+                            "a variants-table run (its first seed, with no base) reads results/runs/<variant>. "
+                            "Skipped when the track (systems: keyword) is not in workflow.tracks, or the "
+                            "variants table is empty.")
     question: str = Field(
         "", description="The seed problem the family answers (shown at the top of its report section).")
     base: dict[str, Any] = Field(
@@ -791,15 +792,23 @@ FAMILIES_PREFIX = "families"
 
 def active_families(cfg: PipelineConfig) -> list[str]:
     """The families to run: those selected by ``workflow.families`` (all when null) whose track is
-    switched on (``workflow.tracks``), in config order."""
+    switched on (``workflow.tracks``), in config order; a 'systems' family only while the variants
+    table has a variant (selecting it by name with an empty table is an error)."""
     chosen = cfg.workflow.families
     if chosen is not None:
         unknown = [f for f in chosen if f not in cfg.families or cfg.families[f] is None]
         if unknown:
             raise ConfigError(f"workflow.families: unknown family '{unknown[0]}'; configured families: "
                               f"{', '.join(k for k, f in cfg.families.items() if f is not None) or '(none)'}")
-    return [k for k, f in cfg.families.items()
-            if f is not None and family_base_track(f) in cfg.workflow.tracks and (chosen is None or k in chosen)]
+        empty = [f for f in chosen if cfg.families[f].track == SYSTEMS_TRACK and not cfg.variants]
+        if empty:
+            raise ConfigError(f"workflow.families: '{empty[0]}' is a 'systems' family, but the variants table "
+                              "is empty (drop it from workflow.families, or set families." + empty[0] + ": null)")
+
+    def on(f: FamilyConfig) -> bool:  # a systems family with no variants table has nothing to compare
+        return family_base_track(f) in cfg.workflow.tracks and (f.track != SYSTEMS_TRACK or bool(cfg.variants))
+
+    return [k for k, f in cfg.families.items() if f is not None and on(f) and (chosen is None or k in chosen)]
 
 
 def family_base_track(fam: FamilyConfig) -> str:

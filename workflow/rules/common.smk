@@ -373,14 +373,22 @@ def family_runs(family: str) -> list:
     return [(v, s) for v in FAMILY_CFG[family].variants for s in FAMILY_SEEDS[family]]
 
 
-def _run_key(track: str, train, seed) -> tuple:
-    """What a run computes: its track (base model and data) and resolved train settings."""
-    return track, canonical(dict(to_dict(train), seed=int(seed)))
+def _run_key(track: str, train, seed, threads: int) -> tuple:
+    """What a run computes and how it is timed: its track (base model and data), resolved train
+    settings and job threads (a run alone on both cores is not a run beside another)."""
+    return track, canonical(dict(to_dict(train), seed=int(seed))), threads
+
+
+def _family_job_threads(family: str) -> int:
+    """A systems-family replicate compares speed: it runs alone, like the variants
+    (workflow.threads_per_variant); every other replicate takes workflow.family_threads."""
+    timed = CFG.families[family].track == SYSTEMS_TRACK
+    return CFG.workflow.threads_per_variant if timed else CFG.workflow.family_threads
 
 
 def _family_run_key(family: str, variant: str, seed) -> tuple:
     train = resolve_variant(FAMILY_CFG[family], variant)
-    return _run_key(family_base_track(CFG.families[family]), train, seed)
+    return _run_key(family_base_track(CFG.families[family]), train, seed, _family_job_threads(family))
 
 
 # The owner of a replicate that is one of the variants table's own runs (results/runs/<variant>).
@@ -388,14 +396,16 @@ TABLE_RUN = "(variants table)"
 
 
 def _family_run_owners() -> dict:
-    """(family, variant, seed) -> the run that trains it. Identical runs train once:
+    """(family, variant, seed) -> the run that trains it. Identical runs (same track, settings,
+    seed and job threads) train once:
     - a replicate identical to a run of the variants table reads that run (the systems family's
-      first seed is results/runs/<variant>; the variants train alone, timed, as it asks);
+      first seed is results/runs/<variant> when its settings equal the table's: no `base`, and a
+      variant that does not override the seed);
     - families share identical replicates: the reference settings of several math families are the
       same run (lr_sweep's lr1e-4 is length_norm's masked_mean, std_norm's std, ...), so it trains
       once, under the first family in config order that has it, and every family's report reads it
       under its own variant name."""
-    first = {_run_key(KEYWORD_TRACK, t, t.seed): (TABLE_RUN, v, None)
+    first = {_run_key(KEYWORD_TRACK, t, t.seed, CFG.workflow.threads_per_variant): (TABLE_RUN, v, None)
              for v in VARIANTS for t in [resolve_variant(CFG, v)]}
     owners = {}
     for f in FAMILIES:
@@ -414,10 +424,7 @@ def family_trained_outputs(family: str, variant: str, seed) -> dict:
 
 
 def family_threads(wildcards) -> int:
-    """A systems-family replicate compares speed: it runs alone, like the variants
-    (workflow.threads_per_variant); every other replicate takes workflow.family_threads."""
-    timed = CFG.families[wildcards.family].track == SYSTEMS_TRACK
-    return CFG.workflow.threads_per_variant if timed else CFG.workflow.family_threads
+    return _family_job_threads(wildcards.family)
 
 
 def _family_math(family: str) -> bool:

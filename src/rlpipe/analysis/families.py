@@ -49,7 +49,7 @@ from rlpipe.analysis import contract
 from rlpipe.analysis.aggregate import AggregateError, RunData, load_run, run_row
 from rlpipe.analysis.frames import col, last_valid
 from rlpipe.analysis.plots import no_data, save
-from rlpipe.analysis.stats import MeanCI, binomial_half_width, mean_ci, welch_difference
+from rlpipe.analysis.stats import MeanCI, binomial_half_width, mean_ci, ratio_of_means, welch_difference
 from rlpipe.config import ConfigError, family_pipeline, family_reference, load_config, resolve_variant
 
 VAL = "reward/val_mean"
@@ -152,23 +152,20 @@ def comparison(fam: Family, variant: str) -> dict:
 
     reward = welch_difference(values(ref, "val_reward_final"), values(variant, "val_reward_final"))
     speed = welch_difference(values(ref, "samples_per_s"), values(variant, "samples_per_s"))
-    ref_speed = stat(fam, ref, "samples_per_s").mean
+    ratio = ratio_of_means(values(ref, "samples_per_s"), values(variant, "samples_per_s"))
     contended = any(r.row.get("contended") for v in (ref, variant) for r in fam.of(v))
     band = max(noise(fam, ref), noise(fam, variant))
     if reward.decided:
         verdict = "exceeds the 95% interval" if reward.exceeds else "within replicate noise"
     else:
         verdict = "unreplicated"
-    def ratio(diff: float) -> float:  # samples/s relative to the reference's mean
-        return (ref_speed + diff) / ref_speed if ref_speed else math.nan
-
     return {"variant": variant, "reward_diff": reward.diff, "reward_ci": reward.half, "reward_verdict": verdict,
-            "val_noise": band, "speed_ratio": ratio(speed.diff),
-            "speed_ratio_lo": ratio(speed.diff - speed.half), "speed_ratio_hi": ratio(speed.diff + speed.half),
+            "val_noise": band, "speed_ratio": ratio.ratio, "speed_ratio_lo": ratio.low, "speed_ratio_hi": ratio.high,
             "speed_diff": speed.diff, "speed_ci": speed.half,
+            # decided on the ratio's interval, the one the sentence prints
             "speed_verdict": ("contended: no conclusion" if contended else
-                              "exceeds the 95% interval" if speed.exceeds else
-                              "within replicate noise" if speed.decided else "unreplicated")}
+                              "exceeds the 95% interval" if ratio.exceeds else
+                              "within replicate noise" if ratio.decided else "unreplicated")}
 
 
 # --------------------------------------------------------------------------- sentences
@@ -231,14 +228,15 @@ def health_sentences(fam: Family) -> list[str]:
 
 
 def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
-    """Samples/s against the reference (the ratio's interval: the Welch interval of the difference
-    over the reference's mean), and where each variant's step time goes."""
+    """Samples/s against the reference (ratio of means with its delta-method interval; none for a
+    contended or unreplicated comparison), and where each variant's step time goes."""
     if not comps:
         return []
     parts = []
     for c in comps:
         ratio = f"{c['speed_ratio']:.2f}x" if math.isfinite(c["speed_ratio"]) else "n/a"
-        if math.isfinite(c["speed_ratio_lo"]) and c["speed_verdict"] != "unreplicated":
+        if math.isfinite(c["speed_ratio_lo"]) and c["speed_verdict"] in ("exceeds the 95% interval",
+                                                                         "within replicate noise"):
             ratio += f" [{c['speed_ratio_lo']:.2f}, {c['speed_ratio_hi']:.2f}]"
         parts.append(f"{c['variant']} {ratio} ({c['speed_verdict']})")
     out = [f"Samples/s relative to {fam.reference} (95% interval): " + "; ".join(parts) + "."]

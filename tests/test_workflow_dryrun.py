@@ -265,8 +265,22 @@ def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replica
     jobs = dry_run.jobs(out)
     runs = {(j["wildcards"]["family"], j["wildcards"]["fvariant"], j["wildcards"]["fseed"])
             for j in jobs if j["rule"] == "train_family_run"}
-    from rlpipe.config import active_families, family_base_track, family_pipeline, load_config, resolve_variant, to_dict
+    from rlpipe.config import (
+        active_families,
+        family_base_track,
+        family_pipeline,
+        family_seeds,
+        load_config,
+        parse_config,
+        resolve_variant,
+        to_dict,
+    )
     cfg = load_config(workdir / "config/config.yaml")
+    study = yaml.safe_load((workdir / "config/config.yaml").read_text())
+    for f, entry in yaml.safe_load((workdir / "config/study.yaml").read_text())["families"].items():
+        study["families"][f].update(entry)  # the overlay sets replicates only
+    seeds = {f: family_seeds(parse_config(study), f) for f in cfg.families}
+    assert all(len(seeds[f]) >= 3 for f in cfg.families)  # study.yaml: every family at least 3 seeds
 
     def key(track, train, seed, threads):
         return track, json.dumps(dict(to_dict(train), seed=seed), sort_keys=True), threads
@@ -279,14 +293,15 @@ def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replica
         fp = family_pipeline(cfg, f)
         threads = timed if cfg.families[f].track == "systems" else shared
         for v in fp.variants:
-            for s in (0, 1, 2):
+            for s in seeds[f]:
                 k = key(family_base_track(cfg.families[f]), resolve_variant(fp, v), s, threads)
                 if k not in seen:
                     seen.add(k)
                     expected.add((f, v, str(s)))
     assert runs == expected
-    # the systems family's seed 0 is the variants table's run; seeds 1 and 2 train, timed
-    assert {(v, s) for f, v, s in runs if f == "systems"} == {(v, s) for v in cfg.variants for s in ("1", "2")}
+    # the systems family's seed 0 is the variants table's run; the others train, timed
+    assert {(v, s) for f, v, s in runs if f == "systems"} == {(v, str(s)) for v in cfg.variants
+                                                              for s in seeds["systems"][1:]}
     threads = {(j["wildcards"]["family"] == "systems", j["threads"]) for j in jobs if j["rule"] == "train_family_run"}
     assert threads == {(True, cfg.workflow.threads_per_variant), (False, cfg.workflow.family_threads)}
     # the math families' shared reference trains once, under lr_sweep

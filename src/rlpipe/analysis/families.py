@@ -15,7 +15,8 @@ Nothing here knows a variant's name: the reference is the family's, the sweep ax
 
 Honesty rules (issue 12), all computed:
 
-- A difference between two variants is a finding only when its Welch 95% interval excludes 0
+- A reward difference between two variants is a finding only when its Welch 95% interval excludes
+  0, a samples/s ratio only when its 95% interval (delta method on the log ratio) excludes 1
   (``rlpipe.analysis.stats``). With one replicate there is no such interval: the difference is
   called unreplicated and set against the validation sampling noise (binomial, ``val_size``
   prompts), a lower bound on seed-to-seed noise, and is never called a finding.

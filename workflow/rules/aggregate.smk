@@ -25,7 +25,7 @@ rule aggregate_metrics:
         ),
     params:
         variants=VARIANTS,
-        reference=reference_variant(),
+        reference=table_reference(CFG),  # the systems family's baseline too
         runs=lambda w, input: os.path.dirname(os.path.dirname(input.runs[0])),
         out=lambda w, output: os.path.dirname(output.table_html),
     log:

@@ -190,11 +190,6 @@ def math_resume_mode(wildcards) -> str:
     return "never" if forced("train_math_variant", math_run_outputs(wildcards.math_variant).values()) else "auto"
 
 
-def reference_variant() -> str:
-    """Baseline for speedups (rlpipe.config.table_reference, which the systems family shares)."""
-    return table_reference(CFG)
-
-
 def tests_done() -> list:
     """Training waits for the unit tests (a broken package never burns GPU hours). ancient():
     re-running the tests later does not make finished runs look outdated."""

@@ -98,6 +98,8 @@ VARIANTS = {
     "k4": {"mode": "colocated_k", "k": 4, "n_grpo_steps": 4},
     "disagg": {"mode": "disaggregated", "n_grpo_steps": 6},
     "disagg_rdt": {"mode": "disaggregated", "weight_sync.transport": "rdt", "n_grpo_steps": 3},
+    "disagg_channel": {"mode": "disaggregated", "weight_sync.channel": True, "n_grpo_steps": 3},
+    "disagg_fresh": {"mode": "disaggregated", "weight_sync.channel": False, "n_grpo_steps": 3},
     "replay": {"mode": "disaggregated", "replay.enabled": True, "replay.max_age": 2, "n_grpo_steps": 4},
     "scorer": {"mode": "disaggregated", "scorer_actor": True, "n_grpo_steps": 2},
     "lag3": {"mode": "disaggregated", "policy_lag": 3, "n_grpo_steps": 6},

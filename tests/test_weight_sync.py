@@ -13,11 +13,14 @@ from rlpipe.trainer.weight_sync import (
     TRANSPORTS,
     ActorProbe,
     BackendUnavailableError,
+    ChannelTransport,
     LocalTransport,
     ObjectStoreTransport,
+    RdtTransport,
     ShmPayload,
     WeightReceiver,
     WeightSender,
+    WeightSyncError,
     WeightSyncTimeout,
     actor_options,
     check_backend,
@@ -180,7 +183,11 @@ def test_preflight_on_this_host():
 
 def test_registry_and_options():
     assert set(TRANSPORTS) == {"local", "object_store", "rdt"}
-    assert make_transport(WeightSyncConfig(transport="object_store", timeout_s=1)).payload == "shared"
+    fresh = make_transport(WeightSyncConfig(transport="object_store", channel=False, timeout_s=1))
+    assert type(fresh) is ObjectStoreTransport and fresh.payload == "shared" and fresh.label == "object_store"
+    channel = make_transport(WeightSyncConfig(transport="object_store", timeout_s=1))  # the default
+    assert isinstance(channel, ChannelTransport) and channel.label == "object_store/channel"
+    assert type(make_transport(WeightSyncConfig(transport="rdt", timeout_s=1))) is RdtTransport  # default ignored
     with pytest.raises(ValueError, match="payload"):
         ObjectStoreTransport(1, payload="pickle")
     assert actor_options("rdt") == {"enable_tensor_transport": True, "max_concurrency": 1}
@@ -214,12 +221,16 @@ class Generator(WeightReceiver):
         return {k: v.data_ptr() for k, v in self.model.state_dict().items()}
 
     def load_weights(self, state, version, checksum=False):
-        bufs = state.buffers.values() if isinstance(state, ShmPayload) else []
+        bufs = [c for b in state.buffers.values() for c in b] if isinstance(state, ShmPayload) else []
         self.seen = (type(state).__name__, [bool(b.flags.writeable) for b in bufs])
+        self.addresses = [b.ctypes.data for b in bufs]
         return super().load_weights(state, version, checksum)
 
     def last_payload(self):
         return self.seen
+
+    def last_addresses(self):
+        return self.addresses
 
 
 class BigLearner(Learner):
@@ -263,9 +274,10 @@ def actors(ray_session):
 
 
 TRANSPORT_CASES = {  # every path the trainer or the bench can take on CPU
-    "object_store": lambda: make_transport(WeightSyncConfig(transport="object_store", timeout_s=60)),
+    "object_store": lambda: make_transport(WeightSyncConfig(transport="object_store", channel=False, timeout_s=60)),
     "object_store-packed": lambda: ObjectStoreTransport(60, payload="packed"),
     "object_store-tensors": lambda: ObjectStoreTransport(60, payload="tensors"),
+    "object_store-channel": lambda: make_transport(WeightSyncConfig(transport="object_store", timeout_s=60)),
     "rdt-gloo": lambda: make_transport(WeightSyncConfig(transport="rdt", backend="gloo", timeout_s=60)),
 }
 
@@ -288,7 +300,8 @@ def test_sync_is_bit_identical(actors, case):
     want = ray.get(learner.export_weights.remote())
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert stats2.bytes == sum(v.numel() * v.element_size() for v in want.values())
-    assert (stats2.transport, stats2.backend) == (("rdt", "gloo") if case == "rdt-gloo" else ("object_store", None))
+    assert (stats2.transport, stats2.backend) == {"rdt-gloo": ("rdt", "gloo"), "object_store-channel": (
+        "object_store", "channel")}.get(case, ("object_store", None))
     assert ray.get(gen.pointers.remote()) == ptrs  # loaded in place: every tensor kept its storage
 
 
@@ -300,7 +313,7 @@ def test_object_store_payload_is_read_from_shared_memory_without_a_copy(actors):
 
     # 1 MB: above Ray's 100 KB limit for objects inlined into the task reply, so in shared memory
     learner, gen = (ray_actor_class(c, "object_store").options(num_cpus=0).remote() for c in (BigLearner, BigGen))
-    t = make_transport(WeightSyncConfig(transport="object_store", timeout_s=60))
+    t = make_transport(WeightSyncConfig(transport="object_store", channel=False, timeout_s=60))
     t.setup(learner, [gen])
     stats = t.sync(learner, [gen], version=5, checksum=True)
     assert stats.checksums == [ray.get(learner.weights_checksum.remote())] and stats.bytes > 10**6
@@ -332,13 +345,44 @@ def test_rdt_pack_is_not_reused_while_a_ref_is_alive(actors):
 
 @pytest.mark.ray
 def test_timeout_raises_naming_the_transport(actors):
-    t = make_transport(WeightSyncConfig(transport="object_store", timeout_s=2))
+    t = make_transport(WeightSyncConfig(transport="object_store", channel=False, timeout_s=2))
     t.setup(actors["learner"], [actors["stuck"]])
     with pytest.raises(WeightSyncTimeout, match=r"weight sync object_store .*timeout_s=2"):
         t.sync(actors["learner"], [actors["stuck"]], version=1)
     import ray
 
     ray.kill(actors["stuck"])  # it would sleep on; free its worker (killing twice is harmless)
+
+
+@pytest.mark.ray
+def test_channel_reuses_one_buffer_and_times_out_naming_the_transport(actors):
+    """The channel's receiver reads read-only views of one shared buffer, the same one every sync
+    (no fresh object per sync); a receiver that never reads fails the sync within timeout_s."""
+    import ray
+
+    learner, gen = (ray_actor_class(c, "object_store").options(num_cpus=0).remote() for c in (BigLearner, BigGen))
+    with make_transport(WeightSyncConfig(transport="object_store", channel=True, timeout_s=60)) as t:
+        t.setup(learner, [gen])
+        addresses = []
+        for version in (1, 2):
+            stats = t.sync(learner, [gen], version=version, checksum=True)
+            assert stats.checksums == [ray.get(learner.weights_checksum.remote())] and stats.label == \
+                "object_store/channel"
+            kind, writeable = ray.get(gen.last_payload.remote())
+            assert kind == "ShmPayload" and writeable == [False, False]  # views into the channel
+            addresses.append(ray.get(gen.last_addresses.remote()))
+            ray.get(learner.step.remote())
+        assert addresses[0] == addresses[1]  # the same shared buffer both times
+        with pytest.raises(WeightSyncError, match="other actors than setup"):
+            t.sync(learner, [actors["gen"]], version=3)
+    stuck = ray_actor_class(Stuck, "object_store").options(num_cpus=0).remote()
+    t = make_transport(WeightSyncConfig(transport="object_store", channel=True, timeout_s=2))
+    t.setup(learner, [stuck])
+    with pytest.raises(WeightSyncTimeout, match=r"weight sync object_store/channel .*timeout_s=2"):
+        t.sync(learner, [stuck], version=1)
+    t.teardown()  # must not hang on the stuck reader
+    for a in (learner, gen, stuck):
+        ray.kill(a)
 
 
 @pytest.mark.ray

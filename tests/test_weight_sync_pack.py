@@ -20,6 +20,8 @@ from rlpipe.trainer.weight_sync import (
     shm_payload,
     weights_checksum,
 )
+from rlpipe.trainer.weight_sync import payload as payload_mod
+from rlpipe.trainer.weight_sync.payload import SHM_CHUNK_BYTES
 
 
 class MixedNet(nn.Module):
@@ -61,7 +63,8 @@ def test_shm_payload_equals_the_naive_per_tensor_path(pack):
     naive.load_weights(Peer(src).export_weights("cpu", False), version=1)
     payload = Peer(src).export_weights_shm(pack)
     assert isinstance(payload, ShmPayload) and payload.packed is pack
-    assert all(b.dtype == np.uint8 and b.ndim == 1 for b in payload.buffers.values())
+    assert all(c.dtype == np.uint8 and c.ndim == 1 and c.nbytes <= SHM_CHUNK_BYTES
+               for chunks in payload.buffers.values() for c in chunks)
     ack = shm.load_weights(payload, version=1, checksum=True)
     assert _equal(src, naive.model) and _equal(src, shm.model)
     assert ack.checksum == weights_checksum(src) == weights_checksum(naive.model)
@@ -71,19 +74,41 @@ def test_shm_payload_equals_the_naive_per_tensor_path(pack):
     assert shm.model.head.weight.data_ptr() == shm.model.emb.weight.data_ptr()
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["views", "packed"])
+def test_chunked_payload_loads_across_chunk_and_tensor_boundaries(monkeypatch, pack):
+    """Buffers are cut into chunks of SHM_CHUNK_BYTES (Ray copies each with a plain memcpy); with
+    10-byte chunks every chunk boundary falls inside a tensor, and packed chunks span tensors."""
+    monkeypatch.setattr(payload_mod, "SHM_CHUNK_BYTES", 10)
+    src, dst = MixedNet(7), Peer(MixedNet(8))
+    payload = Peer(src).export_weights_shm(pack)
+    sizes = [c.nbytes for chunks in payload.buffers.values() for c in chunks]
+    assert max(sizes) == 10 and len(sizes) > len(payload.buffers)  # really chunked
+    assert payload.nbytes == sum(t.numel() * t.element_size() for t in flat_weights(src).values())
+    dst.load_weights(payload, version=1)
+    assert _equal(dst.model, src)
+    assert not dst.model.t.is_contiguous()  # the transposed parameter was loaded through a temporary
+
+
+def test_shm_payload_with_missing_bytes_is_refused():
+    payload = Peer(MixedNet(9)).export_weights_shm(False)
+    short = {k: (b[0][:-1], *b[1:]) if k == "emb.weight" else b for k, b in payload.buffers.items()}
+    with pytest.raises(WeightSyncError, match=r"'emb.weight': 959 bytes received, the model has 960"):
+        Peer(MixedNet(10)).load_weights(ShmPayload(payload.layout, False, short), version=1)
+
+
 def test_shm_views_share_the_senders_memory_and_packs_are_reused_copies():
     model = MixedNet(4)
     views, none = shm_payload(flat_weights(model), pack=None)  # CPU model: views, nothing to keep
     assert none is None and not views.packed
-    assert np.shares_memory(views.buffers["emb.weight"], model.emb.weight.detach().numpy())
+    assert np.shares_memory(views.buffers["emb.weight"][0], model.emb.weight.detach().numpy())
     first, kept = shm_payload(flat_weights(model), pack=True)
-    addr = first.buffers["torch.float32"].ctypes.data
-    assert not np.shares_memory(first.buffers["torch.float32"], model.emb.weight.detach().numpy())
+    addr = first.buffers["torch.float32"][0].ctypes.data
+    assert not np.shares_memory(first.buffers["torch.float32"][0], model.emb.weight.detach().numpy())
     second, _ = shm_payload(flat_weights(model), pack=True, into=kept)
-    assert second.buffers["torch.float32"].ctypes.data == addr  # refilled, not reallocated
+    assert second.buffers["torch.float32"][0].ctypes.data == addr  # refilled, not reallocated
     assert set(second.buffers) == {"torch.float32", "torch.bfloat16", "torch.int64", "torch.bool"}
     other, _ = shm_payload(flat_weights(nn.Linear(3, 3)), pack=True, into=kept)  # another layout: fresh
-    assert other.buffers["torch.float32"].ctypes.data != addr
+    assert other.buffers["torch.float32"][0].ctypes.data != addr
 
 
 @pytest.mark.parametrize("pack", [False, True], ids=["views", "packed"])
@@ -103,8 +128,9 @@ def test_shm_payload_with_another_layout_is_refused(pack):
 def test_read_only_buffers_load_without_a_copy_or_warning():
     """Ray hands the receiver read-only views into shared memory: loading must accept them."""
     payload = Peer(MixedNet(5)).export_weights_shm(False)
-    ro = {k: np.frombuffer(b.tobytes(), dtype=np.uint8) for k, b in payload.buffers.items()}  # read-only
-    assert not any(b.flags.writeable for b in ro.values())
+    ro = {k: tuple(np.frombuffer(c.tobytes(), dtype=np.uint8) for c in b)  # read-only
+          for k, b in payload.buffers.items()}
+    assert not any(c.flags.writeable for b in ro.values() for c in b)
     dst = Peer(MixedNet(6))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns about non-writable arrays unless we handle them

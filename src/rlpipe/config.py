@@ -161,6 +161,9 @@ class WeightSyncConfig(_Section):
         "gloo", description="RDT backend when transport is 'rdt'.")
     timeout_s: float = Field(
         120.0, gt=0, description="A sync slower than this fails with an error naming the transport.")
+    channel: bool = Field(
+        True, description="Transport 'object_store' (ignored by the others): write every sync into one reused Ray "
+        "shared-memory channel buffer (ray.experimental.channel); false: a fresh object-store object per sync.")
 
 
 class ReplayConfig(_Section):

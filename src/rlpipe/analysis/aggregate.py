@@ -176,7 +176,7 @@ def wall_and_samples(run: RunData) -> tuple[float, float]:
 def sync_label(info: dict) -> str:
     transport = info.get("transport") or "unknown"
     backend = info.get("backend")
-    return f"{transport}/{backend}" if transport == "rdt" and backend else str(transport)
+    return f"{transport}/{backend}" if backend else str(transport)  # rdt/gloo, object_store/channel
 
 
 def sync_stats(run: RunData) -> dict:

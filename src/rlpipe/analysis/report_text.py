@@ -471,8 +471,9 @@ def _cpu_verdict(cpu: list[_Pair]) -> list[str]:
              f"memcpys of the payload and {big.rdt} {fnum(big.rdt_s / big.memcpy_s, 2)}.")
     if big.obj_s < big.rdt_s:
         why = (" Why: on one host both move the bytes through the same memory, and the shared-memory path copies "
-               "them least -- once into the object store when the sender's task returns, once from a zero-copy view "
-               "into the receiver's tensors -- while RDT over gloo packs the weights, pushes them through a loopback "
+               "them least -- once into shared memory (a fresh object-store object when the sender's task returns, "
+               "or the reused buffer of a Ray channel), once from a zero-copy view into the receiver's tensors -- "
+               "while RDT over gloo packs the weights, pushes them through a loopback "
                "TCP socket (a copy into and one out of the kernel) into a receive buffer Ray allocates, and "
                "page-faults, for every transfer, unpacks them, and takes more Ray round trips per sync. RDT pays off "
                "where it skips host memory: GPU to GPU (NCCL, CUDA IPC, NIXL).")

@@ -15,11 +15,14 @@ three untimed copies; median and min over many repeats (more for small payloads)
 version timed a cold destination in the driver and read 0.89 GB/s at 5 MB.
 
 Runs are ``transport@placement``: ``cpu`` (both models on CPU), ``gpu`` (one GPU each; needs two)
-and ``gpu-shared`` (both on one GPU, ``num_gpus=0.5``). CPU runs: ``object_store`` (the default
-payload, ``ShmPayload`` views read zero-copy from shared memory), ``object_store/packed`` (the same
-packed per dtype, as for GPU models), ``object_store/tensors`` (named torch tensors, the naive
-baseline) and ``rdt/gloo``. GPU runs are added when Ray sees GPUs; a run that cannot work here is
-listed with its reason instead of a number.
+and ``gpu-shared`` (both on one GPU, ``num_gpus=0.5``). CPU runs: ``object_store/channel`` (the
+trainer's default: ``ShmPayload`` views written into one reused Ray shared-memory channel buffer,
+``ChannelTransport``), ``object_store`` (the same payload returned as a fresh object-store object
+per sync, ``channel: false``; read zero-copy from shared memory), ``object_store/packed`` (the
+fresh-object payload packed per dtype, as for GPU models),
+``object_store/tensors`` (named torch tensors, the naive baseline) and ``rdt/gloo``. GPU runs are
+added when Ray sees GPUs; a run that cannot work here is listed with its reason instead of a
+number.
 
 Why a gap between syncs (``--gap-s``, default 0.2 s, untimed): in training, syncs are an optimizer
 step apart. Back to back, Ray has not yet freed the previous payload when the next is exported,
@@ -70,8 +73,8 @@ from rlpipe.trainer.weight_sync import (
 )
 
 # (transport label, placement); GPU runs are attempted only when Ray reports GPUs
-CPU_RUNS = [("object_store", "cpu"), ("object_store/packed", "cpu"), ("object_store/tensors", "cpu"),
-            ("rdt/gloo", "cpu")]
+CPU_RUNS = [("object_store", "cpu"), ("object_store/channel", "cpu"), ("object_store/packed", "cpu"),
+            ("object_store/tensors", "cpu"), ("rdt/gloo", "cpu")]
 GPU_RUNS = [("object_store", "gpu"), ("rdt/nccl", "gpu"), ("rdt/nixl", "gpu"),
             ("object_store", "gpu-shared"), ("rdt/cuda_ipc", "gpu-shared")]
 PLACEMENT_GPUS = {"cpu": 0.0, "gpu": 1.0, "gpu-shared": 0.5}  # num_gpus per actor
@@ -187,7 +190,9 @@ def _skip_reason(label: str, placement: str, gpus: float, nbytes: int = 0) -> st
 def _transport(label: str, timeout_s: float) -> Transport:
     """``object_store[/payload]`` or ``rdt/backend`` (``make_transport`` with its preflight)."""
     transport, _, variant = label.partition("/")
-    if transport == "object_store":
+    if label == "object_store/channel":
+        return make_transport(WeightSyncConfig(transport="object_store", channel=True, timeout_s=timeout_s))
+    if transport == "object_store":  # a fresh object per sync (``channel: false``) and its variants
         return ObjectStoreTransport(timeout_s, payload=variant or "shared")
     return make_transport(WeightSyncConfig(transport=transport, backend=variant or "gloo", timeout_s=timeout_s))
 

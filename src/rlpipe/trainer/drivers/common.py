@@ -39,7 +39,7 @@ from rlpipe.trainer.actors.learner import NonFiniteLossError
 from rlpipe.trainer.drivers.progress import ProgressPrinter
 from rlpipe.trainer.profiling import seconds_by_phase
 from rlpipe.trainer.run_writer import RunWriter
-from rlpipe.trainer.weight_sync import WeightSyncError, ray_actor_class
+from rlpipe.trainer.weight_sync import WeightSyncError, ray_actor_class, sync_backend
 
 
 class ActorFailure(RuntimeError):
@@ -301,7 +301,7 @@ class RunContext:
                 "device_type": device_type, "threads": self.threads, "total_samples": self.samples,
                 "total_optimizer_steps": self.sizes.total_optimizer_steps,
                 "transport": "local" if self.train.mode != "disaggregated" else ws.transport,
-                "backend": ws.backend if ws.transport == "rdt" else None, "k": self.train.k,
+                "backend": sync_backend(ws) if self.train.mode == "disaggregated" else None, "k": self.train.k,
                 "replay": self.train.replay.enabled, "config": to_dict(self.train)}
 
 

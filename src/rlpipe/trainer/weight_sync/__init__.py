@@ -1,9 +1,10 @@
 """Learner -> generator weight synchronisation behind one small interface.
 
 Config (``train.weight_sync``): ``transport: local | object_store | rdt``, ``backend: gloo | nccl |
-nixl | cuda_ipc`` (rdt only) and ``timeout_s``. ``make_transport(cfg)`` picks the class from the
-``TRANSPORTS`` dict and, for rdt, runs a driver-side ``preflight`` (CUDA present? nixl / cupy
-importable?) so that an unavailable backend fails before Ray starts. The driver then calls
+nixl | cuda_ipc`` (rdt only), ``channel`` (object_store only) and ``timeout_s``.
+``make_transport(cfg)`` picks the class from the ``TRANSPORTS`` dict (``ChannelTransport`` for a
+channel) and, for rdt, runs a driver-side ``preflight`` (CUDA present? nixl / cupy importable?) so
+that an unavailable backend fails before Ray starts. The driver then calls
 ``setup(sender, receivers)`` once before training (the authoritative checks, on probes taken
 inside the actors: devices, which physical GPU, packages, async methods), ``sync(sender,
 receivers, version) -> SyncStats`` after each policy update, and ``teardown()`` at the end.
@@ -13,9 +14,14 @@ Transports
 =================  ==========================================================================
 ``local``          in-process copy (``copy_weights``) for the ColocatedWorker, which holds the
                    learner's and the generator's model in one actor.
-``object_store``   Ray's object store: the sender's task returns a ``ShmPayload`` (``uint8`` numpy
-                   views of its CPU tensors), which Ray copies once into shared memory and every
-                   receiver reads zero-copy while copying it into its own tensors.
+``object_store``   (the default, ``channel: true``; label ``object_store/channel``) Ray's object
+                   store through a shared-memory channel (``ray.experimental.channel``, the
+                   reusable mutable objects of Ray Compiled Graphs) that the sender opens at
+                   ``setup``: every sync it writes a ``ShmPayload`` (``uint8`` numpy views of its
+                   CPU tensors) into that same buffer, and every receiver reads it zero-copy while
+                   copying it into its own tensors (``ChannelTransport``).
+``object_store``   ``channel: false``: the sender's task returns the ``ShmPayload``, which Ray
+                   copies into a fresh object in shared memory every sync.
 ``rdt/gloo``       Ray Direct Transport over a gloo collective group (CPU tensors): the tensors
                    stay in the sender's process and go sender -> receiver over a socket, with no
                    object-store serialisation. Works on CPU-only machines.
@@ -79,6 +85,21 @@ into a CPU buffer refilled on every sync (one device-to-host copy per tensor int
 instead of a fresh CPU tensor each); the receiver checks the layout fingerprint either way, since
 the bytes carry no dtype or shape. ``ObjectStoreTransport(payload="tensors")`` keeps the naive
 path for comparison.
+
+Two costs beyond the two copies, and what removes them (100 MB, 2 cores, Ray 2.60; ``rlpipe bench
+weight-sync``). (1) Ray copies each out-of-band buffer above 1 MiB with a parallel memcpy that
+starts 6 threads per buffer: a 100 MB model in 4 MiB tensors took ~17 ms to write instead of one
+memcpy's ~10 ms. ``ShmPayload`` therefore cuts every buffer into 1 MiB views (``SHM_CHUNK_BYTES``),
+which Ray copies with a plain memcpy, and the receiver copies chunk by chunk into its tensors.
+(2) A fresh object per sync lands in object-store pages the sender has to fault in again; the
+channel writes into the same mapped buffer every time. Measured: fresh object ~30-34 ms (0.30-0.33
+of the in-run memcpy), channel ~25-28 ms (0.36-0.42); two memcpys are ~21 ms. The channel's write
+waits until every reader has moved past the previous value, and a reader moves past it only by
+starting its next read; so ``sync`` submits the write and the reads together. The drivers sync
+only while both actors are idle, so the wait couples nothing. Multi-node readers get the value
+pushed by Ray (one buffer per node). The channel is the default because it was faster at every
+payload of the bench's sweep on the dev machine (one run, load ~1: the pipeline's 5 MB model 7.0
+vs 9.9 ms, 1 MB 3.8 vs 5.4 ms, 100 MB 31 vs 39 ms, 1 GB 263 vs 334 ms).
 
 What bounds rdt/gloo on CPU (100 MB, 2 cores, one torch thread per actor, Ray 2.60): ~190 ms per
 sync = pack ~18 ms (a warm memcpy; the pack is reused) + the transfer ~50 ms + ~60 ms of page
@@ -151,17 +172,20 @@ from rlpipe.trainer.weight_sync.payload import (
 from rlpipe.trainer.weight_sync.transports import (
     OBJECT_STORE_PAYLOADS,
     TRANSPORTS,
+    ChannelTransport,
     LocalTransport,
     ObjectStoreTransport,
     RdtTransport,
     Transport,
     make_transport,
     preflight,
+    sync_backend,
 )
 
 __all__ = [
     "ActorProbe",
     "BackendUnavailableError",
+    "ChannelTransport",
     "LAYOUT_KEY",
     "LoadAck",
     "LocalTransport",
@@ -190,5 +214,6 @@ __all__ = [
     "ray_actor_class",
     "shm_payload",
     "state_bytes",
+    "sync_backend",
     "weights_checksum",
 ]

@@ -8,10 +8,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from rlpipe.trainer.weight_sync.errors import WeightSyncError
 from rlpipe.trainer.weight_sync.payload import (
     ShmPayload,
     _load_into,
@@ -19,8 +21,13 @@ from rlpipe.trainer.weight_sync.payload import (
     flat_weights,
     pack_weights,
     shm_payload,
+    state_bytes,
     weights_checksum,
 )
+
+# per-tensor room for a ShmPayload's pickled names and buffer headers in a channel; a bigger
+# payload still fits (Ray resizes the channel), at the price of one re-allocation
+CHANNEL_SLACK_PER_TENSOR, CHANNEL_SLACK = 512, 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +114,32 @@ class WeightSender(_WeightActor):
         return payload
 
 
+    def open_weight_channel(self, key: str, readers: list[tuple[Any, str | None]]) -> Any:
+        """Create the Ray shared-memory channel ``key`` (``ChannelTransport``) with this actor as its
+        writer and ``readers`` as ``(actor handle, node id)``; returned for the readers to attach."""
+        import ray
+        from ray.experimental.channel import Channel
+
+        flat = flat_weights(self.model)
+        size = state_bytes(flat) + CHANNEL_SLACK_PER_TENSOR * len(flat) + CHANNEL_SLACK
+        channel = Channel(ray.get_runtime_context().current_actor, readers, typ=size)
+        self._weight_channels = {**getattr(self, "_weight_channels", {}), key: channel}
+        return channel
+
+    def write_weight_channel(self, key: str, timeout_s: float) -> int:
+        """Write the weights (``shm_payload``: views of CPU tensors, packed off the CPU) into channel
+        ``key``: one copy. Waits (at most ``timeout_s``) until every reader is past the last value."""
+        payload, self._weight_sync_shm_pack = shm_payload(
+            flat_weights(self.model), None, getattr(self, "_weight_sync_shm_pack", None))
+        self._weight_channels[key].write(payload, timeout=timeout_s)
+        return payload.nbytes
+
+    def close_weight_channel(self, key: str) -> None:
+        channel = getattr(self, "_weight_channels", {}).pop(key, None)
+        if channel is not None:
+            channel.close()
+
+
 class WeightReceiver(_WeightActor):
     """Mixin for actors that receive weights (the Generator). Must be RDT-enabled for rdt."""
 
@@ -120,3 +153,20 @@ class WeightReceiver(_WeightActor):
         seconds = time.perf_counter() - t0
         return LoadAck(f"{type(self).__name__}(pid {os.getpid()})", version, nbytes, seconds, time.time(),
                        weights_checksum(self.model) if checksum else None)
+
+    def attach_weight_channel(self, key: str, channel: Any) -> None:
+        """Register as a reader of the channel ``key`` that the sender opened."""
+        channel.ensure_registered_as_reader()
+        self._weight_channels = {**getattr(self, "_weight_channels", {}), key: channel}
+
+    def read_weight_channel(self, key: str, version: int, checksum: bool = False,
+                            timeout_s: float | None = None) -> LoadAck:
+        """Wait (at most ``timeout_s``) for the next value of channel ``key`` and load it in place
+        (``load_weights``). The value's buffers are read-only views into the channel, valid until
+        this reader's next read, which is when the writer may overwrite them."""
+        payload = self._weight_channels[key].read(timeout=timeout_s)
+        if isinstance(payload, BaseException):  # Ray returns a closed channel's error as the value
+            raise WeightSyncError(f"weight channel {key}: {payload}") from payload
+        if not isinstance(payload, ShmPayload):
+            raise WeightSyncError(f"weight channel {key}: expected a ShmPayload, got {type(payload).__name__}")
+        return self.load_weights(payload, version, checksum)

@@ -38,14 +38,6 @@ def state_bytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-def _dtype(key: str) -> torch.dtype:
-    """``torch.float32`` from its ``str`` (the keys of a packed payload)."""
-    dt = getattr(torch, key.removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise WeightSyncError(f"packed weights: {key!r} names no torch dtype")
-    return dt
-
-
 def weights_checksum(state: dict[str, torch.Tensor] | nn.Module) -> str:
     """blake2b over names, dtypes, shapes and raw bytes: equal iff the weights are bit-identical."""
     if isinstance(state, nn.Module):
@@ -96,13 +88,21 @@ def pack_weights(flat: dict[str, torch.Tensor], device: torch.device | str,
     return out
 
 
+# Ray's serialiser copies every out-of-band buffer larger than 1 MiB (kMemcopyDefaultThreshold)
+# with a parallel memcpy that starts its threads per buffer: on the 2-core dev machine a 100 MB
+# write cost ~17 ms in 4 MiB tensors, ~11 ms in 1 MiB chunks (one memcpy, ~10 ms). So every
+# buffer is cut into chunks of at most this many bytes (views, no copy).
+SHM_CHUNK_BYTES = 1 << 20
+
+
 @dataclass
 class ShmPayload:
     """An object-store payload that Ray keeps in shared memory and hands to the receiver without a
-    copy: every buffer is a 1-D ``uint8`` numpy array, which Ray's pickle5 serialiser stores out of
-    band, so the receiver gets a read-only view into the object store (plasma) and copies from it
-    straight into its own tensors. Torch tensors would instead be pickled in band: a copy into the
-    object store, a deserialising copy on the receiver, per tensor, plus the in-place load.
+    copy: every buffer is a tuple of 1-D ``uint8`` numpy arrays (chunks of at most
+    ``SHM_CHUNK_BYTES``, in order), which Ray's pickle5 serialiser stores out of band, so the
+    receiver gets read-only views into the object store (plasma) and copies from them straight into
+    its own tensors. Torch tensors would instead be pickled in band: a copy into the object store,
+    a deserialising copy on the receiver, per tensor, plus the in-place load.
 
     ``packed=False``: one buffer per tensor, keyed by name, each a *view* of the sender's CPU
     tensor, so the only sender-side copy is Ray's into shared memory when the task returns.
@@ -113,16 +113,18 @@ class ShmPayload:
 
     layout: int
     packed: bool
-    buffers: dict[str, np.ndarray]
+    buffers: dict[str, tuple[np.ndarray, ...]]
 
     @property
     def nbytes(self) -> int:
-        return sum(int(b.nbytes) for b in self.buffers.values())
+        return sum(int(c.nbytes) for chunks in self.buffers.values() for c in chunks)
 
 
-def _bytes_view(t: torch.Tensor) -> np.ndarray:
-    """(N,) uint8 numpy view of a CPU tensor's bytes (a copy only off the CPU or if not contiguous)."""
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+def _bytes_view(t: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """``uint8`` numpy views of a CPU tensor's bytes in chunks of at most ``SHM_CHUNK_BYTES`` (a
+    copy only off the CPU or if not contiguous); an empty tensor gives one empty chunk."""
+    b = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return tuple(b[i:i + SHM_CHUNK_BYTES] for i in range(0, len(b), SHM_CHUNK_BYTES)) or (b,)
 
 
 def shm_payload(flat: dict[str, torch.Tensor], pack: bool | None = None,
@@ -130,7 +132,8 @@ def shm_payload(flat: dict[str, torch.Tensor], pack: bool | None = None,
     """``(payload, pack)`` for the object store. ``pack=None`` packs only when some tensor is off the
     CPU; otherwise the buffers are views of ``flat``. ``into``: the previous pack, refilled when its
     layout matches (always safe: Ray copies a task's return value into the object store before the
-    task returns, so nothing references the pack afterwards). Returns the pack to keep for reuse."""
+    task returns, and a channel write copies before it returns, so nothing references the pack
+    afterwards). Returns the pack to keep for reuse."""
     layout = layout_fingerprint(flat)
     if pack is None:
         pack = any(t.device.type != "cpu" for t in flat.values())
@@ -143,24 +146,51 @@ def shm_payload(flat: dict[str, torch.Tensor], pack: bool | None = None,
     return ShmPayload(int(layout.item()), True, bufs), packed
 
 
-def _shm_tensors(dst: dict[str, torch.Tensor], payload: ShmPayload) -> dict[str, torch.Tensor]:
-    """Torch views (no copy) of ``payload``'s buffers shaped like ``dst``, after the layout check."""
-    if payload.layout != int(layout_fingerprint(dst).item()):
-        raise WeightSyncError("shared-memory weights have another layout than the receiver's model (names, dtypes "
-                              "or shapes differ): sender and receiver must build the same architecture")
+def _copy_stream(chunks: tuple[np.ndarray, ...], targets: list[torch.Tensor], what: str) -> None:
+    """Copy the bytes of ``chunks`` (in order) into ``targets`` (in order, each filled in place);
+    the two byte counts must be equal."""
     with warnings.catch_warnings():
         # Ray's views into the object store are read-only; they are only ever read (copy_ sources)
         warnings.filterwarnings("ignore", message=".*not writable", category=UserWarning)
-        bufs = {k: torch.from_numpy(b) for k, b in payload.buffers.items()}
+        srcs = [torch.from_numpy(c) for c in chunks if c.nbytes]
+    have, need = sum(c.numel() for c in srcs), sum(t.numel() * t.element_size() for t in targets)
+    if have != need:
+        raise WeightSyncError(f"shared-memory weights {what!r}: {have} bytes received, the model has {need}")
+    k, off = 0, 0
+    with torch.no_grad():
+        for t in targets:
+            flat = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+            dst = flat.view(torch.uint8) if flat.numel() else flat
+            pos = 0
+            while pos < dst.numel():
+                n = min(srcs[k].numel() - off, dst.numel() - pos)
+                dst[pos:pos + n].copy_(srcs[k][off:off + n])
+                pos, off = pos + n, off + n
+                if off == srcs[k].numel():
+                    k, off = k + 1, 0
+            if not t.is_contiguous():
+                t.copy_(flat.view(t.shape))
+
+
+def _load_shm(dst: dict[str, torch.Tensor], payload: ShmPayload) -> int:
+    """Copy a ``ShmPayload`` into ``dst`` in place, chunk by chunk (after the layout check): per
+    name, or per dtype stream in ``dst`` order when packed. Returns the payload bytes."""
+    if payload.layout != int(layout_fingerprint(dst).item()):
+        raise WeightSyncError("shared-memory weights have another layout than the receiver's model (names, dtypes "
+                              "or shapes differ): sender and receiver must build the same architecture")
     if payload.packed:
-        typed = {k: _typed(b, _dtype(k)) for k, b in bufs.items()}
-        return _unpack(dst, {**typed, LAYOUT_KEY: torch.tensor([payload.layout], dtype=torch.int64)})
-    return {n: _typed(bufs[n], d.dtype).view(d.shape) for n, d in dst.items()}
-
-
-def _typed(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``buf``'s bytes as ``dtype`` (a view; numpy gives empty arrays a stride torch cannot view)."""
-    return buf.view(dtype) if buf.numel() else torch.empty(0, dtype=dtype)
+        streams = {k: [d for d in dst.values() if str(d.dtype) == k] for k in payload.buffers}
+        missing = {str(d.dtype) for d in dst.values()} - set(streams)
+    else:
+        streams = {n: [d] for n, d in dst.items() if n in payload.buffers}
+        missing = dst.keys() - payload.buffers.keys()
+    if missing:
+        raise WeightSyncError(f"shared-memory weights lack {sorted(missing)[:5]}")
+    for key, targets in streams.items():
+        _copy_stream(payload.buffers[key], targets, key)
+    if any(d.is_cuda for d in dst.values()):
+        torch.cuda.synchronize()
+    return payload.nbytes
 
 
 def _reusable(payload: dict[str, torch.Tensor] | None, flat: dict[str, torch.Tensor], device: Any,
@@ -204,9 +234,8 @@ def _load_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor] | ShmP
     """Copy ``src`` (named tensors, a ``pack_weights`` payload or a ``ShmPayload``) into ``dst`` in
     place; names, shapes and dtypes must match exactly. Returns the payload bytes."""
     if isinstance(src, ShmPayload):
-        nbytes, src = src.nbytes, _shm_tensors(dst, src)
-    else:
-        nbytes = state_bytes({k: v for k, v in src.items() if k != LAYOUT_KEY})
+        return _load_shm(dst, src)
+    nbytes = state_bytes({k: v for k, v in src.items() if k != LAYOUT_KEY})
     if LAYOUT_KEY in src:
         src = _unpack(dst, src)
     if dst.keys() != src.keys():

@@ -103,20 +103,25 @@ class _RayTransport(Transport):
     def _hint(self) -> str:
         return "raise train.weight_sync.timeout_s if the model is simply large"
 
+    def _submit(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool) -> list[Any]:
+        """The refs one sync waits for; the last ``len(receivers)`` are the receivers' ``LoadAck``s."""
+        ref = self._export(sender, receivers)
+        # ``ref`` dies on return: the driver's reference must not outlive the sync (frees RDT's copy)
+        return [r.load_weights.remote(ref, version, checksum) for r in receivers]
+
     def sync(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool = False) -> SyncStats:
         import ray
 
         start, t0 = time.time(), time.perf_counter()
-        ref = self._export(sender, receivers)
-        acks = [r.load_weights.remote(ref, version, checksum) for r in receivers]
-        del ref  # the driver's reference must not outlive the sync (frees the sender's RDT copy)
+        waits = self._submit(sender, receivers, version, checksum)
         try:
-            results: list[LoadAck] = ray.get(acks, timeout=self.timeout_s)
+            results: list[LoadAck] = ray.get(waits, timeout=self.timeout_s)[len(waits) - len(receivers):]
         except ray.exceptions.GetTimeoutError as e:
             self._broken = True
             raise WeightSyncTimeout(f"weight sync {self.label} (version {version}) did not finish within "
                                     f"timeout_s={self.timeout_s:g} s; {self._hint()}") from e
         except ray.exceptions.RayError as e:
+            self._broken = True
             raise WeightSyncError(f"weight sync {self.label} (version {version}) failed: {e}") from e
         sums = [a.checksum for a in results] if checksum else None
         return _stats(self.name, self.backend, version, results[0].bytes, len(results), start, t0, sums)
@@ -147,6 +152,69 @@ class ObjectStoreTransport(_RayTransport):
 
     def _export(self, sender: Any, receivers: Sequence[Any]) -> Any:
         return OBJECT_STORE_PAYLOADS[self.payload](sender)
+
+
+class ChannelTransport(_RayTransport):
+    """The object store's reusable buffer: a Ray shared-memory channel (``ray.experimental.channel``,
+    the mutable objects behind Ray Compiled Graphs). ``setup`` has the sender create one channel
+    buffer sized for its weights (Ray requires the writer to create it) and registers every
+    receiver as a reader. Each sync the sender writes a ``ShmPayload`` into that same buffer (one
+    copy into pages already mapped, instead of a fresh object per sync) while each receiver reads
+    it zero-copy and copies it into its tensors in place. A write waits until every reader has
+    moved past the previous value, so the driver submits the write and the reads together; both
+    sides are idle at a sync (the drivers sync between batches), so the wait couples nothing.
+    Label ``object_store/channel``."""
+
+    name = "object_store"
+
+    def __init__(self, timeout_s: float, backend: str | None = None):
+        super().__init__(timeout_s, "channel")
+        self._key: str | None = None
+        self._actor_ids: list[Any] | None = None
+        self._sender: Any = None
+
+    def setup(self, sender: Any, receivers: Sequence[Any]) -> None:
+        import ray
+
+        super().setup(sender, receivers)
+        actors = [sender, *receivers]
+        try:
+            probes = ray.get([a.weight_sync_probe.remote() for a in actors], timeout=self.timeout_s)
+        except AttributeError as e:
+            raise WeightSyncError(f"{self.label}: the sender must inherit WeightSender and every receiver "
+                                  f"WeightReceiver (rlpipe.trainer.weight_sync): {e}") from e
+        asyncs = [p.name for p in probes if p.is_async]
+        if asyncs:  # a blocking channel read would stall an async actor's event loop
+            raise BackendUnavailableError(f"{self.label} does not support async actors ({asyncs} define async "
+                                          "methods); use object_store without channel")
+        self._key = f"rlpipe-weights-{uuid.uuid4().hex[:8]}"
+        readers = [(r, p.node_id) for r, p in zip(receivers, probes[1:], strict=True)]
+        channel = ray.get(sender.open_weight_channel.remote(self._key, readers), timeout=self.timeout_s)
+        ray.get([r.attach_weight_channel.remote(self._key, channel) for r in receivers], timeout=self.timeout_s)
+        self._actor_ids, self._sender = [a._ray_actor_id for a in actors], sender
+
+    def _submit(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool) -> list[Any]:
+        if self._actor_ids is None:
+            raise WeightSyncError(f"weight sync {self.label}: call setup(sender, receivers) before sync")
+        if sender._ray_actor_id != self._actor_ids[0] or sorted(
+                str(r._ray_actor_id) for r in receivers) != sorted(str(i) for i in self._actor_ids[1:]):
+            # a write waits for every registered reader: a sync without one of them would hang
+            raise WeightSyncError(f"weight sync {self.label}: sync() got other actors than setup() saw")
+        write = sender.write_weight_channel.remote(self._key, self.timeout_s)
+        return [write, *(r.read_weight_channel.remote(self._key, version, checksum, self.timeout_s)
+                         for r in receivers)]
+
+    def teardown(self) -> None:
+        """Close the channel (a reader still blocked on it gets an error instead of waiting)."""
+        if self._sender is None:
+            return
+        import ray
+
+        sender, self._sender = self._sender, None
+        try:
+            ray.get(sender.close_weight_channel.remote(self._key), timeout=5 if self._broken else self.timeout_s)
+        except ray.exceptions.RayError as e:  # a dead or stuck sender: its channel dies with it
+            log.warning("weight sync %s: could not close channel %s: %s", self.label, self._key, e)
 
 
 class RdtTransport(_RayTransport):
@@ -241,12 +309,22 @@ def preflight(backend: str) -> None:
                                       "use rdt/cuda_ipc for actors sharing one GPU")
 
 
+def sync_backend(cfg: Any) -> str | None:
+    """The second half of a ``WeightSyncConfig``'s label: the rdt backend, ``channel`` for an
+    object-store channel, else None."""
+    if cfg.transport == "rdt":
+        return cfg.backend
+    return "channel" if cfg.transport == "object_store" and getattr(cfg, "channel", False) else None
+
+
 def make_transport(cfg: Any, preflight_check: bool = True) -> Transport:
-    """The transport for ``cfg`` (a ``WeightSyncConfig``: transport, backend, timeout_s).
+    """The transport for ``cfg`` (a ``WeightSyncConfig``: transport, backend, channel, timeout_s).
 
     For rdt, ``preflight`` runs first, so an unavailable backend fails before Ray starts."""
     if cfg.transport not in TRANSPORTS:
         raise ValueError(f"train.weight_sync.transport: {cfg.transport!r} is not one of {list(TRANSPORTS)}")
+    if sync_backend(cfg) == "channel":
+        return ChannelTransport(timeout_s=cfg.timeout_s)
     backend = cfg.backend if cfg.transport == "rdt" else None
     transport = TRANSPORTS[cfg.transport](timeout_s=cfg.timeout_s, backend=backend)
     if cfg.transport == "rdt" and preflight_check:

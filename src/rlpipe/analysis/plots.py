@@ -372,6 +372,10 @@ def plot_weight_sync(s: Summary, axes, notes: list[str]) -> None:
         ax.grid(alpha=0.3)
 
 
+# object-store paths the weight-sync bench measures only for comparison (the trainer never uses them)
+BASELINE_SYNC_PATHS = ("object_store/packed", "object_store/tensors")
+
+
 def _sync_color(label: str) -> str:
     return "#7f7f7f" if "memcpy" in label else "#c44e52" if "rdt" in label else "#4c72b0"
 
@@ -382,8 +386,8 @@ def _latency_vs_payload(ax, bench: pd.DataFrame) -> None:
     markers = "osD^vx*"
     for i, (label, g) in enumerate(bench.groupby(bench["label"].astype(str))):
         g = g.sort_values("bytes")
-        variant_path = "/" in label.split("@")[0].replace("rdt/", "")  # object_store/packed, .../tensors
-        style = {"linestyle": ":" if "memcpy" in label else "--" if variant_path else "-", "color": _sync_color(label)}
+        baseline = label.split("@")[0] in BASELINE_SYNC_PATHS  # dashed: the bench's comparison paths
+        style = {"linestyle": ":" if "memcpy" in label else "--" if baseline else "-", "color": _sync_color(label)}
         ax.plot(g["bytes"] / 1e6, g["median_s"] * 1e3, marker=markers[i % len(markers)], label=label, **style)
     ax.set_xscale("log")
     ax.set_xlabel("payload (MB)")

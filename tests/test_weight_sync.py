@@ -357,7 +357,8 @@ def test_timeout_raises_naming_the_transport(actors):
 @pytest.mark.ray
 def test_channel_reuses_one_buffer_and_times_out_naming_the_transport(actors):
     """The channel's receiver reads read-only views of one shared buffer, the same one every sync
-    (no fresh object per sync); a receiver that never reads fails the sync within timeout_s."""
+    (no fresh object per sync); a receiver that never finishes loading fails the sync within
+    timeout_s, and teardown still returns."""
     import ray
 
     learner, gen = (ray_actor_class(c, "object_store").options(num_cpus=0).remote() for c in (BigLearner, BigGen))
@@ -376,6 +377,7 @@ def test_channel_reuses_one_buffer_and_times_out_naming_the_transport(actors):
         with pytest.raises(WeightSyncError, match="other actors than setup"):
             t.sync(learner, [actors["gen"]], version=3)
     stuck = ray_actor_class(Stuck, "object_store").options(num_cpus=0).remote()
+    ray.get(stuck.weight_sync_probe.remote(), timeout=60)  # started: setup's own 2 s probe must not race it
     t = make_transport(WeightSyncConfig(transport="object_store", channel=True, timeout_s=2))
     t.setup(learner, [stuck])
     with pytest.raises(WeightSyncTimeout, match=r"weight sync object_store/channel .*timeout_s=2"):
@@ -383,6 +385,43 @@ def test_channel_reuses_one_buffer_and_times_out_naming_the_transport(actors):
     t.teardown()  # must not hang on the stuck reader
     for a in (learner, gen, stuck):
         ray.kill(a)
+
+
+class AsyncGen(Generator):
+    async def ping(self):  # one async method makes Ray run the whole actor on an event loop
+        return True
+
+
+@pytest.mark.ray
+def test_channel_refuses_async_and_repeated_receivers_before_opening(actors):
+    import ray
+
+    agen = ray_actor_class(AsyncGen, "object_store").options(num_cpus=0).remote()
+    t = make_transport(WeightSyncConfig(transport="object_store", timeout_s=60))
+    with pytest.raises(BackendUnavailableError, match=r"object_store/channel does not support async actors"):
+        t.setup(actors["learner"], [agen])
+    with pytest.raises(WeightSyncError, match="must be distinct actors"):
+        t.setup(actors["learner"], [actors["gen"], actors["gen"]])
+    assert t._sender is None  # nothing was opened, so there is nothing to close
+    ray.kill(agen)
+
+
+@pytest.mark.ray
+def test_channel_serves_several_receivers(actors):
+    """One channel, two readers: each sync reaches both, bit for bit, and the next write waits for
+    both (two syncs in a row would otherwise overwrite a value one reader has not copied)."""
+    import ray
+
+    learner, gen = actors["learner"], actors["gen"]
+    second = ray_actor_class(Generator, "object_store").options(num_cpus=0).remote()
+    with make_transport(WeightSyncConfig(transport="object_store", timeout_s=60)) as t:
+        t.setup(learner, [gen, second])
+        for version in (1, 2, 3):
+            ray.get(learner.step.remote())
+            stats = t.sync(learner, [gen, second], version=version, checksum=True)
+            assert stats.checksums == [ray.get(learner.weights_checksum.remote())] * 2
+            assert stats.num_receivers == 2
+    ray.kill(second)
 
 
 @pytest.mark.ray

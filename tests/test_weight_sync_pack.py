@@ -89,6 +89,20 @@ def test_chunked_payload_loads_across_chunk_and_tensor_boundaries(monkeypatch, p
     assert not dst.model.t.is_contiguous()  # the transposed parameter was loaded through a temporary
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["views", "packed"])
+def test_one_element_tensor_with_an_odd_stride_round_trips(pack):
+    """``x[0:1, 0]`` counts as contiguous but keeps stride 4, which a flat ``view`` refuses."""
+    def net(base: torch.Tensor) -> nn.Module:
+        m = nn.Module()
+        m.register_buffer("one", base.view(3, 4)[0:1, 0])
+        return m
+
+    src, dst = net(torch.arange(12.0) + 5), net(torch.zeros(12))
+    assert src.one.is_contiguous() and src.one.stride() == (4,)
+    Peer(dst).load_weights(Peer(src).export_weights_shm(pack), version=1)
+    assert torch.equal(dst.one, torch.tensor([5.0])) and weights_checksum(dst) == weights_checksum(src)
+
+
 def test_shm_payload_with_missing_bytes_is_refused():
     payload = Peer(MixedNet(9)).export_weights_shm(False)
     short = {k: (b[0][:-1], *b[1:]) if k == "emb.weight" else b for k, b in payload.buffers.items()}

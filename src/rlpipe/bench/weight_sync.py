@@ -75,8 +75,8 @@ from rlpipe.trainer.weight_sync import (
 # (transport label, placement); GPU runs are attempted only when Ray reports GPUs
 CPU_RUNS = [("object_store", "cpu"), ("object_store/channel", "cpu"), ("object_store/packed", "cpu"),
             ("object_store/tensors", "cpu"), ("rdt/gloo", "cpu")]
-GPU_RUNS = [("object_store", "gpu"), ("rdt/nccl", "gpu"), ("rdt/nixl", "gpu"),
-            ("object_store", "gpu-shared"), ("rdt/cuda_ipc", "gpu-shared")]
+GPU_RUNS = [("object_store/channel", "gpu"), ("object_store", "gpu"), ("rdt/nccl", "gpu"), ("rdt/nixl", "gpu"),
+            ("object_store/channel", "gpu-shared"), ("object_store", "gpu-shared"), ("rdt/cuda_ipc", "gpu-shared")]
 PLACEMENT_GPUS = {"cpu": 0.0, "gpu": 1.0, "gpu-shared": 0.5}  # num_gpus per actor
 GOAL_FRACTION, GOAL_MIN_BYTES = 0.3, 100e6  # the best CPU transport vs memcpy, at payloads >= 100 MB
 # The naive per-tensor object-store path is a baseline: it shows what packing gains (5x at 100 MB),

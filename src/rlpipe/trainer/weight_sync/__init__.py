@@ -70,7 +70,9 @@ allocating a fresh model-sized buffer (fresh memory is page-faulted: packing 100
 fresh vs ~10 ms reused); a pack some ref still points to is never touched (tested). Memory: one
 model-sized pack on the sender (two while an old ref is still alive).
 
-The object store: torch tensors returned from a task are pickled *in band* -- copied into the
+The object store (what follows describes the fresh-object path, ``channel: false``; the channel
+sends the same ``ShmPayload`` through its reused buffer): torch tensors returned from a task are
+pickled *in band* -- copied into the
 object store, then deserialised into fresh tensors on the receiver (page-faulted), then copied
 into the model: 100 MB took ~330-440 ms on the 2-core dev machine. A ``ShmPayload`` instead holds
 ``uint8`` numpy arrays, which Ray's pickle5 serialiser stores out of band: the receiver gets

@@ -25,8 +25,10 @@ from rlpipe.trainer.weight_sync.payload import (
     weights_checksum,
 )
 
-# per-tensor room for a ShmPayload's pickled names and buffer headers in a channel; a bigger
-# payload still fits (Ray resizes the channel), at the price of one re-allocation
+# room for a ShmPayload's pickled names and chunk headers in a channel (~50 bytes per 1 MiB chunk
+# measured, so the 1 MiB slack alone covers ~20 GB). A bigger payload makes Ray grow the channel,
+# which works on one node only: a reader on another node is busy in its read and cannot answer the
+# writer's resize call, so the sync would fail at timeout_s.
 CHANNEL_SLACK_PER_TENSOR, CHANNEL_SLACK = 512, 1 << 20
 
 log = logging.getLogger(__name__)

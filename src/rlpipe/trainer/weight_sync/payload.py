@@ -34,6 +34,13 @@ def flat_weights(module: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """(numel,) view of a contiguous tensor with unit stride. ``reshape(-1)`` would keep a 1-element
+    tensor's odd stride (``x[0:1, 0]`` is contiguous with stride 4), which ``view(torch.uint8)``
+    refuses."""
+    return t.as_strided((t.numel(),), (1,))
+
+
 def state_bytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
@@ -46,7 +53,7 @@ def weights_checksum(state: dict[str, torch.Tensor] | nn.Module) -> str:
     for name in sorted(state):
         t = state[name].detach()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+        h.update(_flat(t.contiguous()).view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -123,7 +130,7 @@ class ShmPayload:
 def _bytes_view(t: torch.Tensor) -> tuple[np.ndarray, ...]:
     """``uint8`` numpy views of a CPU tensor's bytes in chunks of at most ``SHM_CHUNK_BYTES`` (a
     copy only off the CPU or if not contiguous); an empty tensor gives one empty chunk."""
-    b = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    b = _flat(t.detach().cpu().contiguous()).view(torch.uint8).numpy()
     return tuple(b[i:i + SHM_CHUNK_BYTES] for i in range(0, len(b), SHM_CHUNK_BYTES)) or (b,)
 
 
@@ -159,7 +166,7 @@ def _copy_stream(chunks: tuple[np.ndarray, ...], targets: list[torch.Tensor], wh
     k, off = 0, 0
     with torch.no_grad():
         for t in targets:
-            flat = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+            flat = _flat(t) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
             dst = flat.view(torch.uint8) if flat.numel() else flat
             pos = 0
             while pos < dst.numel():

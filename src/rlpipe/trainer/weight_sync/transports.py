@@ -116,6 +116,9 @@ class _RayTransport(Transport):
         waits = self._submit(sender, receivers, version, checksum)
         try:
             results: list[LoadAck] = ray.get(waits, timeout=self.timeout_s)[len(waits) - len(receivers):]
+        except KeyboardInterrupt:  # an actor may still block on this sync: teardown must not wait on it
+            self._broken = True
+            raise
         except ray.exceptions.GetTimeoutError as e:
             self._broken = True
             raise WeightSyncTimeout(f"weight sync {self.label} (version {version}) did not finish within "
@@ -178,11 +181,16 @@ class ChannelTransport(_RayTransport):
 
         super().setup(sender, receivers)
         actors = [sender, *receivers]
+        if len({str(a._ray_actor_id) for a in actors}) != len(actors):  # a reader listed twice never reads twice
+            raise WeightSyncError(f"{self.label}: the sender and the receivers must be distinct actors")
         try:
             probes = ray.get([a.weight_sync_probe.remote() for a in actors], timeout=self.timeout_s)
         except AttributeError as e:
             raise WeightSyncError(f"{self.label}: the sender must inherit WeightSender and every receiver "
                                   f"WeightReceiver (rlpipe.trainer.weight_sync): {e}") from e
+        except ray.exceptions.GetTimeoutError as e:
+            raise WeightSyncTimeout(f"{self.label}: the actors did not answer the start-up probe within "
+                                    f"timeout_s={self.timeout_s:g} s") from e
         asyncs = [p.name for p in probes if p.is_async]
         if asyncs:  # a blocking channel read would stall an async actor's event loop
             raise BackendUnavailableError(f"{self.label} does not support async actors ({asyncs} define async "
@@ -190,13 +198,14 @@ class ChannelTransport(_RayTransport):
         self._key = f"rlpipe-weights-{uuid.uuid4().hex[:8]}"
         readers = [(r, p.node_id) for r, p in zip(receivers, probes[1:], strict=True)]
         channel = ray.get(sender.open_weight_channel.remote(self._key, readers), timeout=self.timeout_s)
+        self._sender = sender  # from here on, teardown closes the channel
         ray.get([r.attach_weight_channel.remote(self._key, channel) for r in receivers], timeout=self.timeout_s)
-        self._actor_ids, self._sender = [a._ray_actor_id for a in actors], sender
+        self._actor_ids = [a._ray_actor_id for a in actors]
 
     def _submit(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool) -> list[Any]:
         if self._actor_ids is None:
             raise WeightSyncError(f"weight sync {self.label}: call setup(sender, receivers) before sync")
-        if sender._ray_actor_id != self._actor_ids[0] or sorted(
+        if sender._ray_actor_id != self._actor_ids[0] or sorted(  # (setup refused duplicates)
                 str(r._ray_actor_id) for r in receivers) != sorted(str(i) for i in self._actor_ids[1:]):
             # a write waits for every registered reader: a sync without one of them would hang
             raise WeightSyncError(f"weight sync {self.label}: sync() got other actors than setup() saw")

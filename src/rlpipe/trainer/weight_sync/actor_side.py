@@ -131,8 +131,7 @@ class WeightSender(_WeightActor):
     def write_weight_channel(self, key: str, timeout_s: float) -> int:
         """Write the weights (``shm_payload``: views of CPU tensors, packed off the CPU) into channel
         ``key``: one copy. Waits (at most ``timeout_s``) until every reader is past the last value."""
-        payload, self._weight_sync_shm_pack = shm_payload(
-            flat_weights(self.model), None, getattr(self, "_weight_sync_shm_pack", None))
+        payload = self.export_weights_shm()
         self._weight_channels[key].write(payload, timeout=timeout_s)
         return payload.nbytes
 

@@ -103,6 +103,19 @@ class _RayTransport(Transport):
     def _hint(self) -> str:
         return "raise train.weight_sync.timeout_s if the model is simply large"
 
+    def _probe(self, actors: Sequence[Any]) -> list[ActorProbe]:
+        """Every actor's ``weight_sync_probe`` (bounded by ``timeout_s``), for ``setup``'s checks."""
+        import ray
+
+        try:
+            return ray.get([a.weight_sync_probe.remote() for a in actors], timeout=self.timeout_s)
+        except AttributeError as e:
+            raise WeightSyncError(f"{self.label}: the sender must inherit WeightSender and every receiver "
+                                  f"WeightReceiver (rlpipe.trainer.weight_sync): {e}") from e
+        except ray.exceptions.GetTimeoutError as e:
+            raise WeightSyncTimeout(f"{self.label}: the actors did not answer the start-up probe within "
+                                    f"timeout_s={self.timeout_s:g} s") from e
+
     def _submit(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool) -> list[Any]:
         """The refs one sync waits for; the last ``len(receivers)`` are the receivers' ``LoadAck``s."""
         ref = self._export(sender, receivers)
@@ -183,14 +196,7 @@ class ChannelTransport(_RayTransport):
         actors = [sender, *receivers]
         if len({str(a._ray_actor_id) for a in actors}) != len(actors):  # a reader listed twice never reads twice
             raise WeightSyncError(f"{self.label}: the sender and the receivers must be distinct actors")
-        try:
-            probes = ray.get([a.weight_sync_probe.remote() for a in actors], timeout=self.timeout_s)
-        except AttributeError as e:
-            raise WeightSyncError(f"{self.label}: the sender must inherit WeightSender and every receiver "
-                                  f"WeightReceiver (rlpipe.trainer.weight_sync): {e}") from e
-        except ray.exceptions.GetTimeoutError as e:
-            raise WeightSyncTimeout(f"{self.label}: the actors did not answer the start-up probe within "
-                                    f"timeout_s={self.timeout_s:g} s") from e
+        probes = self._probe(actors)
         asyncs = [p.name for p in probes if p.is_async]
         if asyncs:  # a blocking channel read would stall an async actor's event loop
             raise BackendUnavailableError(f"{self.label} does not support async actors ({asyncs} define async "
@@ -243,7 +249,6 @@ class RdtTransport(_RayTransport):
                 "train.weight_sync.timeout_s for very large models")
 
     def setup(self, sender: Any, receivers: Sequence[Any]) -> None:
-        import ray
 
         super().setup(sender, receivers)
         actors = [sender, *receivers]
@@ -254,15 +259,7 @@ class RdtTransport(_RayTransport):
                     "sender AND receiver needs it (otherwise the transfer hangs, ray-project/ray#66264): create "
                     "the class with weight_sync.ray_actor_class(cls, 'rdt') -- ActorClass.options() "
                     "ignores enable_tensor_transport")
-        try:
-            probes = ray.get([a.weight_sync_probe.remote() for a in actors], timeout=self.timeout_s)
-        except AttributeError as e:
-            raise WeightSyncError(f"rdt/{self.backend}: the sender must inherit WeightSender and every receiver "
-                                  f"WeightReceiver (rlpipe.trainer.weight_sync): {e}") from e
-        except ray.exceptions.GetTimeoutError as e:
-            raise WeightSyncTimeout(f"rdt/{self.backend}: the actors did not answer the start-up probe within "
-                                    f"timeout_s={self.timeout_s:g} s") from e
-        check_backend(self.backend, probes)
+        check_backend(self.backend, self._probe(actors))
         self._actor_ids = [a._ray_actor_id for a in actors]
         if self.spec.collective:
             from ray.experimental.collective import create_collective_group

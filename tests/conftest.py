@@ -8,6 +8,8 @@
   (documented in tests/test_aggregate.py, whose expected values depend on them).
 - ``dry_run``: reads the jobs a ``snakemake -n`` printout plans (rule, wildcards, resources).
 - ``one_torch_thread``: one intra-op thread for a module of tiny-model tests.
+- ``learning``: the seed offset and the recorder of learning tests (``pytest -m learning``); see
+  ``tests/learning_noise.py``, which runs them over seeds and CPU kernels to measure their noise.
 - ``tiny_qwen``: a tiny random-init ``Qwen2ForCausalLM`` directory (own BPE, tied embeddings, no
   download), briefly trained on r1_zero answers to the MATH fixture (``MATH_FIXTURE``), so that its
   samples sometimes earn reward.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 from pathlib import Path
@@ -184,6 +187,52 @@ def make_base():
 def make_dataset():
     """``make_dataset(dir) -> dir``: a 9-train / 6-val keyword dataset."""
     return _make_dataset
+
+
+# --------------------------------------------------------------------------- learning tests
+
+
+def _learning_seed() -> int:
+    return int(os.environ.get("RLPIPE_LEARNING_SEED", "0"))
+
+
+class Learning:
+    """What a learning test needs to have its noise measured (``tests/learning_noise.py``).
+
+    ``seed`` is added to the test's own seeds: 0 (the default) runs the test as written; the noise
+    harness sets ``RLPIPE_LEARNING_SEED`` to 1, 2, ... to rerun it on other seeds.
+    ``check(name, value, threshold, noise)`` appends one JSON row to ``$RLPIPE_LEARNING_LOG`` when that
+    is set (the harness's record; nothing is written otherwise), then asserts ``value > threshold``.
+    ``noise`` is the standard deviation of ``value`` measured over seeds and CPU kernels, written next
+    to the threshold in the test; the harness compares it with what it measures now.
+    """
+
+    def __init__(self, nodeid: str):
+        self.nodeid = nodeid
+        self.seed = _learning_seed()
+
+    def check(self, name: str, value: float, threshold: float, noise: float) -> None:
+        log = os.environ.get("RLPIPE_LEARNING_LOG")
+        if log:
+            row = {"test": self.nodeid, "name": name, "seed": self.seed, "value": float(value),
+                   "threshold": threshold, "stated_noise": noise,
+                   "capability": torch.backends.cpu.get_cpu_capability(),
+                   "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", "")}
+            with open(log, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        assert value > threshold, f"{name} = {value:.4f}, want > {threshold} (noise sd {noise})"
+
+
+@pytest.fixture
+def learning(request) -> Learning:
+    """The seed offset and recorder of a learning test (``Learning``)."""
+    return Learning(request.node.nodeid)
+
+
+@pytest.fixture(scope="session")
+def learning_seed() -> int:
+    """The seed offset of the learning tests, for their module-scoped fixtures (``Learning.seed``)."""
+    return _learning_seed()
 
 
 # --------------------------------------------------------------------------- synthetic runs

@@ -62,6 +62,7 @@ from rlpipe.analysis.contract import (
     phase_share_column,
 )
 from rlpipe.analysis.frames import col, last_valid
+from rlpipe.analysis.provenance import provenance_stats
 
 # summary-table column -> the metrics column whose last value it reports
 KL_FINAL_COLUMNS = {
@@ -255,6 +256,7 @@ def run_row(run: RunData) -> dict:
         "replay_reuse_mean": float(col(run.metrics, "replay/reuse_mean").mean()),
         "replay_age_mean": float(col(run.metrics, "replay/age_mean").mean()),
         **conditions_stats(info),
+        **provenance_stats(info),
     }
     row.update(overlap_numbers(phases, wall) if mode == "disaggregated" else
                {"t_gen_s": math.nan, "t_train_s": math.nan, "overlap_bound": math.nan,
@@ -438,6 +440,7 @@ TABLE_COLUMNS = {  # column -> (header, format)
     "bound_fraction": ("speedup / bound", "{:.0%}"),
     "load_avg_max": ("load avg (max)", "{:.2f}"), "other_cpu_frac": ("other processes' CPU %", "{:.0%}"),
     "contended": ("contended", "{}"),
+    "prov_cpu_capability": ("CPU kernels", "{}"), "prov_torch": ("torch", "{}"), "prov_lock": ("lock", "{}"),
 }
 
 

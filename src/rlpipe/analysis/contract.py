@@ -122,12 +122,22 @@ RUN_INFO_KEYS = ("variant", "mode", "devices", "device_type", "threads", "wall_t
                  "total_samples", "total_optimizer_steps", "transport", "backend", "finished")
 #: Extra keys the drivers add (k of colocated_k, replay enabled, the variant's train config) and
 #: ``rlpipe train`` adds (``conditions``: the machine's load over the run, see below).
-RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions")
+RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions", "provenance")
 #: run_info ``conditions``: what else the machine was doing while the run was timed
 #: (``rlpipe.trainer.conditions``; ``None`` = not measured). ``contended`` marks timings taken while
 #: other processes took the run's CPU; the report draws no timing conclusion from such a run.
 RUN_CONDITIONS_KEYS = ("load_avg_start", "load_avg_end", "cpus", "run_cores", "wall_s", "own_cpu_s",
                        "other_cpu_s", "other_cpu_frac", "contended", "note")
+
+#: run_info ``provenance`` (and every benchmark JSON's): what the numbers came from
+#: (``rlpipe.provenance``). ``cpu_capability`` is the ATen kernel set torch used (AVX512, AVX2,
+#: DEFAULT...), ``aten_cpu_capability`` the ``ATEN_CPU_CAPABILITY`` override if one was set,
+#: ``versions`` {package: version}, ``lock_sha256`` the hash of ``requirements/lock.txt`` (None
+#: outside a checkout). Seeded results are bit-identical only when all of these agree.
+PROVENANCE_KEYS = ("cpu_capability", "aten_cpu_capability", "cpu_model", "cpus", "python", "platform",
+                   "versions", "lock_sha256")
+#: The provenance keys whose difference between two runs can change their numbers.
+PROVENANCE_COMPARED = ("cpu_capability", "cpu_model", "versions", "lock_sha256")
 
 #: ``device_type`` values the drivers write: a run on GPUs is billed in GPU-hours, any other in
 #: device-hours (wall time x devices).

@@ -33,6 +33,7 @@ import pandas as pd
 from rlpipe.analysis import contract
 from rlpipe.analysis.contract import phase_seconds_column, phase_share_column
 from rlpipe.analysis.frames import last_valid
+from rlpipe.analysis.provenance import provenance_section
 
 PHASE_WHY = {
     "generate": ("autoregressive sampling runs one forward pass per generated token, {tokens} sequential "
@@ -689,6 +690,7 @@ def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFram
         bench_section(bench or {}),
         limits_section(bench or {}),
         optimization_section(table, reference),
+        provenance_section(table),
     ]}
 
 

@@ -46,6 +46,7 @@ from rlpipe.analysis.contract import (
     metric_time_column,
     scaling_phase_key,
 )
+from rlpipe.bench import stamp
 from rlpipe.config import ConfigError, load_config, to_dict
 from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
 from rlpipe.lm.model import TransformerLM
@@ -187,7 +188,7 @@ def main(argv=None) -> dict:
         result = run_bench(a.config, os.path.abspath(a.base), os.path.abspath(a.dataset), modes, a.threads)
     except ConfigError as e:
         ap.error(str(e))
-    text = json.dumps(result)
+    text = json.dumps(stamp(result))
     if a.out:
         io.write_text(a.out, text + "\n")
     print(f"rlpipe bench scaling: {len(result['points'])} points in {result['seconds']} s", flush=True)

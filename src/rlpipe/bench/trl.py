@@ -77,6 +77,7 @@ from pathlib import Path
 import yaml
 
 from rlpipe.analysis.contract import CHECKPOINT_FILE, METRICS_FILE, RUN_INFO_FILE
+from rlpipe.bench import stamp
 from rlpipe.config import ConfigError, TrainConfig, apply_overrides, load_config, load_yaml
 from rlpipe.io import write_json
 from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint
@@ -543,7 +544,7 @@ def main(argv=None) -> int:
             result = run_bench(a.checkpoint, a.dataset, a.config, s, Path(work).resolve())
         print(table(result), flush=True)
     if a.out:
-        write_json(a.out, result)
+        write_json(a.out, stamp(result))
     return 0
 
 

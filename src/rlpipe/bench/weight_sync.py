@@ -59,6 +59,7 @@ import torch
 from torch import nn
 
 from rlpipe import io
+from rlpipe.bench import stamp
 from rlpipe.config import WeightSyncConfig
 from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.model import ModelConfig, TransformerLM
@@ -399,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         report |= cpu_verdict(report["payloads"])
     finally:
         ray.shutdown()
-    text = json.dumps(report, indent=2)
+    text = json.dumps(stamp(report), indent=2)
     print(text)
     if args.out:
         io.write_json(args.out, report)

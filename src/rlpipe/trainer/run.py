@@ -58,6 +58,7 @@ from rlpipe.config import (
 from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint, read_extra
 from rlpipe.lm.policy import HF_CONFIG, is_hf_dir
 from rlpipe.lm.tokenizer import load_tokenizer
+from rlpipe.provenance import provenance
 from rlpipe.tasks import TASKS
 from rlpipe.tasks.base import DatasetError
 from rlpipe.trainer import conditions, tensorboard
@@ -236,6 +237,7 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
             info = _drive(ctx, gpus)
             run_cores = actor_threads * (2 if disagg else 1) + 1  # + the driver and Ray's processes
             info["conditions"] = conditions.measure(start, own_tree, run_cores).to_json()
+            info["provenance"] = provenance()
             ctx.writer.finish(info)
             resume_policy.mark_finished(ctx.out_dir)
         finally:

@@ -220,6 +220,7 @@ class Learning:
                    "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", "")}
             with open(log, "a") as f:
                 f.write(json.dumps(row) + "\n")
+        assert noise is not None and noise > 0, f"{self.nodeid}: state the measured noise sd of {name!r}"
         assert value > threshold, f"{name} = {value:.4f}, want > {threshold} (noise sd {noise})"
 
 

@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from rlpipe.analysis import contract
 from rlpipe.bench import trl as bench
 from rlpipe.config import TrainConfig, apply_overrides, from_dict, to_dict
 
@@ -45,8 +46,9 @@ def test_skip_when_trl_is_missing_writes_the_reason_and_trains_nothing(inputs, t
     assert bench.import_trl() is None
     out = tmp_path / "trl.json"
     assert bench.main(["--checkpoint", inputs[0], "--dataset", inputs[1], "--out", str(out)]) == 0
-    assert json.loads(out.read_text()) == {"bench": "trl", "skipped": True,
-                                           "reason": "trl is not installed: pip install -e '.[bench]'"}
+    result = json.loads(out.read_text())
+    assert set(result.pop("provenance")) == set(contract.PROVENANCE_KEYS)  # every bench JSON says what it ran on
+    assert result == {"bench": "trl", "skipped": True, "reason": "trl is not installed: pip install -e '.[bench]'"}
 
 
 def test_import_trl_returns_the_module_when_it_imports(monkeypatch):

@@ -172,4 +172,6 @@ def test_learns_a_fixed_sequence(learning):
         opt.step()
         losses.append(loss.item())
     assert losses[0] > math.log(97) - 1.0
-    learning.check("loss fraction removed, 1 - last / first", 1 - losses[-1] / losses[0], threshold=0.5, noise=None)
+    # measured over seeds 0-4 x native (AVX512) / avx2 / default kernels: mean 0.884, sd 0.0075 (n=15)
+    learning.check("loss fraction removed, 1 - last / first", 1 - losses[-1] / losses[0], threshold=0.5,
+                   noise=0.0075)

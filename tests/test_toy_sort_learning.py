@@ -3,8 +3,10 @@
 Progress is measured by ``expected_reward``, which enumerates all 5**3 responses, so it is exact
 (no sampling noise). Seed 003's prompts, reward, G=10 and Adam; a higher learning rate and fewer
 epochs (40 x 5 inner steps instead of 100 x 10) keep each case ~0.2 s on one CPU core.
-Measured with seed 5: expected reward 2.52 at init; after training 3.67..4.33 across all cases
-(gain >= 1.14 on a 0..5 scale).
+The thresholds below were set from gains measured over seeds 0-4 under the native (AVX512), avx2
+and default ATen kernels (``tests/learning_noise.py``); each sits at least 3 measured standard
+deviations below the mean it guards. The parametrized case test averages ``SEEDS_PER_CASE`` seeds
+because a single seed of the weakest case (raw rewards without clipping) is too noisy to bound.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ from rlpipe.tasks.sorting.toy_model import (
     train_sorting,
 )
 
-MIN_GAIN = 0.8  # measured minimum 1.14
-MIN_SAMPLED_GAIN = 0.5
+# Noise measured over seeds 0-4 x native (AVX512) / avx2 / default kernels (n=15 per value). The
+# kernels agree to 1e-6 here: the spread is all seed. Single-seed expected-reward gains:
+#   masked_normalize and the free KL run: mean 1.82, sd 0.13; clip epsilon: mean 1.96, sd 0.26.
+MIN_GAIN = 0.8
+# test_sorting_reward_rises, 4-seed means: the weakest case (raw rewards, grpo_no_clip) has mean
+# 0.86, sd 0.14; the largest sd of any case or of either gain is 0.17, so 0.3 sits >= 3.3 sd below
+# every case's mean.
+MIN_MEAN_GAIN = 0.3
+MEAN_GAIN_NOISE = 0.17
+SEEDS_PER_CASE = 4
 
 
 def _config(seed: int = 0, **kw) -> SortTrainConfig:
@@ -41,6 +51,20 @@ def _gain(cfg: SortTrainConfig):
     before = expected_reward(build_model(cfg), cfg.prompts, sort_inclusion_ordering_reward)
     result = train_sorting(cfg)
     return before, expected_reward(result.model, cfg.prompts, sort_inclusion_ordering_reward), result
+
+
+def _mean_gains(seed: int, **kw) -> tuple[float, float, list]:
+    """(expected-reward gain, sampled-reward gain, results), each gain averaged over ``SEEDS_PER_CASE``
+    seeds. One seed is too few: a seed's run may settle on a plateau (expected reward +1.17 instead of
+    +1.8, or +0.3 with raw rewards and the clip), so single-seed gains spread by up to 0.4."""
+    gains, sampled, results = [], [], []
+    for i in range(SEEDS_PER_CASE):
+        before, after, result = _gain(_config(SEEDS_PER_CASE * seed + i, **kw))
+        rewards = result.mean_rewards  # the sampled rewards the run logged: last 5 epochs vs first
+        gains.append(after - before)
+        sampled.append(sum(rewards[-5:]) / 5 - rewards[0])
+        results.append(result)
+    return sum(gains) / len(gains), sum(sampled) / len(sampled), results
 
 
 @pytest.fixture(autouse=True)
@@ -59,13 +83,11 @@ CASES.append(("rewards", "no_baseline"))  # no_baseline ignores the delta mode: 
 @pytest.mark.learning
 @pytest.mark.parametrize("advantage_mode, loss_type", CASES)
 def test_sorting_reward_rises(advantage_mode, loss_type, learning):
-    before, after, result = _gain(_config(learning.seed, advantage_mode=advantage_mode, loss_type=loss_type))
-    learning.check("expected reward gain", after - before, threshold=MIN_GAIN, noise=None)
-    # the sampled rewards the run logged rise too (last 5 epochs vs first epoch)
-    rewards = result.mean_rewards
-    learning.check("sampled reward, last 5 epochs - first", sum(rewards[-5:]) / 5 - rewards[0],
-                   threshold=MIN_SAMPLED_GAIN, noise=None)
-    clip = [r.clip_frac for r in result.records]
+    gain, sampled, results = _mean_gains(learning.seed, advantage_mode=advantage_mode, loss_type=loss_type)
+    learning.check("expected reward gain, mean of 4 seeds", gain, threshold=MIN_MEAN_GAIN, noise=MEAN_GAIN_NOISE)
+    learning.check("sampled reward, last 5 epochs - first, mean of 4 seeds", sampled,
+                   threshold=MIN_MEAN_GAIN, noise=MEAN_GAIN_NOISE)
+    clip = [r.clip_frac for r in results[0].records]
     assert all(c is None for c in clip) == (loss_type != "grpo_clip")
 
 
@@ -73,14 +95,14 @@ def test_sorting_reward_rises(advantage_mode, loss_type, learning):
 def test_masked_normalize_length_normalization_learns(learning):
     before, after, _ = _gain(_config(learning.seed, advantage_mode="normalized_rewards", loss_type="grpo_clip",
                                      length_normalization="masked_normalize"))
-    learning.check("expected reward gain", after - before, threshold=MIN_GAIN, noise=None)
+    learning.check("expected reward gain", after - before, threshold=MIN_GAIN, noise=0.13)
 
 
 @pytest.mark.learning
 def test_seed_clip_epsilon_clips_and_still_learns(learning):
     before, after, result = _gain(_config(learning.seed, advantage_mode="normalized_rewards", loss_type="grpo_clip",
                                           cliprange=0.01))  # seed 003's hard-coded epsilon
-    learning.check("expected reward gain", after - before, threshold=MIN_GAIN, noise=None)
+    learning.check("expected reward gain", after - before, threshold=MIN_GAIN, noise=0.26)  # 4.4 sd margin
     assert max(r.clip_frac for r in result.records) > 0.1
 
 
@@ -90,8 +112,9 @@ def test_strong_kl_penalty_keeps_policy_at_reference(learning):
     cfg = dict(advantage_mode="normalized_rewards", loss_type="grpo_clip", ref_period=1000)
     before, free, _ = _gain(_config(learning.seed, **cfg))
     _, pinned, result = _gain(_config(learning.seed, **cfg, kl_coef=10.0))
-    learning.check("expected reward gain, free", free - before, threshold=MIN_GAIN, noise=None)
-    learning.check("0.3 - |pinned - before|", 0.3 - abs(pinned - before), threshold=0.0, noise=None)
+    learning.check("expected reward gain, free", free - before, threshold=MIN_GAIN, noise=0.13)
+    # |pinned - before| measured: mean 0.056, sd 0.0085 (n=15), so 0.3 - it sits 29 sd above 0
+    learning.check("0.3 - |pinned - before|", 0.3 - abs(pinned - before), threshold=0.0, noise=0.0085)
     assert result.records[-1].kl_ref < 0.05
 
 

@@ -184,12 +184,17 @@ def test_learning_parameters_change_and_reward_rises(env, tmp_path, write_config
     from rlpipe.lm.checkpoint import load_checkpoint
 
     cfg = write_config(tmp_path / "learn.yaml", train={
-        "n_grpo_steps": 16, "rollout_batch_size": 32, "train_batch_size": 32, "val_size": 6, "val_every": 100,
-        "sampling_max_tokens": 8, "learning_rate": 1e-2, "checkpoint_every": 100, "seed": learning.seed})
+        "n_grpo_steps": 48, "rollout_batch_size": 32, "train_batch_size": 32, "val_size": 6, "val_every": 100,
+        "sampling_max_tokens": 8, "learning_rate": 5e-3, "checkpoint_every": 100, "seed": learning.seed})
     out, _ = train(env, "onpolicy", out=tmp_path / "run", cfg=str(cfg))
     m = metrics(out)[lambda d: d.step > 0]
-    first, last = m["reward/train_mean"].iloc[:4].mean(), m["reward/train_mean"].iloc[-4:].mean()
-    learning.check("train reward, last 4 steps - first 4", last - first, threshold=0.15, noise=None)
+    # 48 steps at 5e-3: the train reward climbs from ~0.5 to ~0.95 (at 1e-2 a third of the seeds
+    # stalled near 0.7). The means of the first 4 and last 8 steps (128 and 256 samples) keep the
+    # sampling noise of each end small.
+    first, last = m["reward/train_mean"].iloc[:4].mean(), m["reward/train_mean"].iloc[-8:].mean()
+    # measured over seeds 0-4 x native (AVX512) / avx2 / default kernels: mean 0.438, sd 0.020, min 0.402
+    # (n=15); the threshold sits 14 sd below the mean
+    learning.check("train reward, last 8 steps - first 4", last - first, threshold=0.15, noise=0.020)
     base = load_checkpoint(env["base"]).model.state_dict()
     trained = load_checkpoint(out / "checkpoints" / "last.pt").model.state_dict()
     assert any(not torch.equal(base[k], trained[k]) for k in base)

@@ -50,6 +50,7 @@ from rlpipe.analysis import contract
 from rlpipe.analysis.aggregate import AggregateError, RunData, load_run, run_row
 from rlpipe.analysis.frames import col, last_valid
 from rlpipe.analysis.plots import no_data, save
+from rlpipe.analysis.provenance import provenance_sentences
 from rlpipe.analysis.stats import MeanCI, binomial_half_width, mean_ci, ratio_of_means, welch_difference
 from rlpipe.config import ConfigError, family_pipeline, family_reference, load_config, resolve_variant
 
@@ -252,6 +253,7 @@ def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
 def discussion(fam: Family) -> tuple[list[dict], list[str]]:
     comps = [comparison(fam, v) for v in fam.variants if v != fam.reference and fam.of(v)]
     sentences = reward_sentences(fam, comps) + health_sentences(fam) + speed_sentences(fam, comps)
+    sentences += provenance_sentences(pd.DataFrame([r.row for r in fam.runs]), "runs of this family")
     return comps, sentences
 
 

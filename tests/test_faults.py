@@ -549,3 +549,22 @@ def test_same_seed_same_metrics_colocated_and_disaggregated(env, ray_session, tm
         wa = load_checkpoint(a / contract.CHECKPOINT_FILE).model.state_dict()
         wb = load_checkpoint(b / contract.CHECKPOINT_FILE).model.state_dict()
         assert all(torch.equal(wa[k], wb[k]) for k in wa), variant
+
+
+def test_resume_advice_reads_a_checkpoint_the_driver_has_not_recorded_yet(env, tmp_path):
+    """An actor can die between its checkpoint's rename and the driver seeing ``save`` return: the
+    advice follows the file on disk, not the driver's record (this was a flaky race in the kill test)."""
+    from rlpipe.config import TrainConfig
+    from rlpipe.lm.checkpoint import save_checkpoint
+    from rlpipe.trainer.drivers.common import RunContext
+
+    ctx = object.__new__(RunContext)  # only the fields resume_advice reads: no writer, no Ray
+    ctx.out_dir, ctx.train, ctx.checkpoint_step = tmp_path, TrainConfig(checkpoint_every=1), None
+    assert "No checkpoint was written yet" in ctx.resume_advice()
+    ctx.checkpoint_path.parent.mkdir(parents=True)
+    base = load_checkpoint(env["base"])
+    save_checkpoint(ctx.checkpoint_path, base.model, tokenizer=base.tokenizer, extra={"step": 3})
+    assert f"continue from {ctx.checkpoint_path} (optimizer step 3)" in ctx.resume_advice()
+    assert "is from optimizer step 3" in ctx.checkpoint_state()
+    ctx.checkpoint_path.write_bytes(b"damaged")  # unreadable: nothing to resume from
+    assert "No checkpoint was written yet" in ctx.resume_advice()

@@ -33,7 +33,7 @@ import ray
 from rlpipe.analysis.contract import CHECKPOINT_FILE
 from rlpipe.config import PipelineConfig, TrainConfig, to_dict
 from rlpipe.io import OutputWriteError
-from rlpipe.lm.checkpoint import CheckpointError
+from rlpipe.lm.checkpoint import CheckpointError, read_extra
 from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult
 from rlpipe.trainer.actors.learner import NonFiniteLossError
 from rlpipe.trainer.drivers.progress import ProgressPrinter
@@ -122,16 +122,30 @@ class RunContext:
     def _where(self) -> str:
         return f" after optimizer step {self.step} of {self.sizes.total_optimizer_steps}"
 
+    def checkpoint_on_disk(self) -> int | None:
+        """The optimizer step of this run's checkpoint on disk, or None. Read from the file when the
+        driver has not recorded it: an actor can die after its checkpoint's rename and before the
+        ``save`` call returns to the driver, and the advice must match what is on disk."""
+        if not self.checkpoint_path.is_file():
+            return None
+        if self.checkpoint_step is not None:
+            return self.checkpoint_step
+        try:
+            return int(read_extra(self.checkpoint_path)["step"])
+        except (CheckpointError, KeyError, TypeError, ValueError):
+            return None  # unreadable: not a checkpoint to resume from
+
     def resume_advice(self) -> str:
-        if self.checkpoint_step is not None and self.checkpoint_path.is_file():
-            return (f"Rerun with --resume to continue from {self.checkpoint_path} "
-                    f"(optimizer step {self.checkpoint_step})")
+        step = self.checkpoint_on_disk()
+        if step is not None:
+            return f"Rerun with --resume to continue from {self.checkpoint_path} (optimizer step {step})"
         return (f"No checkpoint was written yet (train.checkpoint_every={self.train.checkpoint_every}): "
                 "rerun without --resume to start afresh")
 
     def checkpoint_state(self) -> str:
-        if self.checkpoint_step is not None and self.checkpoint_path.is_file():
-            return f"The checkpoint on disk, {self.checkpoint_path}, is from optimizer step {self.checkpoint_step}"
+        step = self.checkpoint_on_disk()
+        if step is not None:
+            return f"The checkpoint on disk, {self.checkpoint_path}, is from optimizer step {step}"
         return "No checkpoint of this run is on disk"
 
     def sync(self, transport, sender, receivers, step: int):

@@ -34,10 +34,11 @@ def test_sorting_task_rewards():
 
 
 def test_registry_matches_the_config_choices():
-    """Every task the config accepts is registered, and every registered task can be configured."""
-    from typing import get_args
-
+    """Every built-in task name is a valid train.task and resolves to its class."""
     from rlpipe.config import TrainConfig
+    from rlpipe.tasks import resolve_task
 
-    assert set(TASKS) == set(get_args(TrainConfig.model_fields["task"].annotation)) == {
-        "keyword_inclusion", "sorting", "math"}
+    assert set(TASKS) == {"keyword_inclusion", "sorting", "math", "text"}
+    for name, cls in TASKS.items():
+        extra = {"text": {"reward": "m:f"}} if name == "text" else {}
+        assert TrainConfig(task=name, **extra).task == name and resolve_task(name) is cls

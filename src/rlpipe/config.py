@@ -77,6 +77,9 @@ class _Section(BaseModel):
 
 # --------------------------------------------------------------------------- sections
 
+# train.task: a built-in or entry-point name, or 'package.module:Class' (rlpipe.tasks.registry loads it)
+TASK_SPEC_PATTERN = r"^[A-Za-z_][\w.-]*(:[A-Za-z_]\w*)?$"
+
 
 class DataConfig(_Section):
     """Corpus and keyword-inclusion dataset."""
@@ -198,6 +201,43 @@ class MathOptions(_Section):
         "gives the answer when answer_field is absent or empty.")
 
 
+class TextOptions(_Section):
+    """Options of the generic ``text`` task (``rlpipe.tasks.text``): the user's own JSONL dataset,
+    prompt template and reward function; ignored by the other tasks."""
+
+    _prefix: ClassVar[str] = "train.text"
+
+    train_file: str = Field("train.jsonl", min_length=1, description="Training split, a JSONL file in --dataset.")
+    val_file: str = Field("val.jsonl", min_length=1, description="Validation split, a JSONL file in --dataset.")
+    template: str = Field(
+        "{prompt}", min_length=1, description="Prompt template: Python format string whose {field} placeholders "
+        "name JSONL fields (write {{ and }} for literal braces).")
+    template_file: str | None = Field(
+        None, min_length=1, description="A file holding the prompt template (replaces `template`); relative paths "
+        "are resolved against the working directory when the config is parsed.")
+    answer_field: str | None = Field(
+        "answer", min_length=1, description="JSONL field passed to the reward as the ground truth (null: the whole "
+        "JSON object).")
+    reward: str | None = Field(
+        None, min_length=3, description="The reward function: 'package.module:function' or 'path/to/file.py:function'. "
+        "It is called as fn(response, ground_truth) and returns a float or a dict with 'reward' (and optionally "
+        "'format_reward', 'answer_reward'); it runs under the trainer's guard (a time limit; an error scores 0 and "
+        "is counted in reward/errors). Required when train.task is 'text'.")
+    stop: list[str] = Field([], description="Stop strings: sampling stops at the first one generated.")
+    include_stop_str_in_output: bool = Field(
+        False, description="Keep the matched stop string at the end of the response (the reward sees it).")
+
+    @model_validator(mode="after")
+    def absolute_paths(self) -> TextOptions:
+        # Ray actors may run in another working directory: a relative file path is fixed here, once.
+        if self.template_file is not None:
+            self.template_file = str(Path(self.template_file).expanduser().resolve())
+        if self.reward is not None and ".py:" in self.reward:
+            path, _, fn = self.reward.rpartition(":")
+            self.reward = f"{Path(path).expanduser().resolve()}:{fn}"
+        return self
+
+
 @dataclass(frozen=True)
 class DerivedSizes:
     """Sizes computed from a valid ``TrainConfig`` (``TrainConfig.derived``)."""
@@ -214,9 +254,15 @@ class TrainConfig(_Section):
 
     _prefix: ClassVar[str] = "train"
 
-    task: Literal["keyword_inclusion", "sorting", "math"] = Field(
-        "keyword_inclusion", description="Task plug-in (rlpipe.tasks.TASKS); 'math' reads a MATH-format dataset "
-        "directory (train.jsonl, val.jsonl) with the r1_zero prompt and grader.")
+    task: str = Field(
+        "keyword_inclusion", pattern=TASK_SPEC_PATTERN,
+        description="The task: a built-in name (keyword_inclusion, sorting, math, text), an import path to a Task "
+        "class ('package.module:MyTask'), or a name an installed package registers under the 'rlpipe.tasks' "
+        "entry-point group. 'math' reads a MATH-format dataset with the r1_zero prompt and grader; 'text' is the "
+        "generic JSONL task of train.text.")
+    task_options: dict[str, Any] = Field(
+        {}, description="Keyword arguments of a plug-in task class's constructor (after the dataset directory); "
+        "the built-in tasks take theirs from train.math and train.text.")
     mode: Literal["colocated_sync", "colocated_k", "disaggregated"] = Field(
         "colocated_sync",
         description="Driver: Variant A, Variant B (k rollout batches per sync), or one-version-behind async.")
@@ -291,6 +337,7 @@ class TrainConfig(_Section):
         "every N-th optimizer step only (and the first and last), skipping the reference forward and the "
         "post-update forward between them (about a quarter of a CPU step). The other steps log no kl/*.")
     math: MathOptions = Field(default_factory=MathOptions, description="Options of the math task.")
+    text: TextOptions = Field(default_factory=TextOptions, description="Options of the generic text task.")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Weight-sync transport.")
     replay: ReplayConfig = Field(default_factory=ReplayConfig, description="Replay buffer.")
 
@@ -331,6 +378,9 @@ class TrainConfig(_Section):
         need(not self.replay.enabled or self.replay.capacity_groups >= groups,
              f"@replay.capacity_groups ({self.replay.capacity_groups}) must hold one rollout batch "
              f"(@rollout_batch_size / @group_size = {groups} groups)")
+        need(self.task != "text" or self.text.reward is not None,
+             "@text.reward is required when @task is 'text' (e.g. 'mypkg.rewards:exact_match' or "
+             "'rewards.py:exact_match')")
         need(self.sampling_min_tokens <= self.sampling_max_tokens,
              f"@sampling_min_tokens ({self.sampling_min_tokens}) must be <= "
              f"@sampling_max_tokens ({self.sampling_max_tokens})")

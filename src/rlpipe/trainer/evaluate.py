@@ -65,14 +65,14 @@ from rlpipe.config import (
     TrainConfig,
     load_config,
     math_pipeline,
-    to_dict,
 )
 from rlpipe.lm.device import autocast, resolve_device, setup_process
 from rlpipe.lm.policy import Policy, load_policy
 from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.rl.scoring import guarded_rewards
-from rlpipe.tasks import TASKS, Example, Task, task_for
+from rlpipe.tasks import Example, Task, check_task
 from rlpipe.tasks.base import DatasetError
+from rlpipe.tasks.registry import TaskLoadError
 
 CHUNK = 64  # prompts per generate() call
 TEMPERATURE, TOP_P = 1.0, 1.0  # seed 001 §3.3
@@ -139,9 +139,8 @@ def _load_task(train: TrainConfig, dataset: Path) -> Task:
     if not dataset.is_dir():
         raise EvalInputError(f"dataset directory {dataset} does not exist")
     try:
-        TASKS[train.task].check_dataset(dataset, to_dict(train.math))  # every line, before any work
-        return task_for(train, dataset)
-    except (FileNotFoundError, DatasetError) as e:
+        return check_task(train, dataset)  # every line, and the reward on the first examples, before any work
+    except (FileNotFoundError, DatasetError, TaskLoadError) as e:
         raise EvalInputError(str(e)) from None
 
 

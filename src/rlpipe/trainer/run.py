@@ -59,8 +59,9 @@ from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint, read_ext
 from rlpipe.lm.policy import HF_CONFIG, is_hf_dir
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.provenance import provenance
-from rlpipe.tasks import TASKS
+from rlpipe.tasks import check_task
 from rlpipe.tasks.base import DatasetError
+from rlpipe.tasks.registry import TaskLoadError
 from rlpipe.trainer import conditions, tensorboard
 from rlpipe.trainer import resume as resume_policy
 from rlpipe.trainer.actors.learner import REQUIRED_EXTRA
@@ -117,7 +118,9 @@ def _check_inputs(train_cfg, base: str, dataset: str | None) -> str:
     """Every input file, opened and checked; returns the tokenizer reference (see ``_check_base``)."""
     tokenizer = _check_base(base)
     try:
-        TASKS[train_cfg.task].check_dataset(dataset, to_dict(train_cfg.math))
+        check_task(train_cfg, dataset)  # the task loads, its dataset reads, its reward runs on a few examples
+    except TaskLoadError as e:
+        raise InputError(str(e)) from None
     except DatasetError as e:
         raise InputError(f"--dataset: {e}") from None
     except FileNotFoundError as e:

@@ -29,6 +29,10 @@ def raises(response, ground_truth):
 
 def returns_text(response, ground_truth):
     return "yes"
+
+def hangs(response, ground_truth):
+    import time
+    time.sleep(30)
 '''
 
 
@@ -112,6 +116,15 @@ def test_check_calls_the_reward_and_names_it_when_it_raises_or_returns_junk(text
     assert f"the reward {ref} raised KeyError" in msg and "training example 0" in msg and "'Paris'" in msg
     msg = _error(_train(tmp_path, reward=str(tmp_path / "rewards.py:returns_text")), text_data)
     assert "returns_text" in msg and "must return a float or a dict with 'reward', got str" in msg
+
+
+def test_check_names_a_reward_that_runs_past_its_time_limit(text_data, tmp_path, monkeypatch):
+    from rlpipe.rl import scoring
+
+    monkeypatch.setattr(scoring, "REWARD_TIMEOUT_S", 0.5)
+    ref = str(tmp_path / "rewards.py:hangs")
+    msg = _error(_train(tmp_path, reward=ref), text_data)
+    assert f"the reward {ref} gave no result within 0.5s (hung" in msg and "must return within 0.5s per sample" in msg
 
 
 @pytest.mark.parametrize("ref, match", [

@@ -74,6 +74,12 @@ def _call(fn: Callable, args: tuple, index: int, timeout_s: float) -> tuple[Any,
     return box.get("value"), box.get("error")
 
 
+def call_with_deadline(fn: Callable, args: tuple, timeout_s: float | None = None) -> tuple[Any, str | None]:
+    """``(value, None)``, or ``(None, what went wrong)`` when ``fn(*args)`` raised or ran past
+    ``timeout_s`` (default ``REWARD_TIMEOUT_S``): one sample under ``guarded_rewards``' guard."""
+    return _call(fn, args, 0, REWARD_TIMEOUT_S if timeout_s is None else timeout_s)
+
+
 def _valid(value: Any) -> bool:
     try:
         return math.isfinite(float(value["reward"]))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe.config import TrainConfig, to_dict
+from rlpipe.rl import scoring
 from rlpipe.tasks.base import DatasetError, Task
 from rlpipe.tasks.keyword.task import KeywordInclusionTask
 from rlpipe.tasks.math.task import MathTask
@@ -96,23 +97,28 @@ def make_task(name: str, dataset_dir: str | Path | None, train: TrainConfig | No
 
 
 def _check_reward(task: Task, spec: str) -> None:
+    """The reward, called on the first training examples under the trainer's guard (its time limit)."""
     examples = task.train_examples()[:CHECK_EXAMPLES]
     if not examples:
         raise TaskLoadError(f"train.task {spec!r}: the dataset has no training examples")
+    name = getattr(task, "reward_ref", f"{type(task).__name__}.reward")
     for i, ex in enumerate(examples):
         if not isinstance(ex.prompt, str) or not ex.prompt:
             raise TaskLoadError(f"train.task {spec!r}: training example {i} has no prompt text: {ex.prompt!r}")
+        out, error = scoring.call_with_deadline(task.reward, (SAMPLE_RESPONSE, ex.ground_truth))
+        where = (f"on training example {i} (response {SAMPLE_RESPONSE!r}, ground truth "
+                 f"{str(ex.ground_truth)[:80]!r})")
+        if error is not None:
+            error = error if error.startswith("raised") else f"gave {error}"
+            raise TaskLoadError(f"train.task {spec!r}: the reward {name} {error} {where}; a reward must return "
+                                f"within {scoring.REWARD_TIMEOUT_S:g}s per sample and not raise") from None
         try:
-            out = task.reward(SAMPLE_RESPONSE, ex.ground_truth)
             ok = isinstance(out, dict) and math.isfinite(float(out["reward"]))
-        except Exception as e:
-            name = getattr(task, "reward_ref", f"{type(task).__name__}.reward")
-            raise TaskLoadError(f"train.task {spec!r}: the reward {name} raised {type(e).__name__}: {e} on training "
-                                f"example {i} (response {SAMPLE_RESPONSE!r}, ground truth "
-                                f"{str(ex.ground_truth)[:80]!r})") from None
+        except (KeyError, TypeError, ValueError):
+            ok = False
         if not ok:
-            raise TaskLoadError(f"train.task {spec!r}: the reward returned {str(out)[:80]!r} on training example "
-                                f"{i}; expected a dict with a finite 'reward'")
+            raise TaskLoadError(f"train.task {spec!r}: the reward {name} returned {str(out)[:80]!r} {where}; "
+                                "expected a dict with a finite 'reward'")
 
 
 def check_task(train: TrainConfig, dataset_dir: str | Path | None) -> Task:

@@ -22,6 +22,7 @@ import math
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -422,6 +423,42 @@ def _make_tiny_qwen(d: Path, train_steps: int = 100) -> Path:
 def tiny_qwen(tmp_path_factory) -> Path:
     """Directory of a tiny HF Qwen2 policy for the MATH fixture (see ``_make_tiny_qwen``)."""
     return _make_tiny_qwen(tmp_path_factory.mktemp("tiny_qwen") / "qwen")
+
+
+def _make_random_hf(d: Path, tokenizer_dir: Path, arch: str) -> Path:
+    """A 2-layer causal LM of another architecture (``gpt2`` or ``gpt_neox``) with random weights,
+    built from its config and saved with ``tokenizer_dir``'s tokenizer: any architecture
+    transformers loads must work as a policy, not only Llama and Qwen2."""
+    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    d.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, d / name)
+    vocab = len(json.loads((d / "tokenizer.json").read_text())["model"]["vocab"])
+    eos = json.loads((d / "tokenizer.json").read_text())["model"]["vocab"]["<|endoftext|>"]
+    ids = dict(vocab_size=vocab, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **ids))
+    elif arch == "gpt_neox":
+        model = GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                 intermediate_size=128, max_position_embeddings=512, **ids))
+    else:
+        raise ValueError(arch)
+    model.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def random_hf(tmp_path_factory, tiny_qwen):
+    """``random_hf(arch)``: the directory of a random-weight ``gpt2`` or ``gpt_neox`` policy."""
+    made: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in made:
+            made[arch] = _make_random_hf(tmp_path_factory.mktemp(arch) / arch, Path(tiny_qwen), arch)
+        return made[arch]
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -29,12 +29,15 @@ def _cfg(task: str, recompute: bool) -> TrainConfig:
                        recompute_old_log_probs=recompute, kl_monitor=False)
 
 
-@pytest.fixture(scope="module", params=["rlpipe", "hf"])
-def backend(request, tiny_base, tiny_qwen, math_fixture):
-    """(base, task name, dataset dir) of our TransformerLM (keyword task) or the tiny Qwen2 (math)."""
+@pytest.fixture(scope="module", params=["rlpipe", "hf", "gpt2", "gpt_neox"])
+def backend(request, tiny_base, tiny_qwen, random_hf, math_fixture):
+    """(base, task name, dataset dir) of our TransformerLM (keyword task), the tiny Qwen2 (math), or a
+    random GPT-2 / GPT-NeoX (math): the sampler and the learner must agree on any causal LM."""
     if request.param == "rlpipe":
         return tiny_base[0], "keyword_inclusion", tiny_base[1]
-    return str(tiny_qwen), "math", str(math_fixture)
+    if request.param == "hf":
+        return str(tiny_qwen), "math", str(math_fixture)
+    return str(random_hf(request.param)), "math", str(math_fixture)
 
 
 def _rollout(base: str, task_name: str, data: str, recompute: bool) -> tuple[Learner, RolloutBatch]:

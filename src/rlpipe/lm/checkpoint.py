@@ -268,7 +268,23 @@ def load_hf_model(path: str | Path, device: torch.device, dtype: str = "float32"
     if not is_hf_dir(p):
         raise FileNotFoundError(f"{p} is not a HuggingFace model directory (no {HF_CONFIG})")
     model = AutoModelForCausalLM.from_pretrained(str(p), dtype=hf_dtype(device, dtype), local_files_only=True)
+    disable_dropout(model)
     return model.to(device)
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Switch off every dropout of an HF model (GPT-2 style configs default to 0.1). GRPO needs a
+    deterministic policy: with dropout on, the learner's log-probs of a sampled response differ from
+    the sampler's and from each other, and the on-policy ratio is not 1 (TRL's GRPOTrainer does the
+    same by default). Both the modules and the config's ``*dropout*`` / ``*pdrop*`` values are zeroed,
+    since some attention implementations read the probability from the config."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    cfg = getattr(model, "config", None)
+    for key, value in (vars(cfg) if cfg is not None else {}).items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+            setattr(cfg, key, 0.0)
 
 
 def read_extra(path) -> dict:

@@ -1,0 +1,221 @@
+"""Loading and deriving pipeline configs: YAML and overrides, the MATH track's and each family's
+own pipeline, variants and their GPUs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlpipe.config.base import ConfigError, from_dict, to_dict
+from rlpipe.config.sections import KEYWORD_TRACK, MATH_TRACK, SYSTEMS_TRACK, FamilyConfig, PipelineConfig
+from rlpipe.config.train import TrainConfig
+
+
+def _set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"override '{dotted}': '{p}' is not a section")
+    d[parts[-1]] = value
+
+
+def apply_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``overrides`` (nested dicts or dotted keys) into a copy of ``base``."""
+    out = yaml.safe_load(yaml.safe_dump(base))  # deep copy of plain data
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and "." not in key:
+            out[key] = apply_overrides(out[key], value)
+        else:
+            _set_dotted(out, key, value)
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    return data
+
+
+def parse_config(data: dict[str, Any]) -> PipelineConfig:
+    """Validate a whole pipeline config, including every variant's resolved train section.
+    A variant set to ``null`` (e.g. by an overlay config) is removed."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"the config must be a mapping, got {type(data).__name__}")
+    if isinstance(data.get("variants"), dict):
+        data = dict(data, variants={k: v for k, v in data["variants"].items() if v is not None})
+    if isinstance(data.get("families"), dict):
+        data = dict(data, families={k: v for k, v in data["families"].items() if v is not None})
+    cfg = from_dict(PipelineConfig, data)
+    _check_names(cfg)
+    for name in cfg.variants:
+        resolve_variant(cfg, name)
+    if MATH_TRACK in cfg.workflow.tracks:
+        math_pipeline(cfg)
+    for name in active_families(cfg):
+        family_pipeline(cfg, name)
+    return cfg
+
+
+MATH_PREFIX = "math"
+#: Variant and family names become directory names and Snakemake wildcard values.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def _check_names(cfg: PipelineConfig) -> None:
+    tables = {"variants": cfg.variants, "math.variants": cfg.math.variants, "families": cfg.families}
+    tables.update({f"families.{k}.variants": f.variants or {} for k, f in cfg.families.items() if f is not None})
+    for where, table in tables.items():
+        for name in table:
+            if not NAME_PATTERN.fullmatch(name):
+                raise ConfigError(f"{where}: name '{name}' must be letters, digits, '_' or '-' (it names a "
+                                  "directory and a workflow wildcard)")
+
+
+def math_pipeline(cfg: PipelineConfig) -> PipelineConfig:
+    """The MATH track as a pipeline config of its own: ``math.tokenizer``/``model``/``pretrain`` in
+    place of the keyword track's, ``train`` = the shared train section + ``math.train`` + ``task:
+    math``, ``variants`` = ``math.variants`` (null entries dropped). Every stage command then runs on
+    it unchanged. Errors name the ``math.*`` key."""
+    m = cfg.math
+    try:
+        train = apply_overrides(to_dict(cfg.train), dict(m.train))
+    except ConfigError as e:
+        raise ConfigError(f"{MATH_PREFIX}.train: {e}") from None
+    train["task"] = "math"
+    from_dict(TrainConfig, train, f"{MATH_PREFIX}.train")
+    data = dict(to_dict(cfg), tokenizer=to_dict(m.tokenizer), model=to_dict(m.model),
+                pretrain=to_dict(m.pretrain), train=train,
+                variants={k: v or {} for k, v in m.variants.items() if v is not None})
+    return _derived_pipeline(data, MATH_PREFIX)
+
+
+def _derived_pipeline(data: dict[str, Any], prefix: str) -> PipelineConfig:
+    """Validate a pipeline config derived from the user's (the math track's, a family's) and every
+    variant it holds; a variant's error names the key the user wrote (``<prefix>.variants.<v>``)."""
+    out = from_dict(PipelineConfig, data)
+    for name in out.variants:
+        try:
+            resolve_variant(out, name)
+        except ConfigError as e:
+            raise ConfigError(re.sub(r"(?<![\w.])variants\.", f"{prefix}.variants.", str(e))) from None
+    return out
+
+
+FAMILIES_PREFIX = "families"
+
+
+def active_families(cfg: PipelineConfig) -> list[str]:
+    """The families to run: those selected by ``workflow.families`` (all when null) whose track is
+    switched on (``workflow.tracks``), in config order; a 'systems' family only while the variants
+    table has a variant (selecting it by name with an empty table is an error)."""
+    chosen = cfg.workflow.families
+    if chosen is not None:
+        unknown = [f for f in chosen if f not in cfg.families or cfg.families[f] is None]
+        if unknown:
+            raise ConfigError(f"workflow.families: unknown family '{unknown[0]}'; configured families: "
+                              f"{', '.join(k for k, f in cfg.families.items() if f is not None) or '(none)'}")
+        empty = [f for f in chosen if cfg.families[f].track == SYSTEMS_TRACK and not cfg.variants]
+        if empty:
+            raise ConfigError(f"workflow.families: '{empty[0]}' is a 'systems' family, but the variants table "
+                              "is empty (drop it from workflow.families, or set families." + empty[0] + ": null)")
+
+    def on(f: FamilyConfig) -> bool:  # a systems family with no variants table has nothing to compare
+        return family_base_track(f) in cfg.workflow.tracks and (f.track != SYSTEMS_TRACK or bool(cfg.variants))
+
+    return [k for k, f in cfg.families.items() if f is not None and on(f) and (chosen is None or k in chosen)]
+
+
+def family_base_track(fam: FamilyConfig) -> str:
+    """The track whose base model, dataset and train settings family ``fam`` starts from."""
+    return KEYWORD_TRACK if fam.track == SYSTEMS_TRACK else fam.track
+
+
+def table_reference(cfg: PipelineConfig) -> str:
+    """The variants table's baseline for speedups: ``onpolicy`` if configured, else the first
+    colocated_sync variant, else the first."""
+    if "onpolicy" in cfg.variants:
+        return "onpolicy"
+    sync = [v for v in cfg.variants if resolve_variant(cfg, v).mode == "colocated_sync"]
+    return (sync or list(cfg.variants) or ["onpolicy"])[0]
+
+
+def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
+    """Family ``name`` as a pipeline config of its own: its track's pipeline (``cfg`` itself, or
+    ``math_pipeline(cfg)``) with ``train`` = that track's train settings + ``families.<name>.base``
+    and ``variants`` = the family's variants (null entries dropped; on the 'systems' track, the
+    variants table). ``rlpipe train --variant V
+    --seed S`` then runs one replicate unchanged. Errors name the ``families.<name>.*`` key."""
+    if name not in cfg.families or cfg.families[name] is None:
+        raise ConfigError(f"unknown family '{name}'; configured families: {', '.join(cfg.families) or '(none)'}")
+    fam, prefix = cfg.families[name], f"{FAMILIES_PREFIX}.{name}"
+    track = math_pipeline(cfg) if fam.track == MATH_TRACK else cfg
+    if fam.track == SYSTEMS_TRACK:
+        variants = dict(cfg.variants)
+        if not variants:
+            raise ConfigError(f"{prefix}: a 'systems' family needs the variants table, which is empty")
+        if fam.reference is not None and fam.reference not in variants:
+            raise ConfigError(f"{prefix}.reference: '{fam.reference}' is not in the variants table "
+                              f"({', '.join(variants)})")
+    else:
+        variants = {k: v or {} for k, v in fam.variants.items() if v is not None}
+    try:
+        train = apply_overrides(to_dict(track.train), fam.base)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}.base: {e}") from None
+    from_dict(TrainConfig, train, f"{prefix}.base")
+    data = dict(to_dict(track), train=train, families={}, variants=variants)
+    data["workflow"] = dict(data["workflow"], families=None)  # the derived config holds no families
+    return _derived_pipeline(data, prefix)
+
+
+def family_reference(cfg: PipelineConfig, name: str) -> str:
+    """The variant family ``name`` compares every other one against."""
+    fam = cfg.families[name]
+    if fam.track == SYSTEMS_TRACK:
+        return fam.reference or table_reference(cfg)
+    return fam.reference or next(k for k, v in fam.variants.items() if v is not None)
+
+
+def family_seeds(cfg: PipelineConfig, name: str) -> list[int]:
+    """Replicate seeds of family ``name``: its resolved train.seed, then the next ``replicates - 1``."""
+    first = family_pipeline(cfg, name).train.seed
+    return [first + i for i in range(cfg.families[name].replicates)]
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    data = load_yaml(path)
+    if overrides:
+        data = apply_overrides(data, overrides)
+    try:
+        return parse_config(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def resolve_variant(cfg: PipelineConfig, name: str) -> TrainConfig:
+    """The train config of variant ``name``: base ``train`` plus the variant's overrides."""
+    if name not in cfg.variants:
+        raise ConfigError(f"unknown variant '{name}'; configured variants: {', '.join(cfg.variants) or '(none)'}")
+    try:
+        merged = apply_overrides(to_dict(cfg.train), cfg.variants[name] or {})
+    except ConfigError as e:
+        raise ConfigError(f"variants.{name}: {e}") from None
+    return from_dict(TrainConfig, merged, f"variants.{name}")
+
+
+def variant_gpus(cfg: PipelineConfig, name: str) -> int:
+    """GPUs a variant's Snakemake job declares: colocated -> 1 device, disaggregated -> 2."""
+    mode = resolve_variant(cfg, name).mode
+    w = cfg.workflow
+    return w.gpus_per_disaggregated if mode == "disaggregated" else w.gpus_per_colocated

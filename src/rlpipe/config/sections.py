@@ -1,0 +1,312 @@
+"""The other sections of a pipeline config (data, tokenizer, model, pretrain, ray, logging,
+workflow, the MATH track, families) and ``PipelineConfig``, which holds them all."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from rlpipe.config.base import _DEVICE_HELP, DEVICE_PATTERN, _Invalid, _Section
+from rlpipe.config.train import TrainConfig
+
+
+class DataConfig(_Section):
+    """Corpus and keyword-inclusion dataset."""
+
+    _prefix: ClassVar[str] = "data"
+
+    corpus_source: Literal["generated", "tinystories"] = Field(
+        "generated", description="'generated': the embedded offline story generator; 'tinystories': read corpus_path.")
+    corpus_path: str | None = Field(
+        None, description="TinyStoriesV2-style text file (stories separated by <|endoftext|>).")
+    num_stories: int = Field(20000, ge=1, description="Stories to generate (or the first N to read from corpus_path).")
+    keyword_prompt_fraction: float = Field(
+        0.5, ge=0, le=1, description="Fraction of corpus documents that are prompt-formatted keyword examples.")
+    keyword_hit_rate: float = Field(
+        0.3, ge=0, le=1,
+        description="In prompt-formatted corpus examples, probability that the story contains the keyword.")
+    keywords_path: str | None = Field(None, description="Keyword list (one per line); default: the packaged list.")
+    num_prompts: int = Field(2000, ge=1, description="Keyword-inclusion prompts to build (train + validation).")
+    max_keywords_per_prompt: int = Field(1, ge=1, description="Each prompt asks for 1..this many keywords.")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="Fraction of prompts held out for validation.")
+    seed: int = Field(0, ge=0, description="Seed for corpus generation and the dataset split.")
+
+    @model_validator(mode="after")
+    def check_cross_fields(self) -> DataConfig:
+        if self.corpus_source == "tinystories" and not self.corpus_path:
+            raise _Invalid("@corpus_path is required when @corpus_source is 'tinystories'")
+        return self
+
+
+class TokenizerConfig(_Section):
+    """Tokenizer."""
+
+    _prefix: ClassVar[str] = "tokenizer"
+
+    vocab_size: int = Field(2048, ge=257, description="BPE vocabulary size (256 bytes + <|endoftext|> + merges).")
+    path: str | None = Field(
+        None,
+        description="Use this tokenizer instead of training one: a tokenizer.json, a directory, or 'tiktoken:gpt2'.")
+
+
+class ModelSection(_Section):
+    """Base model."""
+
+    _prefix: ClassVar[str] = "model"
+
+    preset: Literal["cpu-tiny", "assignment"] = Field("cpu-tiny", description="TransformerLM size preset.")
+    overrides: dict[str, Any] = Field({}, description="ModelConfig fields overriding the preset (e.g. num_layers).")
+    base_checkpoint: str | None = Field(
+        None, description="Import this pretrained checkpoint (with tokenizer.path) instead of pretraining.")
+
+
+class PretrainConfig(_Section):
+    """Pretraining of the base model."""
+
+    _prefix: ClassVar[str] = "pretrain"
+
+    max_steps: int = Field(
+        700, ge=1, description="Optimizer steps (cpu-tiny: the keyword-copy behaviour appears at ~400-600).")
+    batch_size: int = Field(32, ge=1, description="Sequences per step.")
+    seq_len: int = Field(128, ge=2, description="Tokens per training sequence (<= model context).")
+    learning_rate: float = Field(5e-3, gt=0, description="Peak AdamW learning rate.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine schedule floor as a fraction of learning_rate.")
+    warmup_steps: int = Field(50, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    eval_every: int = Field(100, ge=1, description="Validation-loss interval in steps.")
+    val_fraction: float = Field(
+        0.02, gt=0, lt=1, description="Fraction of the corpus held out for validation loss.")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description=f"{_DEVICE_HELP}.")
+    threads: int = Field(2, ge=1, description="torch CPU threads.")
+    seed: int = Field(0, ge=0, description="Seed.")
+
+
+class RayConfig(_Section):
+    """Ray."""
+
+    _prefix: ClassVar[str] = "ray"
+
+    address: str | None = Field(None, description="Attach to this Ray cluster instead of starting a local one.")
+    include_dashboard: bool = Field(False, description="Start the Ray dashboard (local instance only).")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray instance (default: the job's threads).")
+
+
+class LoggingConfig(_Section):
+    """Live monitoring besides the parquet outputs (which stay the contract)."""
+
+    _prefix: ClassVar[str] = "logging"
+
+    tensorboard: bool = Field(
+        False, description="Also write every metric row as TensorBoard scalars to <run>/tensorboard/ "
+                           "(live curves: tensorboard --logdir results/runs); needs pip install -e '.[tb]'.")
+
+
+KEYWORD_TRACK, MATH_TRACK = "keyword", "math"
+#: A family on this track is seed 000's systems comparison: the keyword track with the top-level
+#: ``variants`` table as its variants, timed (see ``FamilyConfig.track``).
+SYSTEMS_TRACK = "systems"
+
+
+class WorkflowConfig(_Section):
+    """Snakemake workflow settings."""
+
+    _prefix: ClassVar[str] = "workflow"
+
+    tracks: list[Literal["keyword", "math"]] = Field(
+        ["keyword", "math"], min_length=1,
+        description="Tracks to run: 'keyword' (seed 000: data, base model, variants, benchmarks) and 'math' "
+                    "(seeds 001/004: the math section).")
+
+    families: list[str] | None = Field(
+        None, description="Experiment families to run (names of the families table); null: every family whose "
+                          "track is on. An overlay selects a few with a list, or none with [].")
+    family_threads: int = Field(
+        1, ge=1, description="Snakemake threads per job that compares learning, not speed: family replicates and "
+        "the MATH track's runs and evaluations. 1 on the 2-core default: two train at once (their timings are "
+        "then flagged contended and draw no conclusion; the systems variants and the systems family's "
+        "replicates compare speed on a machine of their own, workflow.threads_per_variant).")
+    toy_sort_seeds: list[Annotated[int, Field(ge=0)]] = Field(
+        [5, 6, 7], description="Seeds of seed 003's toy-sorting grid (delta modes x loss modes; `rlpipe toy-sort`); "
+                               "[] skips it.")
+    toy_sort_epochs: int | None = Field(
+        None, ge=1, description="Epochs per toy-sorting run (null: seed 003's 100).")
+    results_dir: str = Field("results", min_length=1, description="Where every output goes.")
+    gpus_per_colocated: int = Field(0, ge=0, description="GPUs a colocated variant declares (0 on a CPU config).")
+    gpus_per_disaggregated: int = Field(0, ge=0, description="GPUs a disaggregated variant declares.")
+    threads_per_variant: int = Field(
+        2, ge=1, description="Snakemake threads per training job (passed to torch and Ray).")
+    run_tests: bool = Field(True, description="Run the unit tests as the first rule.")
+    test_args: str = Field("-m 'not slow and not workflow'", description="pytest selection for run_unit_tests.")
+    bench_repeats: int = Field(5, ge=1, description="Repeats for the benchmark rules.")
+    bench_sizes_mb: list[Annotated[float, Field(gt=0, le=4096)]] = Field(
+        [1, 10, 100, 1000], min_length=1,
+        description="Synthetic payload sweep of the weight-sync benchmark, in MB (issue 13: 1 MB to 1 GB).")
+    bench_scaling: bool = Field(
+        True, description="Run `rlpipe bench scaling` (real short runs over model size, batch and response "
+        "length, ~2 min on 2 cores) and put its curves in the report.")
+    scaling_sizes: list[Annotated[int, Field(ge=8, le=4096)]] = Field(
+        [64, 256], description="`rlpipe bench scaling`: model widths (d_model; the base's own is added).")
+    scaling_batches: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        [16, 64], description="`rlpipe bench scaling`: rollout batch sizes (train.rollout_batch_size is added).")
+    scaling_lengths: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        [20, 80], description="`rlpipe bench scaling`: response lengths in tokens (train.sampling_max_tokens "
+        "is added).")
+    scaling_steps: int = Field(3, ge=2, le=100, description="`rlpipe bench scaling`: GRPO steps per point (the "
+                               "first is warm-up and not counted).")
+
+
+class ArithmeticConfig(_Section):
+    """The embedded CPU-learnable math task (``rlpipe.tasks.math.arithmetic``): seeded multi-step
+    integer arithmetic with exact answers, graded by the same ``r1_zero_reward_fn`` as MATH."""
+
+    _prefix: ClassVar[str] = "math.arithmetic"
+
+    num_train: int = Field(4000, ge=1, description="Training problems (GRPO prompts).")
+    num_val: int = Field(512, ge=1, description="Held-out validation problems (never in the pretraining corpus).")
+    min_ops: int = Field(1, ge=1, le=8, description="Fewest operations per problem.")
+    max_ops: int = Field(3, ge=1, le=8, description="Most operations per problem.")
+    max_operand: int = Field(15, ge=2, le=10000, description="Operands are drawn from 1..max_operand.")
+    max_value: int = Field(
+        40, ge=2, le=100000, description="Every intermediate result and the answer lie in 0..max_value.")
+    corpus_documents: int = Field(
+        40000, ge=1, description="Pretraining documents: worked solutions of problems (never val ones).")
+    drill_fraction: float = Field(
+        0.75, ge=0, lt=1, description="Fraction of corpus documents that are drills: the prompt's last two lines "
+        "(User/Assistant) and the worked solution, without the r1_zero preamble (5x more arithmetic per token).")
+    slip_rate: float = Field(
+        0.35, ge=0, lt=1, description="In corpus solutions, probability that a step miscopies its operator (+ for "
+        "-, computed right and carried on, when the chain stays in range): sets the zero-shot accuracy.")
+    seed: int = Field(0, ge=0, description="Seed of the problem generator and the split.")
+
+    @model_validator(mode="after")
+    def check_cross_fields(self) -> ArithmeticConfig:
+        if self.min_ops > self.max_ops:
+            raise _Invalid(f"@min_ops ({self.min_ops}) must be <= @max_ops ({self.max_ops})")
+        if self.max_operand > self.max_value:
+            raise _Invalid(f"@max_operand ({self.max_operand}) must be <= @max_value ({self.max_value})")
+        return self
+
+
+class MathTokenizerConfig(TokenizerConfig):
+    """Tokenizer of the math base model: a small vocabulary suits the arithmetic corpus."""
+
+    _prefix: ClassVar[str] = "math.tokenizer"
+
+    vocab_size: int = Field(512, ge=257, description="BPE vocabulary size (256 bytes + <|endoftext|> + merges).")
+
+
+class MathPretrainConfig(PretrainConfig):
+    """Pretraining of the math base model. Its own defaults live on this class (not in a
+    ``default_factory``), so that a config giving part of the section (``math.pretrain: {threads:
+    1}``) keeps them: with a factory, the other keys fell back to the keyword track's defaults."""
+
+    _prefix: ClassVar[str] = "math.pretrain"
+
+    max_steps: int = Field(
+        560, ge=1, description="Optimizer steps (cpu-tiny, 128 tokens: val loss 0.214, zero-shot reward ~0.5; "
+                               "450 x 144 tokens gave 0.226 and GRPO learned more slowly from it).")
+    eval_every: int = Field(80, ge=1, description="Validation-loss interval in steps.")
+    device: str = Field("cpu", pattern=DEVICE_PATTERN, description=f"{_DEVICE_HELP}.")
+
+
+class MathTrackConfig(_Section):
+    """The MATH track (seeds 001 and 004): its data, base model, evaluation and GRPO variants.
+
+    The track is a pipeline of its own, derived from this one by ``math_pipeline``: its ``tokenizer``,
+    ``model`` and ``pretrain`` sections replace the keyword track's, its ``train`` overrides the shared
+    ``train`` section (with ``task: math``), and its ``variants`` are its runs."""
+
+    _prefix: ClassVar[str] = "math"
+
+    dataset_dir: str | None = Field(
+        None, description="MATH-format dataset directory (train.jsonl + validation.jsonl, val.jsonl or test.jsonl); "
+        "null: generate the embedded arithmetic task.")
+    base_model_dir: str | None = Field(
+        None, description="Local HuggingFace model directory (config.json, weights, tokenizer.json), e.g. "
+        "Qwen2.5-Math-1.5B; never downloaded. null: pretrain our TransformerLM on the arithmetic corpus.")
+    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig, description="The arithmetic task.")
+    tokenizer: MathTokenizerConfig = Field(
+        default_factory=MathTokenizerConfig, description="Tokenizer of the math base model.")
+    model: ModelSection = Field(default_factory=ModelSection, description="The math base model (when pretrained).")
+    pretrain: MathPretrainConfig = Field(
+        default_factory=MathPretrainConfig, description="Pretraining of the math base model.")
+    train: dict[str, Any] = Field({}, description="Overrides of the shared train section for math runs (dotted "
+                                                  "keys allowed); train.task is always 'math'.")
+    variants: dict[str, dict[str, Any] | None] = Field(
+        {"onpolicy": {}}, description="Math variant name -> overrides of the math train settings (null drops one).")
+    eval_size: int = Field(
+        512, ge=1, description="Validation examples `rlpipe eval` scores (seed 001 asks for >= 1024 on GPU).")
+    eval_max_tokens: int | None = Field(
+        None, ge=1, description="Max new tokens in `rlpipe eval`; default: the math runs' sampling_max_tokens.")
+
+
+class FamilyConfig(_Section):
+    """One experiment family (project issue 12): variants of one track's GRPO run, each replicated
+    over seeds. ``rlpipe.config.family_pipeline`` derives the family's own pipeline config (the
+    track's, with ``train`` = the track's train settings + ``base``, ``variants`` = this table); the
+    workflow runs family x variant x seed as one ``rlpipe train`` job each, and ``rlpipe
+    family-report`` writes the family's report section from this metadata alone (no variant name is
+    special)."""
+
+    track: Literal["keyword", "math", "systems"] = Field(
+        "math", description="Whose task, base model and train settings the runs start from: 'keyword' "
+                            "(the train section) or 'math' (train + math.train). 'systems': seed 000's systems "
+                            "comparison, the keyword track with the top-level `variants` table as the family's "
+                            "variants (give none here); its replicates compare speed, so each runs alone on "
+                            "workflow.threads_per_variant threads like the variants, and a replicate identical to "
+                            "a variants-table run (its first seed, with no base) reads results/runs/<variant>. "
+                            "Skipped when the track (systems: keyword) is not in workflow.tracks, or the "
+                            "variants table is empty.")
+    question: str = Field(
+        "", description="The seed problem the family answers (shown at the top of its report section).")
+    base: dict[str, Any] = Field(
+        {}, description="Overrides of the track's train settings shared by every variant (dotted keys allowed).")
+    variants: dict[str, dict[str, Any] | None] | None = Field(
+        None, description="Variant name -> overrides of base (null drops one). The first is the reference "
+                          "unless `reference` names another. Required, except on the 'systems' track (which "
+                          "takes the variants table).")
+    reference: str | None = Field(
+        None, description="Variant every other one is compared against (default: the first).")
+    replicates: int = Field(
+        1, ge=1, le=64, description="Seeds per variant: train.seed, train.seed + 1, ... (confidence intervals "
+                                    "need >= 2; with 1 the report calls every difference unreplicated).")
+    x: str | None = Field(
+        None, description="Dotted train key that orders the variants along an axis (a sweep, e.g. "
+                          "learning_rate): the report then plots final reward against it.")
+
+    @model_validator(mode="after")
+    def check_cross_fields(self) -> FamilyConfig:
+        if self.track == SYSTEMS_TRACK:
+            if self.variants is not None:
+                raise _Invalid("@variants: a 'systems' family takes the top-level variants table; give none here")
+            return self  # its reference is checked against that table (family_pipeline)
+        if self.variants is None:
+            raise _Invalid("@variants: required (variant name -> overrides of base)")
+        kept = [k for k, v in self.variants.items() if v is not None]
+        if not kept:
+            raise _Invalid("@variants: every variant is null; a family needs at least one")
+        if self.reference is not None and self.reference not in kept:
+            raise _Invalid(f"@reference '{self.reference}' is not one of the variants ({', '.join(kept)})")
+        return self
+
+
+class PipelineConfig(_Section):
+    """A whole pipeline config: one section per stage plus the variants table."""
+
+    data: DataConfig = Field(default_factory=DataConfig, description="Corpus and keyword dataset.")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer.")
+    model: ModelSection = Field(default_factory=ModelSection, description="Base model.")
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Pretraining.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="GRPO base settings shared by all variants.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray.")
+    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig, description="Snakemake workflow settings.")
+    math: MathTrackConfig = Field(default_factory=MathTrackConfig, description="The MATH track.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Live monitoring.")
+    variants: dict[str, dict[str, Any]] = Field(
+        {}, description="Variant name -> overrides of train (dotted keys allowed): seed 000's systems "
+                        "comparison (results/runs/<variant>).")
+    families: dict[str, FamilyConfig | None] = Field(
+        {}, description="Experiment families (issue 12): name -> a replicated family of variants with its own "
+                        "report section (results/families/<name>/). null drops one.")

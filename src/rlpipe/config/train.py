@@ -190,7 +190,7 @@ class TrainConfig(_Section):
         "can differ from the learner's (a HuggingFace policy, or dtype bfloat16), off otherwise.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (HuggingFace policies): less memory, "
-        "~30% more update time.")
+        "more update time.")
     kl_monitor: bool = Field(
         True, description="Measure KL(pi || pi_ref) every step. With this off and kl_coef 0 no reference model "
         "is loaded (seed 001: it saves a model's memory).")

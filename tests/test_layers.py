@@ -24,6 +24,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "rlpipe"
 ALLOWED: dict[str, set[str]] = {
     "io": set(),
     "config": {"io"},
+    "config_reference": {"io", "config"},  # the generated docs page of the config
     "lm": {"io", "config"},
     "rl": {"io", "config", "lm"},
     "tasks": {"io", "config", "lm", "rl"},

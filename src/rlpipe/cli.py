@@ -28,6 +28,7 @@ COMMANDS = {
     "toy-sort-report": ("rlpipe.analysis.toy_sort", "main"),
     "scaling-report": ("rlpipe.analysis.scaling", "main"),
     "schema": ("rlpipe.cli", "schema_main"),
+    "config-reference": ("rlpipe.config_reference", "main"),
 }
 BENCHES = {"sampler": "rlpipe.bench.sampler", "update": "rlpipe.bench.update", "scaling": "rlpipe.bench.scaling",
            "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl"}

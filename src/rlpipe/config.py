@@ -134,7 +134,7 @@ class PretrainConfig(_Section):
     _prefix: ClassVar[str] = "pretrain"
 
     max_steps: int = Field(
-        700, ge=1, description="Optimizer steps (cpu-tiny: the keyword-copy behaviour appears at ~400-600).")
+        700, ge=1, description="Optimizer steps (cpu-tiny: enough for the keyword-copy behaviour to appear).")
     batch_size: int = Field(32, ge=1, description="Sequences per step.")
     seq_len: int = Field(128, ge=2, description="Tokens per training sequence (<= model context).")
     learning_rate: float = Field(5e-3, gt=0, description="Peak AdamW learning rate.")
@@ -282,7 +282,7 @@ class TrainConfig(_Section):
         "can differ from the learner's (a HuggingFace policy, or dtype bfloat16), off otherwise.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (HuggingFace policies): less memory, "
-        "~30% more update time.")
+        "more update time.")
     kl_monitor: bool = Field(
         True, description="Measure KL(pi || pi_ref) every step. With this off and kl_coef 0 no reference model "
         "is loaded (seed 001: it saves a model's memory).")
@@ -411,10 +411,10 @@ class WorkflowConfig(_Section):
     bench_repeats: int = Field(5, ge=1, description="Repeats for the benchmark rules.")
     bench_sizes_mb: list[Annotated[float, Field(gt=0, le=4096)]] = Field(
         [1, 10, 100, 1000], min_length=1,
-        description="Synthetic payload sweep of the weight-sync benchmark, in MB (issue 13: 1 MB to 1 GB).")
+        description="Synthetic payload sweep of the weight-sync benchmark, in MB.")
     bench_scaling: bool = Field(
         True, description="Run `rlpipe bench scaling` (real short runs over model size, batch and response "
-        "length, ~2 min on 2 cores) and put its curves in the report.")
+        "length; a few minutes on the CPU default) and put its curves in the report.")
     scaling_sizes: list[Annotated[int, Field(ge=8, le=4096)]] = Field(
         [64, 256], description="`rlpipe bench scaling`: model widths (d_model; the base's own is added).")
     scaling_batches: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
@@ -473,9 +473,10 @@ class MathPretrainConfig(PretrainConfig):
 
     _prefix: ClassVar[str] = "math.pretrain"
 
+    # Chosen on the 2-core CPU machine: 560 steps of 128 tokens gave a base model GRPO learns from
+    # about as fast as from 700; 450 x 144 tokens gave a worse one that GRPO learned from more slowly.
     max_steps: int = Field(
-        560, ge=1, description="Optimizer steps (cpu-tiny, 128 tokens: val loss 0.214, zero-shot reward ~0.5; "
-                               "450 x 144 tokens gave 0.226 and GRPO learned more slowly from it).")
+        560, ge=1, description="Optimizer steps (cpu-tiny, 128-token sequences: a base model with headroom for GRPO).")
     eval_every: int = Field(80, ge=1, description="Validation-loss interval in steps.")
     device: str = Field("cpu", pattern=DEVICE_PATTERN, description=f"{_DEVICE_HELP}.")
 
@@ -512,7 +513,7 @@ class MathTrackConfig(_Section):
 
 
 class FamilyConfig(_Section):
-    """One experiment family (project issue 12): variants of one track's GRPO run, each replicated
+    """One experiment family: variants of one track's GRPO run, each replicated
     over seeds. ``rlpipe.config.family_pipeline`` derives the family's own pipeline config (the
     track's, with ``train`` = the track's train settings + ``base``, ``variants`` = this table); the
     workflow runs family x variant x seed as one ``rlpipe train`` job each, and ``rlpipe
@@ -577,7 +578,7 @@ class PipelineConfig(_Section):
         {}, description="Variant name -> overrides of train (dotted keys allowed): seed 000's systems "
                         "comparison (results/runs/<variant>).")
     families: dict[str, FamilyConfig | None] = Field(
-        {}, description="Experiment families (issue 12): name -> a replicated family of variants with its own "
+        {}, description="Experiment families: name -> a replicated family of variants with its own "
                         "report section (results/families/<name>/). null drops one.")
 
 

@@ -83,7 +83,7 @@ CONFIG_FILE = write_resolved("pipeline", CFG)
 MATH_CFG = math_pipeline(CFG) if MATH_ON else None
 MATH_CONFIG_FILE = write_resolved("math", MATH_CFG) if MATH_ON else None
 MATH_VARIANTS = list(MATH_CFG.variants) if MATH_ON else []
-# Experiment families (issue 12): each runs on a pipeline config of its own (rlpipe.config.family_pipeline:
+# Experiment families: each runs on a pipeline config of its own (rlpipe.config.family_pipeline:
 # its track's, with the family's base and variants), written like the others; FAMILIES = those whose
 # track is on.
 FAMILIES = active_families(CFG)

@@ -27,6 +27,7 @@ COMMANDS = {
     "toy-sort": ("rlpipe.tasks.sorting.experiment", "main"),
     "toy-sort-report": ("rlpipe.analysis.toy_sort", "main"),
     "scaling-report": ("rlpipe.analysis.scaling", "main"),
+    "results-page": ("rlpipe.analysis.results_page", "main"),
     "schema": ("rlpipe.cli", "schema_main"),
     "config-reference": ("rlpipe.config_reference", "main"),
 }

@@ -85,6 +85,15 @@ def test_no_project_history_in_user_facing_text():
     assert not found, "issue numbers or commit hashes in user-facing text:\n" + "\n".join(found)
 
 
+def test_no_issue_numbers_or_hashes_in_the_package():
+    """Error messages, report text and docstrings are user-facing too."""
+    found = []
+    for f in sorted((ROOT / "src").rglob("*.py")):
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            found += [f"{f.relative_to(ROOT)}:{i}: {h}" for h in history_hits(line)]
+    assert not found, "issue numbers or commit hashes under src/:\n" + "\n".join(found)
+
+
 def test_docs_quote_no_measured_times():
     """A measured duration or rate in the docs is a number typed by hand (they come from runs)."""
     unit = re.compile(r"\b[0-9]+(\.[0-9]+)? ?(ms|min|GB/s|GFLOP/s|samples/s)\b|\b[0-9]+ min [0-9]+ s\b")

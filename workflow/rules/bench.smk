@@ -150,7 +150,7 @@ rule bench_trl:
         ),
     params:
         dataset=lambda w, input: os.path.dirname(input.dataset),
-        # the onpolicy variant's batch (prompts x G), for at most 16 steps (~4 min on 2 cores with trl)
+        # the onpolicy variant's batch (prompts x G), for at most 16 steps
         steps=min(16, CFG.train.n_grpo_steps),
         prompts=CFG.train.rollout_batch_size // CFG.train.group_size,
     threads: CFG.workflow.threads_per_variant

@@ -114,6 +114,10 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run):
     assert set(exps.loc[exps["axis"] == "model", "mode"]) == set(contract.SCALING_MODES)
     assert exps.loc[exps["axis"] == "model", "exponent"].notna().all()
 
+    page = (results / "RESULTS.md").read_text()  # rule write_results_page: numbers with their provenance
+    assert "## Machine and software" in page and "| torch |" in page and "| onpolicy |" in page
+    assert "## The MATH track" in page and "## Experiment families" in page
+
     run(tmp_path, "--report", "report.html")
     report = (tmp_path / "report.html").read_text()
     for name in [*FIGURES, *contract.SUMMARY_REPORT_FILES.values(), contract.MATH_REPORT_FILES["eval_html"],

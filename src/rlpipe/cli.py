@@ -27,7 +27,9 @@ COMMANDS = {
     "toy-sort": ("rlpipe.tasks.sorting.experiment", "main"),
     "toy-sort-report": ("rlpipe.analysis.toy_sort", "main"),
     "scaling-report": ("rlpipe.analysis.scaling", "main"),
+    "results-page": ("rlpipe.analysis.results_page", "main"),
     "schema": ("rlpipe.cli", "schema_main"),
+    "config-reference": ("rlpipe.config.reference", "main"),
 }
 BENCHES = {"sampler": "rlpipe.bench.sampler", "update": "rlpipe.bench.update", "scaling": "rlpipe.bench.scaling",
            "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl"}

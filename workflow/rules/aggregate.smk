@@ -33,3 +33,20 @@ rule aggregate_metrics:
     shell:
         "rlpipe aggregate --runs {params.runs} --out {params.out} --variants {params.variants} "
         "--reference {params.reference} --bench {input.bench} > {log} 2>&1"
+
+
+# results/RESULTS.md: the headline numbers of this run with the date, machine, CPU capability and
+# package versions they came from (rlpipe.analysis.results_page); the docs' Results page includes it.
+# lint: conda (no environment on purpose, see common.smk)
+rule write_results_page:
+    input:
+        data=results_page_inputs(),
+        code=module_file("rlpipe.analysis.results_page"),
+    output:
+        res("RESULTS.md"),
+    params:
+        results=lambda w, output: os.path.dirname(output[0]),
+    log:
+        "logs/write_results_page/write_results_page.log",
+    shell:
+        "rlpipe results-page --results {params.results} --out {output} > {log} 2>&1"

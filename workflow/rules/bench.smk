@@ -76,7 +76,7 @@ rule bench_update:
         "--threads {params.actor_threads} --out {output} > {log} 2>&1"
 
 
-# Scaling curves (issue 13 item 3): short real training runs, colocated and disaggregated, one axis
+# Scaling curves: short real training runs, colocated and disaggregated, one axis
 # at a time (model width, rollout batch, response length; workflow.scaling_*), then the figure and
 # the growth exponents, with weight-sync latency vs payload from bench_weight_sync.
 # lint: conda (no environment on purpose, see common.smk)
@@ -130,7 +130,7 @@ rule report_scaling:
         "> {log} 2>&1"
 
 
-# rlpipe's colocated on-policy GRPO side by side with TRL's GRPOTrainer (issue 13 item 4): the same
+# rlpipe's colocated on-policy GRPO side by side with TRL's GRPOTrainer: the same
 # exported model, keyword task, prompts and settings (rlpipe.bench.trl says which cannot be equal).
 # Needs the optional `bench` extra (trl); without it the command writes {"skipped": true, ...} at
 # once, so the default pipeline does not pay for it. Not in all_targets: request it by path.
@@ -150,7 +150,7 @@ rule bench_trl:
         ),
     params:
         dataset=lambda w, input: os.path.dirname(input.dataset),
-        # the onpolicy variant's batch (prompts x G), for at most 16 steps (~4 min on 2 cores with trl)
+        # the onpolicy variant's batch (prompts x G), for at most 16 steps
         steps=min(16, CFG.train.n_grpo_steps),
         prompts=CFG.train.rollout_batch_size // CFG.train.group_size,
     threads: CFG.workflow.threads_per_variant

@@ -83,7 +83,7 @@ CONFIG_FILE = write_resolved("pipeline", CFG)
 MATH_CFG = math_pipeline(CFG) if MATH_ON else None
 MATH_CONFIG_FILE = write_resolved("math", MATH_CFG) if MATH_ON else None
 MATH_VARIANTS = list(MATH_CFG.variants) if MATH_ON else []
-# Experiment families (issue 12): each runs on a pipeline config of its own (rlpipe.config.family_pipeline:
+# Experiment families: each runs on a pipeline config of its own (rlpipe.config.family_pipeline:
 # its track's, with the family's base and variants), written like the others; FAMILIES = those whose
 # track is on.
 FAMILIES = active_families(CFG)
@@ -245,7 +245,8 @@ def figure_path(kind: str) -> str:
 
 
 def all_targets() -> list:
-    targets = math_targets() if MATH_ON else []
+    targets = [res("RESULTS.md")]
+    targets += math_targets() if MATH_ON else []
     targets += family_targets()
     if CFG.workflow.toy_sort_seeds:
         targets += [res("toy_sort", f) for f in TOY_SORT_FILES.values()]
@@ -260,6 +261,16 @@ def all_targets() -> list:
         targets += [res("bench", SCALING_REPORT_DIR, f) for f in SCALING_REPORT_FILES.values()]
     targets += [res("runs", v, f) for v in VARIANTS for f in RUN_FILES.values()]
     return targets
+
+
+def results_page_inputs() -> list:
+    """What the results page reads: the summary table, the MATH track's evaluations and each
+    family's table, for the tracks and families this run has."""
+    inputs = [res("summary", SUMMARY_FILES["table_csv"])] if KEYWORD_ON else []
+    if MATH_ON:
+        inputs += [math_res("eval", m, EVAL_FILES["summary"]) for m in ["base", *MATH_VARIANTS]]
+    inputs += [family_res(f, FAMILY_REPORT_DIR, FAMILY_REPORT_FILES["table"]) for f in FAMILIES]
+    return inputs
 
 
 wildcard_constraints:

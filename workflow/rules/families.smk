@@ -1,4 +1,4 @@
-# Experiment families (issue 12): family x variant x seed -> one `rlpipe train` job each, then one
+# Experiment families: family x variant x seed -> one `rlpipe train` job each, then one
 # report section per family (`rlpipe family-report`). Adding a family is one entry in the config's
 # `families` table; nothing here names a family or a variant.
 #

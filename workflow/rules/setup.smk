@@ -7,7 +7,7 @@ if CFG.workflow.run_tests:
     # lint: conda (no environment on purpose, see common.smk)
     rule run_unit_tests:
         # beside the math pretraining from the start, ahead of the keyword chain (40): started after
-        # both pretrainings it left a core idle for ~100 s, as every training waits for it
+        # both pretrainings it left a core idle, as every training waits for it
         priority: 45
         output:
             res("tests", "junit.xml"),

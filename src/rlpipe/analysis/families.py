@@ -1,6 +1,6 @@
 """``rlpipe family-report``: one experiment family's report section, computed from its replicates.
 
-A family (``rlpipe.config.FamilyConfig``, project issue 12) is a set of variants of one GRPO run,
+A family (``rlpipe.config.FamilyConfig``) is a set of variants of one GRPO run,
 each trained on ``replicates`` seeds. This module reads every replicate's run directory and writes
 ``results/families/<family>/report/`` (``rlpipe.analysis.contract.FAMILY_REPORT_FILES``):
 
@@ -13,7 +13,7 @@ each trained on ``replicates`` seeds. This module reads every replicate's run di
 
 Nothing here knows a variant's name: the reference is the family's, the sweep axis is its ``x``.
 
-Honesty rules (issue 12), all computed:
+Honesty rules, all computed:
 
 - A reward difference between two variants is a finding only when its Welch 95% interval excludes
   0, a samples/s ratio only when its 95% interval (delta method on the log ratio) excludes 1

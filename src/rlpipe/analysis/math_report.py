@@ -11,7 +11,7 @@ writes ``contract.MATH_REPORT_FILES`` under ``--out``:
   HTML-escaped and truncated. The fourth category (format 0, answer 1) is shown only when it occurs.
 - ``learning.png``: format reward and answer reward against optimizer step, train (thin) and
   validation (markers) per run, from each run's ``metrics.parquet``.
-- ``math.json`` (keys ``contract.MATH_JSON_KEYS``): the numbers the README and the report quote.
+- ``math.json`` (keys ``contract.MATH_JSON_KEYS``): the numbers the report quotes.
   A run's final policy is matched to the eval labelled ``<run label> (final)`` (else the eval whose
   label is the run label, else one that starts with it); its accuracy is the run's
   ``final_eval_accuracy``.

@@ -14,7 +14,7 @@ Choices the seeds leave open:
 - "Rapid growth": the step where the 5-point moving average of KL rises fastest.
 - The k-steps "why": the ideal gain of removing all but one in k weight syncs is
   ``wall / (wall - (1 - 1/k) * sync_time)`` of the reference; we report it next to the measured one.
-- Contention (project issue 12): a run whose run_info says ``conditions.contended`` was timed while
+- Contention: a run whose run_info says ``conditions.contended`` was timed while
   other processes took its CPU (``rlpipe.trainer.conditions``). Every sentence that compares timings
   between runs (k-step speedups, the disaggregated speedup and overlap bound, transport latencies
   measured in the runs, replay throughput) says so instead of stating the comparison
@@ -600,7 +600,7 @@ def _num(d: dict, key: str) -> float:
 
 
 def limits_section(bench: dict) -> dict:
-    """Issue 13 item 2: the learner's update and the sampler against the same-run matmul peak
+    """The learner's update and the sampler against the same-run matmul peak
     (``rlpipe bench update`` / ``rlpipe bench sampler``), and what bounds each."""
     title = "The learner and the sampler against the matmul peak"
     up, sp = bench.get("update") or {}, bench.get("sampler") or {}

@@ -1,4 +1,4 @@
-"""``rlpipe scaling-report``: growth curves and exponents from ``rlpipe bench scaling`` (issue 13).
+"""``rlpipe scaling-report``: growth curves and exponents from ``rlpipe bench scaling``.
 
 Reads results/bench/``SCALING_FILE`` (and, for the payload curve, the weight-sync bench JSON) and
 writes ``SCALING_REPORT_FILES`` into ``--out``:

@@ -1,6 +1,6 @@
 """Replicate statistics: means with 95% confidence intervals, and differences between variants.
 
-Project issue 12 asks every comparison to say whether a difference exceeds its interval. With the
+Every comparison must say whether a difference exceeds its interval. With the
 2-5 replicates a CPU budget allows, the normal approximation (1.96) would understate the interval
 badly, so the half-width uses Student's t quantile for n - 1 degrees of freedom; differences use
 Welch's interval (unequal variances, Welch-Satterthwaite degrees of freedom). The quantiles are a

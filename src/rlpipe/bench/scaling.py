@@ -18,7 +18,7 @@ A point's numbers are medians over its steps after the first (which pays for war
 ``samples_per_s`` (``perf/samples_per_s``) and each phase's seconds per step (``time/<phase>``).
 The JSON (``--out``, written atomically) holds every point with the run's load record
 (``rlpipe.trainer.conditions``); ``rlpipe scaling-report`` draws the curves and fits the growth
-exponents. Seed 000 asks for none of this; issue 13 does, to show where each phase stops scaling
+exponents. Seed 000 asks for none of this; it is here to show where each phase stops scaling
 linearly.
 """
 

@@ -52,10 +52,10 @@ What cannot be made equal, and how it is handled (also written to the JSON's ``n
 - threads: TRL runs in this process with ``torch.set_num_threads(threads)``; rlpipe's colocated
   actor gets ``train.threads = --threads`` (its driver and Ray's daemons are extra processes).
 
-Departure from the seeds: the seeds define no comparison with TRL (issue 13 asks for it). The bench
-runs TRL's loss type ``grpo`` with the seed's GRPO-Clip loss, no KL term, on-policy (seed 000 §3.1.2
-Variant A) at the CPU pipeline's scaled-down settings; it reports one run (no repeats): the
-per-step medians are the comparison, the totals the context.
+Departure from the seeds: the seeds define no comparison with TRL (it answers whether rlpipe is faster
+than the library users already know). The bench runs TRL's loss type ``grpo`` with the seed's
+GRPO-Clip loss, no KL term, on-policy (seed 000 §3.1.2 Variant A) at the CPU pipeline's scaled-down
+settings; it reports one run (no repeats): the per-step medians are the comparison, the totals the context.
 """
 
 from __future__ import annotations

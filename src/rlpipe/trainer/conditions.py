@@ -1,6 +1,6 @@
 """The machine's conditions over a training run: how busy the machine was with other work.
 
-Timings on a shared machine depend on what else runs there (project issue 12: the same ``disagg``
+Timings on a shared machine depend on what else runs there (the same ``disagg``
 run gave 1.37x ``onpolicy`` on the idle 2-core machine and 0.93x with one or two other processes
 busy), so every run records, in ``run_info.json["conditions"]`` (keys:
 ``rlpipe.analysis.contract.RUN_CONDITIONS_KEYS``):

@@ -1,0 +1,166 @@
+"""``rlpipe results-page``: one Markdown page of a finished run's headline numbers (``RESULTS.md``).
+
+Numbers come from runs, never from typing: this page is the short, shareable companion of the report,
+written by the workflow (rule ``write_results_page``) from what a run left in ``results/``:
+
+- the date it was written, and the machine and software the numbers came from: every
+  ``run_info.json`` ``provenance`` record under the results directory (CPU model, the CPU capability
+  torch used, cores, Python, platform, package versions, the lock's hash; several values are listed
+  when runs differ);
+- seed 000's systems comparison from ``summary/summary.csv`` (validation reward at step 0 and at the
+  end, samples/s, speedup against the reference variant, wall time, whether the run was contended);
+- the MATH track's evaluations (``math/eval/<model>/summary.json``: accuracy, format rate);
+- each experiment family's final validation reward, mean and 95% half-width over replicates
+  (``families/<family>/report/summary.csv``).
+
+A part whose files are absent is left out, so the page also works for a run of one track. Not in the
+seeds: they have no results page; the docs' Results page includes this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rlpipe.analysis import contract
+from rlpipe.io import write_text
+
+PAGE = "RESULTS.md"
+MACHINE_FIELDS = (("CPU model", "cpu_model"), ("CPU capability (torch kernels)", "cpu_capability"),
+                  ("ATEN_CPU_CAPABILITY", "aten_cpu_capability"), ("CPU cores", "cpus"), ("Python", "python"),
+                  ("platform", "platform"), ("lock (requirements/lock.txt sha256)", "lock_sha256"))
+SYSTEMS_COLUMNS = (("variant", "variant", "{}"), ("mode", "mode", "{}"),
+                   ("val reward (step 0)", "val_reward_initial", "{:.3f}"),
+                   ("val reward (final)", "val_reward_final", "{:.3f}"),
+                   ("samples/s", "samples_per_s", "{:.2f}"), ("speedup vs reference", "speedup_vs_ref", "{:.2f}x"),
+                   ("wall time (s)", "wall_time_s", "{:.1f}"), ("contended", "contended", "{}"))
+
+
+def _fmt(value: Any, fmt: str = "{}") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is unreadable: {e}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def provenance_records(results: Path) -> list[dict]:
+    """The ``provenance`` record of every run under ``results`` (runs without one are skipped)."""
+    out = []
+    for path in sorted(results.rglob(contract.RUN_INFO_FILE)):
+        prov = _read_json(path).get("provenance")
+        if isinstance(prov, dict):
+            out.append(prov)
+    return out
+
+
+def _values(records: list[dict], get) -> str:
+    seen = []
+    for r in records:
+        v = get(r)
+        v = "not set" if v is None else str(v)
+        if v not in seen:
+            seen.append(v)
+    return "; ".join(sorted(seen)) if seen else "not recorded"
+
+
+def machine_section(records: list[dict]) -> list[str]:
+    lines = ["## Machine and software", ""]
+    if not records:
+        return lines + ["The runs recorded no provenance (machine, CPU kernels, package versions).", ""]
+    lines += [f"From the provenance of {len(records)} runs; a field lists several values when runs differ.", "",
+              "| what | value |", "| --- | --- |"]
+    lines += [f"| {label} | {_values(records, lambda r, k=key: r.get(k))} |" for label, key in MACHINE_FIELDS]
+    packages = sorted({p for r in records for p in (r.get("versions") or {})})
+    lines += [f"| {p} | {_values(records, lambda r, p=p: (r.get('versions') or {}).get(p))} |" for p in packages]
+    return lines + [""]
+
+
+def _table(frame: pd.DataFrame, columns) -> list[str]:
+    cols = [(h, c, f) for h, c, f in columns if c in frame.columns]
+    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |", "|" + " --- |" * len(cols)]
+    for _, row in frame.iterrows():
+        lines.append("| " + " | ".join(_fmt(row[c], f) for _, c, f in cols) + " |")
+    return lines
+
+
+def systems_section(results: Path) -> list[str]:
+    path = results / "summary" / contract.SUMMARY_FILES["table_csv"]
+    if not path.is_file():
+        return []
+    table = pd.read_csv(path)
+    return ["## Seed 000: the systems comparison", "", f"From `{path.relative_to(results.parent)}`: one run "
+            "per variant, so every speedup is unreplicated (the `systems` family replicates them).", "",
+            *_table(table, SYSTEMS_COLUMNS), ""]
+
+
+def math_section(results: Path) -> list[str]:
+    evals = sorted((results / "math" / "eval").glob(f"*/{contract.EVAL_FILES['summary']}"))
+    if not evals:
+        return []
+    lines = ["## The MATH track", "", "| model | examples | answer accuracy | format rate |",
+             "| --- | --- | --- | --- |"]
+    for path in evals:
+        s = _read_json(path)
+        lines.append(f"| {path.parent.name} | {_fmt(s.get('n'))} | {_fmt(s.get('accuracy'), '{:.3f}')} | "
+                     f"{_fmt(s.get('format_rate'), '{:.3f}')} |")
+    return lines + [""]
+
+
+def families_section(results: Path) -> list[str]:
+    name = contract.FAMILY_REPORT_FILES["table"]
+    tables = sorted((results / "families").glob(f"*/{contract.FAMILY_REPORT_DIR}/{name}"))
+    if not tables:
+        return []
+    lines = ["## Experiment families", "", "Final validation reward, mean ± 95% half-width over replicates "
+             "(one replicate: no interval).", "", "| family | variant | replicates | final val reward | diverged |",
+             "| --- | --- | --- | --- | --- |"]
+    for path in tables:
+        family = path.parent.parent.name
+        for _, r in pd.read_csv(path).iterrows():
+            ci = r.get("val_reward_final_ci")
+            reward = _fmt(r.get("val_reward_final_mean"), "{:.3f}")
+            if isinstance(ci, float) and not math.isnan(ci):
+                reward += f" ± {ci:.3f}"
+            lines.append(f"| {family} | {r['variant']} | {_fmt(r.get('replicates'))} | {reward} | "
+                         f"{_fmt(r.get('diverged'))} |")
+    return lines + [""]
+
+
+def render(results: str | Path, date: str | None = None) -> str:
+    """The page for the results directory ``results``."""
+    results = Path(results)
+    if not results.is_dir():
+        raise FileNotFoundError(f"--results: {results} is not a directory")
+    date = date or dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    head = ["# Results", "", f"Written {date} by `rlpipe results-page` from `{results}`. The report "
+            "(`snakemake --report report.html`) is the full writeup; these are its headline numbers.", ""]
+    body = systems_section(results) + math_section(results) + families_section(results)
+    if not body:
+        body = ["No finished run was found under this directory.", ""]
+    return "\n".join(head + machine_section(provenance_records(results)) + body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rlpipe results-page", description=__doc__.splitlines()[0])
+    ap.add_argument("--results", required=True, type=Path, help="a finished run's results directory")
+    ap.add_argument("--out", type=Path, help=f"file to write (default: <results>/{PAGE})")
+    ap.add_argument("--date", help="date to print (default: now, UTC)")
+    args = ap.parse_args(argv)
+    write_text(args.out or args.results / PAGE, render(args.results, args.date))
+    return 0

@@ -213,7 +213,8 @@ def test_end_to_end_two_steps(tmp_path, make_base, make_dataset):
                    "  sampling_max_tokens: 8\n  val_size: 3\n  learning_rate: 0.01\n  ray_timeout_s: 300\n")
     out = tmp_path / "trl.json"
     argv = ["--checkpoint", str(ckpt), "--dataset", str(data), "--config", str(cfg), "--steps", "2",
-            "--prompts-per-step", "2", "--threads", "1", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
+            "--prompts-per-step", "2", "--threads", "1", "--pairs", "2", "--work-dir", str(tmp_path / "work"),
+            "--out", str(out)]
     assert bench.main(argv) == 0
     res = json.loads(out.read_text())
     assert res["skipped"] is False and res["settings"]["group_size"] == 2
@@ -225,3 +226,52 @@ def test_end_to_end_two_steps(tmp_path, make_base, make_dataset):
     assert res["rlpipe"]["base"] in ("hf_dir", "checkpoint")
     assert set(res["ratios_rlpipe_over_trl"]) >= {"samples_per_s", "tokens_per_s", "step_samples_per_s_median"}
     assert res["versions"]["trl"] and res["notes"]
+    q = res["ratios_rlpipe_over_trl"]
+    assert q["pairs"] == len(res["pairs"]) == 2
+    for k in ("samples_per_s", "step_samples_per_s_median"):
+        lo, hi = q[f"{k}_spread"]
+        assert lo <= q[k] <= hi and [p["ratios"][k] for p in res["pairs"]] != []
+    assert {"generate", "score", "logprobs", "update", "weight_sync", "other", "step"} <= set(
+        res["rlpipe"]["phases_s_per_step"])
+    trl_phases = res["trl"]["phases_s_per_step"]
+    assert trl_phases["generate"] > 0 and trl_phases["score"] > 0 and trl_phases["step"] > trl_phases["generate"]
+
+
+# --------------------------------------------------------------------------- phase split
+
+
+def test_rlpipe_phase_split_hand_computed():
+    """Two steps of 1.0 s and 3.0 s: the phases are each step's time/<phase> columns (the two log-prob
+    passes summed, a missing phase 0), other is the rest of the step; every value is the median."""
+    import pandas as pd
+
+    from rlpipe.bench.phase_split import rlpipe_phase_split
+
+    m = pd.DataFrame({"step": [0, 1, 2], "wall_time": [0.0, 1.0, 4.0],
+                      "time/generate": [None, 0.4, 1.0], "time/score": [None, 0.1, 0.1],
+                      "time/ref_logprobs": [None, 0.1, float("nan")], "time/old_logprobs": [None, 0.0, 0.2],
+                      "time/update": [None, 0.2, 1.0], "time/weight_sync": [None, 0.1, 0.1]})
+    split = rlpipe_phase_split(m)
+    # step 1: 0.4 + 0.1 + 0.1 + 0.2 + 0.1 = 0.9 of 1.0 -> other 0.1; step 2: 2.4 of 3.0 -> other 0.6
+    assert split == {"generate": 0.7, "score": 0.1, "logprobs": 0.15, "update": 0.6, "weight_sync": 0.1,
+                     "other": 0.35, "step": 2.0}
+
+
+def test_phase_clock_times_wrapped_calls_per_step():
+    import time
+
+    from rlpipe.bench.phase_split import PhaseClock
+
+    clock = PhaseClock()
+    gen = clock.wrap(lambda: time.sleep(0.05) or "ids", "generate")
+    score = clock.wrap(lambda x: time.sleep(0.02) or [1.0], "score")
+    clock.start()
+    for _ in range(2):
+        assert gen() == "ids" and score(1) == [1.0]
+        time.sleep(0.03)
+        clock.end_step()
+    split = clock.split()
+    assert len(clock.steps) == 2
+    assert 0.05 <= split["generate"] < 0.09 and 0.02 <= split["score"] < 0.06
+    assert split["other"] >= 0.03 and split["step"] == pytest.approx(
+        split["generate"] + split["score"] + split["other"], abs=2e-3)

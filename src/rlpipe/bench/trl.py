@@ -26,9 +26,12 @@ wall; the per-step median samples/s (TRL: a callback's step-end clock, rlpipe:
 ``perf/samples_per_s``) is the ratio's robust form. Validation reward (initial and final, equal
 samples) comes from one code path for both: one sample per validation prompt with
 ``rlpipe.lm.sampler.generate`` at the training temperature and the fixed ``val_seed``, scored with the
-keyword reward. The sides run one after the other (rlpipe first, then TRL); the load average is
-recorded before and after each side (the CPU may be shared: a ratio taken while the load changed
-between the sides, or on a loaded machine, is indicative only).
+keyword reward. The sides run in interleaved pairs (rlpipe, TRL, rlpipe, TRL, ..., ``--pairs``,
+default 3): each ratio is the median of the per-pair ratios, reported with its spread, and the load
+average is recorded before and after each side (the CPU may be shared: a ratio whose spread is wide,
+or taken on a loaded machine, is indicative only). Both sides also report where a step's time goes
+(``rlpipe.bench.phase_split``): rlpipe from its own phase columns, TRL by timing its ``generate``
+and reward calls.
 
 What cannot be made equal, and how it is handled (also written to the JSON's ``notes``):
 
@@ -55,14 +58,13 @@ What cannot be made equal, and how it is handled (also written to the JSON's ``n
 Departure from the seeds: the seeds define no comparison with TRL (it answers whether rlpipe is faster
 than the library users already know). The bench runs TRL's loss type ``grpo`` with the seed's
 GRPO-Clip loss, no KL term, on-policy (seed 000 §3.1.2 Variant A) at the CPU pipeline's scaled-down
-settings; it reports one run (no repeats): the per-step medians are the comparison, the totals the context.
+settings; the per-step medians are the comparison, the totals the context.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import statistics
@@ -71,186 +73,35 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import yaml
 
 from rlpipe.analysis.contract import CHECKPOINT_FILE, METRICS_FILE, RUN_INFO_FILE
 from rlpipe.bench import stamp
-from rlpipe.config import ConfigError, TrainConfig, apply_overrides, load_config, load_yaml
+from rlpipe.bench.phase_split import PhaseClock, rlpipe_phase_split
+from rlpipe.bench.trl_settings import (
+    BenchInputError,
+    BenchSettings,
+    _load,
+    _policy_reward,
+    check_inputs,
+    grpo_config_kwargs,
+    import_trl,
+    prompt_sequence,
+    rlpipe_train_overrides,
+    settings_from_config,
+    validation_reward,
+)
+from rlpipe.config import apply_overrides, load_yaml
 from rlpipe.io import write_json
-from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint
 from rlpipe.lm.hf_export import export_hf
-from rlpipe.lm.policy import load_policy
-from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.lm.tokenizer import load_tokenizer
-from rlpipe.tasks.keyword.dataset import load_split
 from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
-from rlpipe.tasks.keyword.task import KeywordInclusionTask
 
 SKIP_REASON = "trl is not installed: pip install -e '.[bench]'"
 RLPIPE_VARIANT = "bench_trl"
-
-
-class BenchInputError(ValueError):
-    """An input of ``rlpipe bench trl`` (checkpoint, dataset, config, a setting) is unusable; the
-    message names it."""
-
-
-# --------------------------------------------------------------------------- settings
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    """Everything both trainers must agree on; ``grpo_config_kwargs`` and ``rlpipe_train_overrides``
-    are the only places it is translated."""
-
-    steps: int = 16  # optimizer steps (= rollout batches, on-policy)
-    prompts_per_step: int = 8
-    group_size: int = 4  # G, TRL num_generations
-    max_new_tokens: int = 40
-    temperature: float = 0.8
-    top_p: float = 1.0
-    learning_rate: float = 5e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    cliprange: float = 0.2
-    advantage_eps: float = 1e-8  # rlpipe only: TRL hard-codes 1e-4
-    threads: int = 2
-    seed: int = 0
-    val_size: int = 64
-    val_seed: int = 1234
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.prompts_per_step * self.group_size
-
-    def check(self) -> None:
-        for name in ("steps", "prompts_per_step", "max_new_tokens", "threads", "val_size"):
-            if getattr(self, name) < 1:
-                raise BenchInputError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.group_size < 2:
-            raise BenchInputError(f"group_size must be >= 2 (TRL's GRPO needs 2 generations), got {self.group_size}")
-
-
-def settings_from_config(train_cfg, *, steps: int, prompts_per_step: int, threads: int) -> BenchSettings:
-    """The bench settings: the pipeline's ``train`` section (its sampling, optimizer and loss
-    values) with this bench's steps, prompts per step and threads."""
-    t = train_cfg
-    return BenchSettings(
-        steps=steps, prompts_per_step=prompts_per_step, group_size=t.group_size,
-        max_new_tokens=t.sampling_max_tokens, temperature=t.sampling_temperature, top_p=t.sampling_top_p,
-        learning_rate=t.learning_rate, betas=(float(t.betas[0]), float(t.betas[1])), weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm, cliprange=t.cliprange, advantage_eps=t.advantage_eps, threads=threads,
-        seed=t.seed, val_size=t.val_size, val_seed=t.val_seed)
-
-
-def grpo_config_kwargs(s: BenchSettings, output_dir: str) -> dict:
-    """``GRPOConfig(**kwargs)`` for the settings: on-policy (one generation batch per optimizer
-    step, one iteration), CPU fp32, constant LR, no KL, no eval, nothing saved or reported."""
-    return dict(
-        output_dir=output_dir, max_steps=s.steps, per_device_train_batch_size=s.samples_per_step,
-        gradient_accumulation_steps=1, num_generations=s.group_size, num_iterations=1,
-        max_completion_length=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=0,
-        learning_rate=s.learning_rate, adam_beta1=s.betas[0], adam_beta2=s.betas[1], adam_epsilon=1e-8,
-        weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, optim="adamw_torch",
-        lr_scheduler_type="constant", warmup_steps=0, epsilon=s.cliprange, beta=0.0, loss_type="grpo",
-        scale_rewards="group", mask_truncated_completions=False, shuffle_dataset=False, seed=s.seed,
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, report_to="none",
-        save_strategy="no", eval_strategy="no", logging_steps=s.steps, disable_tqdm=True,
-        dataloader_num_workers=0, log_completions=False, remove_unused_columns=False,
-    )
-
-
-def rlpipe_train_overrides(s: BenchSettings) -> dict:
-    """``train`` section overrides for ``rlpipe train`` (variant colocated_sync) with the settings:
-    the same batch, sampling, optimizer and loss; no reference model; validation and checkpoint
-    only at step 0 and the end (outside the timed steps)."""
-    return {
-        "task": "keyword_inclusion", "mode": "colocated_sync", "k": 1, "n_grpo_steps": s.steps,
-        "group_size": s.group_size, "rollout_batch_size": s.samples_per_step,
-        "train_batch_size": s.samples_per_step, "gradient_accumulation_steps": 1, "epochs_per_rollout_batch": 1,
-        "sampling_temperature": s.temperature, "sampling_top_p": s.top_p, "sampling_max_tokens": s.max_new_tokens,
-        "sampling_min_tokens": 0, "learning_rate": s.learning_rate, "betas": list(s.betas),
-        "weight_decay": s.weight_decay, "max_grad_norm": s.max_grad_norm, "cliprange": s.cliprange,
-        "loss_type": "grpo_clip", "advantage_mode": "normalized_rewards", "use_std_normalization": True,
-        "advantage_eps": s.advantage_eps, "length_normalization": "masked_mean", "kl_coef": 0.0,
-        "kl_monitor": False, "recompute_old_log_probs": False, "gradient_checkpointing": False,
-        "val_every": s.steps, "val_size": s.val_size, "val_seed": s.val_seed, "checkpoint_every": s.steps,
-        "log_rollouts_every": s.steps, "device": "cpu", "dtype": "float32", "threads": s.threads, "seed": s.seed,
-    }
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-def import_trl():
-    """The ``trl`` module, or None when it cannot be imported (the ``bench`` extra is missing)."""
-    try:
-        return importlib.import_module("trl")
-    except ImportError:
-        return None
-
-
-def check_inputs(checkpoint: str, dataset: str, config: str | None):
-    """Open every input; a bad one raises ``BenchInputError`` naming it. Returns the train section
-    of the pipeline config (its defaults when ``config`` is None)."""
-
-    try:
-        open_base_checkpoint(checkpoint, "--checkpoint")
-    except (FileNotFoundError, CheckpointError) as e:
-        raise BenchInputError(str(e)) from None
-    try:
-        KeywordInclusionTask.check_dataset(dataset)
-    except (FileNotFoundError, ValueError) as e:
-        raise BenchInputError(f"--dataset: {e}") from None
-    if config is None:
-        return TrainConfig()
-    try:
-        return load_config(config).train
-    except ConfigError as e:
-        raise BenchInputError(f"--config: {e}") from None
-
-
-# --------------------------------------------------------------------------- shared evaluation
-
-
-def validation_reward(model, tokenizer, dataset: str, s: BenchSettings) -> float:
-    """Mean keyword reward of one sample per validation prompt (the first ``val_size``), sampled
-    with rlpipe's sampler at the training temperature and top-p with the fixed ``val_seed``: the
-    one evaluation path of both sides (and of rlpipe's own validation)."""
-
-    examples = load_split(dataset, "val")[: s.val_size]
-    params = SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens,
-                            seed=s.val_seed)
-    responses = generate(model, tokenizer, [e.prompt for e in examples], params, device="cpu").response_text
-    rewards = [float(keyword_inclusion_reward_fn(r, e.keywords)["reward"])
-               for r, e in zip(responses, examples, strict=True)]
-    return round(sum(rewards) / len(rewards), 4)
-
-
-def _policy_reward(path: str, dataset: str, s: BenchSettings) -> float:
-
-    policy = load_policy(path, device="cpu")
-    return validation_reward(policy.model, policy.tokenizer, dataset, s)
-
-
-def prompt_sequence(dataset: str, s: BenchSettings) -> list[dict]:
-    """rlpipe's training prompts in its order (rollout batch b = ``prompts_for_batch(b, P, seed)``),
-    as TRL dataset rows ``{"prompt", "keywords"}``."""
-
-    task = KeywordInclusionTask(dataset)
-    rows = []
-    for b in range(s.steps):
-        rows += [{"prompt": e.prompt, "keywords": list(e.ground_truth)}
-                 for e in task.prompts_for_batch(b, s.prompts_per_step, s.seed)]
-    return rows
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 # --------------------------------------------------------------------------- TRL side
@@ -275,23 +126,6 @@ class KeywordReward:
         return out
 
 
-def _step_clock():
-    """A ``TrainerCallback`` recording ``perf_counter`` at train begin and at every step end."""
-    from transformers import TrainerCallback
-
-    class StepClock(TrainerCallback):
-        def __init__(self):
-            self.times: list[float] = []
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.times = [time.perf_counter()]
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.times.append(time.perf_counter())
-
-    return StepClock()
-
-
 def _check_prompt_tokens(tokenizer_hf, tokenizer_ours, rows: list[dict]) -> None:
     """TRL tokenizes prompts with the exported HF tokenizer: it must give our token ids."""
     for r in rows[:16]:
@@ -314,22 +148,28 @@ def run_trl(hf_dir: str, dataset: str, s: BenchSettings, work: Path) -> dict:
     tok_ours = load_tokenizer(hf_dir)
     _check_prompt_tokens(tok_hf, tok_ours, rows)
     model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True)
-    reward, clock = KeywordReward(), _step_clock()
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**grpo_config_kwargs(s, str(work))),
-                          train_dataset=Dataset.from_list(rows), processing_class=tok_hf, callbacks=[clock])
+    reward, clock = KeywordReward(), PhaseClock()
+    model.generate = clock.wrap(model.generate, "generate")  # TRL generates with this very object on CPU
+    trainer = GRPOTrainer(model=model, reward_funcs=[clock.wrap(reward, "score")],
+                          args=GRPOConfig(**grpo_config_kwargs(s, str(work))), train_dataset=Dataset.from_list(rows),
+                          processing_class=tok_hf, callbacks=[clock.callback()])
     load_before = _load()
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
     load_after = _load()
-    steps = [b - a for a, b in zip(clock.times, clock.times[1:], strict=False)]
-    if len(steps) != s.steps:
-        raise RuntimeError(f"TRL ran {len(steps)} optimizer steps, expected {s.steps}")
+    if len(clock.steps) != s.steps:
+        raise RuntimeError(f"TRL ran {len(clock.steps)} optimizer steps, expected {s.steps}")
+    phases = clock.split()
+    if phases["generate"] <= 0:
+        raise RuntimeError("TRL's generation was not timed: GRPOTrainer no longer calls the model's generate")
     samples = s.steps * s.samples_per_step
     final = validation_reward(trainer.model.eval(), tok_ours, dataset, s)
     return {"wall_s": round(wall, 3), "samples": samples, "tokens": reward.tokens,
             "samples_per_s": round(samples / wall, 3), "tokens_per_s": round(reward.tokens / wall, 1),
-            "step_samples_per_s_median": round(statistics.median(s.samples_per_step / d for d in steps), 3),
+            "step_samples_per_s_median": round(statistics.median(s.samples_per_step / st["step"]
+                                                                 for st in clock.steps), 3),
+            "phases_s_per_step": phases,
             "train_reward_mean": round(sum(reward.rewards) / len(reward.rewards), 4),
             "val_reward_final": final, "load_avg_before": load_before, "load_avg_after": load_after,
             "model": "LlamaForCausalLM (HF modeling, sdpa attention)", "generation": "HF generate"}
@@ -405,6 +245,7 @@ def read_rlpipe_run(run_dir: Path, s: BenchSettings) -> dict:
             "train_reward_mean": round(float(steps["reward/train_mean"].mean()), 4),
             "val_reward_in_run_initial": round(float(val0.iloc[0]), 4) if len(val0) else None,
             "val_reward_in_run_final": round(float(steps["reward/val_mean"].iloc[-1]), 4),
+            "phases_s_per_step": rlpipe_phase_split(m),
             "run_wall_time_s": info.get("wall_time_s"), "conditions": info.get("conditions"),
             "run_dir": str(run_dir), "generation": "rlpipe KV-cache sampler"}
 
@@ -453,8 +294,9 @@ def notes(s: BenchSettings, rlpipe_base: str) -> list[str]:
         "reported val rewards come from one path (rlpipe sampler, val_seed, keyword reward) for both",
         f"threads: torch.set_num_threads({s.threads}) for TRL in this process; rlpipe train.threads={s.threads} in its "
         "colocated Ray actor (driver and Ray daemons are separate processes)",
-        "order: the sides run one after the other (rlpipe, then TRL), not interleaved; compare each side's "
-        "load_avg_before/after (and rlpipe's conditions) before trusting a ratio from a shared machine",
+        "order: interleaved pairs (rlpipe, TRL, rlpipe, TRL, ...); each ratio is the median of the per-pair "
+        "ratios, with their min and max; compare each side's load_avg_per_pair before trusting a ratio from a "
+        "shared machine",
         "lr schedule constant, no warm-up, AdamW eps 1e-8, grad clip "
         f"{s.max_grad_norm}, fp32, CPU on both sides",
     ]
@@ -463,14 +305,43 @@ def notes(s: BenchSettings, rlpipe_base: str) -> list[str]:
     return out
 
 
-def run_bench(checkpoint: str, dataset: str, config: str | None, s: BenchSettings, work: Path) -> dict:
-    """Export, initial rewards, rlpipe's run, TRL's run, ratios (torch's thread count is restored)."""
+THROUGHPUT_KEYS = ("step_samples_per_s_median", "samples_per_s", "tokens_per_s")
+
+
+def _summary(runs: list[dict]) -> dict:
+    """One side over the pairs: medians of its throughput, wall and per-step phases; the rest as lists."""
+    med = {k: round(statistics.median(r[k] for r in runs), 3) for k in (*THROUGHPUT_KEYS, "wall_s")}
+    phases = {k: round(statistics.median(r["phases_s_per_step"][k] for r in runs), 4)
+              for k in runs[0]["phases_s_per_step"]}
+    return {**runs[-1], **med, "phases_s_per_step": phases,
+            "val_reward_final": round(statistics.median(r["val_reward_final"] for r in runs), 4),
+            "val_reward_final_per_pair": [r["val_reward_final"] for r in runs],
+            "load_avg_per_pair": [[r["load_avg_before"], r["load_avg_after"]] for r in runs]}
+
+
+def _pair_ratios(pairs: list[dict]) -> dict:
+    """Median rlpipe/TRL ratio of each throughput over the pairs, with its min and max (the spread)."""
+    out: dict = {}
+    for k in THROUGHPUT_KEYS:
+        rs = [p["ratios"][k] for p in pairs if p["ratios"][k] is not None]
+        out[k] = round(statistics.median(rs), 3) if rs else None
+        out[f"{k}_spread"] = [min(rs), max(rs)] if rs else None
+    out["wall_trl_over_rlpipe"] = round(statistics.median(p["ratios"]["wall_trl_over_rlpipe"] for p in pairs), 3)
+    out["pairs"] = len(pairs)
+    return out
+
+
+def run_bench(checkpoint: str, dataset: str, config: str | None, s: BenchSettings, work: Path,
+              pairs: int = 3) -> dict:
+    """Export, initial rewards, then ``pairs`` interleaved (rlpipe, TRL) runs and their ratios;
+    torch's thread count is restored. Interleaving spreads a change of the machine's load over both
+    sides; the spread of the per-pair ratios shows how much it moved them."""
     import torch
     from transformers.utils import logging as hf_logging
 
-
     hf_logging.disable_progress_bar()
     threads_before = torch.get_num_threads()
+    runs: list[dict] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # transformers' renames that TRL still uses
@@ -479,18 +350,21 @@ def run_bench(checkpoint: str, dataset: str, config: str | None, s: BenchSetting
             torch.set_num_threads(s.threads)
             initial = {"checkpoint": _policy_reward(checkpoint, dataset, s),
                        "hf_dir": _policy_reward(hf_dir, dataset, s)}
-            rl = run_rlpipe(checkpoint, hf_dir, config, dataset, s, work)
-            tr = run_trl(hf_dir, dataset, s, work / "trl_out")
+            for i in range(pairs):
+                (work / f"pair{i}").mkdir(parents=True, exist_ok=True)
+                rl = run_rlpipe(checkpoint, hf_dir, config, dataset, s, work / f"pair{i}")
+                tr = run_trl(hf_dir, dataset, s, work / f"pair{i}" / "trl_out")
+                ratios = {k: _ratio(rl[k], tr[k]) for k in THROUGHPUT_KEYS}
+                ratios["wall_trl_over_rlpipe"] = _ratio(tr["wall_s"], rl["wall_s"])
+                runs.append({"rlpipe": rl, "trl": tr, "ratios": ratios})
     finally:
         torch.set_num_threads(threads_before)
-    rl["val_reward_initial"] = initial[rl["base"]]
-    tr["val_reward_initial"] = initial["hf_dir"]
-    ratios = {k: _ratio(rl[k], tr[k]) for k in ("step_samples_per_s_median", "samples_per_s", "tokens_per_s")}
-    ratios["wall_trl_over_rlpipe"] = _ratio(tr["wall_s"], rl["wall_s"])
+    rl, tr = _summary([p["rlpipe"] for p in runs]), _summary([p["trl"] for p in runs])
+    rl["val_reward_initial"], tr["val_reward_initial"] = initial[rl["base"]], initial["hf_dir"]
     return {"bench": "trl", "skipped": False, "settings": asdict(s), "threads": s.threads,
             "versions": _versions(), "checkpoint": checkpoint, "dataset": dataset, "cpus": os.cpu_count(),
             "load_avg_start": start_load, "load_avg_end": _load(), "rlpipe": rl, "trl": tr,
-            "ratios_rlpipe_over_trl": ratios, "notes": notes(s, rl["base"])}
+            "ratios_rlpipe_over_trl": _pair_ratios(runs), "pairs": runs, "notes": notes(s, rl["base"])}
 
 
 def table(result: dict) -> str:
@@ -498,13 +372,18 @@ def table(result: dict) -> str:
     r, t, q = result["rlpipe"], result["trl"], result["ratios_rlpipe_over_trl"]
     for key, label in (("step_samples_per_s_median", "samples/s (median step)"), ("samples_per_s", "samples/s"),
                        ("tokens_per_s", "tokens/s")):
-        rows.append((label, f"{r[key]:g}", f"{t[key]:g}", f"{q[key]}"))
+        lo, hi = q[f"{key}_spread"] or (None, None)
+        rows.append((label, f"{r[key]:g}", f"{t[key]:g}", f"{q[key]} [{lo}, {hi}]"))
     rows += [("wall s", f"{r['wall_s']:g}", f"{t['wall_s']:g}", ""),
              ("val reward initial", f"{r['val_reward_initial']:g}", f"{t['val_reward_initial']:g}", ""),
              ("val reward final", f"{r['val_reward_final']:g}", f"{t['val_reward_final']:g}", "")]
+    for phase in sorted(set(r["phases_s_per_step"]) | set(t["phases_s_per_step"])):
+        rv, tv = r["phases_s_per_step"].get(phase), t["phases_s_per_step"].get(phase)
+        rows.append((f"s/step {phase}", "" if rv is None else f"{rv:g}", "" if tv is None else f"{tv:g}", ""))
     w = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(row)) for row in rows]
-    lines.append(f"load avg {result['load_avg_start']} -> {result['load_avg_end']}, threads {result['threads']}, "
+    lines.append(f"{q['pairs']} interleaved pairs (ratio: median [min, max] over pairs); load avg "
+                 f"{result['load_avg_start']} -> {result['load_avg_end']}, threads {result['threads']}, "
                  f"rlpipe base: {r['base']}")
     return "\n".join(lines)
 
@@ -515,6 +394,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--dataset", required=True, help="keyword dataset directory (train.jsonl, val.jsonl)")
     ap.add_argument("--config", default=None, help="pipeline config whose train section gives the settings")
     ap.add_argument("--steps", type=int, default=16, help="optimizer steps on each side")
+    ap.add_argument("--pairs", type=int, default=3, help="interleaved (rlpipe, TRL) runs; ratios are medians over them")
     ap.add_argument("--prompts-per-step", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each side")
     ap.add_argument("--val-size", type=int, default=None, help="validation prompts (default: train.val_size)")
@@ -532,6 +412,8 @@ def main(argv=None) -> int:
         if a.val_size is not None:
             s = BenchSettings(**{**asdict(s), "val_size": a.val_size, "betas": s.betas})
         s.check()
+        if a.pairs < 1:
+            raise BenchInputError(f"--pairs must be >= 1, got {a.pairs}")
     except BenchInputError as e:
         ap.error(str(e))
     if import_trl() is None:
@@ -541,7 +423,7 @@ def main(argv=None) -> int:
         with (contextlib.nullcontext(a.work_dir) if a.work_dir else tempfile.TemporaryDirectory(
                 prefix="rlpipe-bench-trl-")) as work:
             Path(work).mkdir(parents=True, exist_ok=True)
-            result = run_bench(a.checkpoint, a.dataset, a.config, s, Path(work).resolve())
+            result = run_bench(a.checkpoint, a.dataset, a.config, s, Path(work).resolve(), pairs=a.pairs)
         print(table(result), flush=True)
     if a.out:
         write_json(a.out, stamp(result))

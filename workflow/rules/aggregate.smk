@@ -7,8 +7,8 @@ rule aggregate_metrics:
     input:
         runs=expand(res("runs", "{variant}", "run_info.json"), variant=VARIANTS),
         metrics=expand(res("runs", "{variant}", "metrics.parquet"), variant=VARIANTS),
-        bench=[res("bench", "weight_sync.json"), res("bench", "sampler.json"), res("bench", "update.json")],
-        code=[module_file("rlpipe.analysis.aggregate"), module_file("rlpipe.analysis.report_text")],
+        bench=[res("bench", f"{b}.json") for b in ("weight_sync", "sampler", "update", "trl")],
+        code=[module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "bench_text")],
     output:
         **{k: res("summary", f) for k, f in SUMMARY_FILES.items()},
         table_html=report(

@@ -89,7 +89,7 @@ rule bench_scaling:
     output:
         res("bench", SCALING_FILE),
     params:
-        settings=scaling_settings(),
+        settings=lambda w: scaling_settings(),  # a function: a {field} in train.text.template is no wildcard
         dataset=lambda w, input: os.path.dirname(input.dataset),
     threads: CFG.workflow.threads_per_variant
     log:

@@ -31,9 +31,11 @@ import numpy as np
 import pandas as pd
 
 from rlpipe.analysis import contract
+from rlpipe.analysis.bench_text import bench_section, limits_section, trl_section
 from rlpipe.analysis.contract import phase_seconds_column, phase_share_column
 from rlpipe.analysis.frames import last_valid
 from rlpipe.analysis.provenance import provenance_section
+from rlpipe.analysis.text_format import fnum, fpct, fsec, fx, nan, section
 
 PHASE_WHY = {
     "generate": ("autoregressive sampling runs one forward pass per generated token, {tokens} sequential "
@@ -48,29 +50,6 @@ PHASE_WHY = {
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def nan(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
-def fnum(x, digits: int = 3) -> str:
-    return "n/a" if nan(x) else f"{x:.{digits}g}"
-
-
-def fsec(x) -> str:
-    if nan(x):
-        return "n/a"
-    return f"{x * 1e3:.3g} ms" if abs(x) < 1 else f"{x:.3g} s"
-
-
-def fx(x) -> str:
-    """A ratio such as a speedup: two decimals, so 1.003 never reads as a bare "1"."""
-    return "n/a" if nan(x) else f"{x:.2f}x"
-
-
-def fpct(x) -> str:
-    return "n/a" if nan(x) else f"{100 * x:.0f}%"
 
 
 def row_of(table: pd.DataFrame, variant: str) -> dict | None:
@@ -133,11 +112,6 @@ def conditions_sentence(table: pd.DataFrame) -> str:
     tail = (f" {n} run(s) were timed under contention: timing comparisons with them draw no conclusion." if n
             else f" No run{' with recorded conditions' if unknown else ''} was timed under contention.")
     return "Run conditions (what else the machine did while each run was timed): " + "; ".join(parts) + "." + tail
-
-
-def section(sid: str, title: str, sentences: list[str], numbers: dict | None = None) -> dict:
-    clean = {k: (None if nan(v) else v) for k, v in (numbers or {}).items()}
-    return {"id": sid, "title": title, "sentences": sentences, "numbers": clean}
 
 
 # --------------------------------------------------------------------------- KL analysis
@@ -580,56 +554,6 @@ def replay_section(table: pd.DataFrame) -> dict:
     return section("replay", title, s, {"reuse": rep["replay_reuse_mean"], "age": rep["replay_age_mean"]})
 
 
-def bench_section(bench: dict) -> dict:
-    s = []
-    for name, data in sorted(bench.items()):
-        if name.startswith("weight_sync"):
-            continue  # reported in the weight-sync section
-        flat = {k: v for k, v in (data.items() if isinstance(data, dict) else [])
-                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if flat:
-            s.append(f"{name}: " + ", ".join(f"{k} = {fnum(float(v), 4)}" for k, v in flat.items()) + ".")
-        else:
-            s.append(f"{name}: see results/bench/{name}.json.")
-    return section("bench", "Benchmarks", s or ["No benchmark files were found."])
-
-
-def _num(d: dict, key: str) -> float:
-    v = d.get(key) if isinstance(d, dict) else None
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
-
-
-def limits_section(bench: dict) -> dict:
-    """The learner's update and the sampler against the same-run matmul peak
-    (``rlpipe bench update`` / ``rlpipe bench sampler``), and what bounds each."""
-    title = "The learner and the sampler against the matmul peak"
-    up, sp = bench.get("update") or {}, bench.get("sampler") or {}
-    s, nums = [], {}
-    if not nan(_num(up, "update_fraction_of_peak")):
-        frac, fb = _num(up, "update_fraction_of_peak"), _num(up, "fwd_bwd_fraction_of_peak")
-        s.append(f"Update phase (forward + backward + AdamW + the KL monitor's forward) on "
-                 f"{fnum(_num(up, 'torch_threads'))} thread(s): {fnum(_num(up, 'update_gflops'))} GFLOP/s, "
-                 f"{fnum(frac * 100)}% of the same-run fp32 matmul peak ({fnum(_num(up, 'matmul_peak_gflops'))} "
-                 f"GFLOP/s); the forward + backward alone reaches {fnum(fb * 100)}%.")
-        s.append(f"Of the update's time, forward + backward is {fnum(_num(up, 'fwd_bwd_share') * 100)}%, "
-                 f"the KL monitor's extra forward {fnum(_num(up, 'kl_monitor_share') * 100)}% and AdamW with "
-                 f"clipping {fnum(_num(up, 'optimizer_share') * 100)}%. What keeps the rest from the peak: the "
-                 f"model's matrices are small (a few hundred wide), so the elementwise work of softmax over the "
-                 f"vocabulary, attention, SwiGLU and the loss is not hidden behind matmuls.")
-        nums.update(update_fraction=frac, fwd_bwd_fraction=fb)
-    if not nan(_num(sp, "kv_fraction_of_peak")):
-        kf = _num(sp, "kv_fraction_of_peak")
-        s.append(f"Generation (KV-cache sampler, batch {fnum(_num(sp, 'batch'))}): {fnum(_num(sp, 'kv_gflops'))} "
-                 f"GFLOP/s, {fnum(kf * 100)}% of the same-run peak ({fnum(_num(sp, 'matmul_peak_gflops'))} GFLOP/s). "
-                 f"Each decoding step multiplies one row per sequence by every weight matrix and then samples "
-                 f"in Python: small matrix-vector products and per-token overhead bound it, not FLOPs, which is "
-                 f"why batching more sequences per step raises it (see the scaling curves).")
-        nums["generation_fraction"] = kf
-    if not s:
-        s.append("No data: results/bench/update.json and sampler.json hold no FLOP measurements.")
-    return section("limits", title, s, nums)
-
-
 # --------------------------------------------------------------------------- assembly
 
 
@@ -689,6 +613,7 @@ def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFram
         replay_section(table),
         bench_section(bench or {}),
         limits_section(bench or {}),
+        trl_section(bench or {}),
         optimization_section(table, reference),
         provenance_section(table),
     ]}

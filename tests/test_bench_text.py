@@ -1,0 +1,56 @@
+"""The report's benchmark sections: a skipped bench is one sentence on how to run it, and the TRL
+comparison calls a ratio a lead only when every interleaved pair agrees."""
+
+from __future__ import annotations
+
+import copy
+
+from rlpipe.analysis.bench_text import bench_section, trl_section
+
+TRL = {
+    "bench": "trl", "skipped": False, "threads": 2, "cpus": 2,
+    "settings": {"steps": 16, "prompts_per_step": 8, "group_size": 4, "val_size": 64},
+    "ratios_rlpipe_over_trl": {"pairs": 3, "step_samples_per_s_median": 1.6,
+                               "step_samples_per_s_median_spread": [1.5, 1.7],
+                               "samples_per_s": 1.55, "samples_per_s_spread": [1.4, 1.6]},
+    "rlpipe": {"val_reward_initial": 0.4, "val_reward_final": 0.85,
+               "phases_s_per_step": {"generate": 0.1, "score": 0.01, "logprobs": 0.0, "update": 0.2,
+                                     "weight_sync": 0.002, "other": 0.02, "step": 0.332},
+               "load_avg_per_pair": [[[0.5, 0.5, 0.5], [0.9, 0.6, 0.5]]] * 3},
+    "trl": {"val_reward_final": 0.8, "phases_s_per_step": {"generate": 0.3, "score": 0.01, "other": 0.2,
+                                                          "step": 0.51},
+            "load_avg_per_pair": [[[0.9, 0.6, 0.5], [1.0, 0.7, 0.5]]] * 3},
+}
+
+
+def _text(sec: dict) -> str:
+    return " ".join(sec["sentences"])
+
+
+def test_a_lead_in_every_pair_is_stated_with_its_spread_and_phases():
+    text = _text(trl_section({"trl": TRL}))
+    assert "rlpipe / TRL 1.6x (pairs 1.5..1.7), faster in every pair" in text
+    assert "3 interleaved pairs" in text
+    assert "rlpipe: a step takes 0.332 s" in text and "generate 0.1 s (30%)" in text
+    assert "TRL: a step takes 0.51 s" in text and "other 0.2 s (39%)" in text
+    assert "within the sampling noise" in text  # 0.85 vs 0.80 on 64 prompts
+    assert "indicative only" not in text  # load stayed below the CPU count
+
+
+def test_pairs_that_disagree_are_no_finding_and_load_is_flagged():
+    t = copy.deepcopy(TRL)
+    t["ratios_rlpipe_over_trl"]["step_samples_per_s_median_spread"] = [0.9, 1.7]
+    t["trl"]["load_avg_per_pair"] = [[[3.5, 2.0, 1.0], [4.0, 2.0, 1.0]]]
+    text = _text(trl_section({"trl": t}))
+    assert "not a consistent difference: the pairs disagree" in text
+    assert "reached 4 on 2 CPUs" in text and "indicative only" in text
+
+
+def test_a_skipped_bench_is_one_sentence_on_how_to_run_it():
+    skipped = {"bench": "trl", "skipped": True, "reason": "trl is not installed: pip install -e '.[bench]'"}
+    text = _text(trl_section({"trl": skipped}))
+    assert "Not measured in this run" in text and "pip install -e '.[bench]'" in text
+    listing = _text(bench_section({"trl": skipped, "sampler": {"kv_gflops": 1.0}, "weight_sync": {}}))
+    assert "rlpipe against TRL's GRPOTrainer: not measured, trl is not installed" in listing
+    assert "snakemake results/bench/trl.json" in listing
+    assert "=" not in listing and "{" not in listing  # no key = value or JSON dumps

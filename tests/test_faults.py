@@ -32,8 +32,8 @@ import pytest
 import torch
 
 from rlpipe.analysis import contract
-from rlpipe.io import OutputWriteError, torch_save
-from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
+from rlpipe.io import OutputWriteError
+from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, save_payload
 from rlpipe.trainer import run as run_module
 from rlpipe.trainer.drivers.common import ActorFailure, TrainingDiverged
 from rlpipe.trainer.lock import RunLockedError, run_lock
@@ -470,7 +470,7 @@ def _truncate(p: Path) -> None:
 def _poison(p: Path) -> None:
     payload = torch.load(p, weights_only=True)
     payload["model"]["layers.1.ffn.w1.weight"][3, 3] = math.inf
-    torch_save(p, payload)
+    save_payload(p, payload)  # a valid checksum: the check for non-finite values refuses it
 
 
 def _cut_second_line(p: Path) -> None:
@@ -490,19 +490,22 @@ DAMAGE = {  # file under checkpoints/ -> (damage, expected words)
     "truncated last.pt": ("last.pt", _truncate, "is not a torch checkpoint file"),
     "garbage last.pt": ("last.pt", lambda p: p.write_bytes(b"\x00" * 1000), "is not a torch checkpoint file"),
     "NaN-poisoned last.pt": ("last.pt", _poison, "is poisoned: non-finite (NaN/inf) values in layers.1.ffn.w1.weight"),
+    "bit-flipped last.pt": ("last.pt", "flip_tensor_bytes", "is corrupt: its content does not match the sha256"),
 }
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("mode", ["always", "auto"])
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damaged_resume_state_is_a_clear_error_naming_the_file(env, finished_run, tmp_path, damage, mode, no_ray):
+def test_damaged_resume_state_is_a_clear_error_naming_the_file(env, finished_run, tmp_path, damage, mode, no_ray,
+                                                               flip_tensor_bytes):
     """Decision (see rlpipe.trainer.run): an error before Ray, in --resume auto as in always,
     never a crash inside pandas or torch and never a silent restart that discards the run."""
     cfg, src = finished_run
     out = tmp_path / "run"
     shutil.copytree(src, out)
     name, hurt, words = DAMAGE[damage]
+    hurt = flip_tensor_bytes if hurt == "flip_tensor_bytes" else hurt  # a fixture (conftest)
     target = out / contract.CHECKPOINT_DIR / name
     hurt(target)
     state = {p.name: p.read_bytes() for p in (out / contract.CHECKPOINT_DIR).iterdir()}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlpipe.io import torch_save
+from rlpipe.lm.checkpoint import save_payload
 from rlpipe.trainer import run as run_module
 
 
@@ -24,7 +24,7 @@ def _base_with(tmp: Path, base: str, **changes) -> Path:
     payload = torch.load(base, weights_only=True)
     payload.update(changes)
     out = tmp / "variant_base.pt"
-    torch_save(out, payload)
+    save_payload(out, payload)
     return out
 
 
@@ -32,7 +32,7 @@ def _poisoned(tmp: Path, base: str) -> Path:
     payload = torch.load(base, weights_only=True)
     key = next(iter(payload["model"]))
     payload["model"][key][0] = float("nan")
-    torch_save(tmp / "poisoned.pt", payload)
+    save_payload(tmp / "poisoned.pt", payload)
     return tmp / "poisoned.pt"
 
 

@@ -17,10 +17,12 @@ differ), off otherwise. The actors, ``config.yaml`` and ``run_info.json`` all ge
 Then ``<out>/.lock`` is taken (``rlpipe.trainer.lock``: a second ``rlpipe train`` on the same
 directory refuses at once) before the resume decision touches the directory, and held to the end.
 
-Resuming from a damaged checkpoint or snapshot (truncated, corrupt, NaN-poisoned, missing steps)
-is an error naming the file, in ``--resume auto`` as in ``always``: silently starting afresh would
-throw away the run's progress on what may be a transient fault, so the user decides (the message
-says how: ``--resume never`` starts afresh and deletes ``checkpoints/``).
+Resuming from a damaged checkpoint or snapshot (truncated, corrupt, bit-flipped so that its recorded
+sha256 no longer matches, NaN-poisoned, missing steps) is an error naming the file, in ``--resume
+auto`` as in ``always``: silently starting afresh would throw away the run's progress on what may be
+a transient fault, so the user decides (the message says how: ``--resume never`` starts afresh and
+deletes ``checkpoints/``). There is no older checkpoint to fall back to: a run keeps only
+``last.pt`` (and the snapshot cut at its step).
 
 Network exposure of a local Ray instance (measured on Ray 2.60, ``_init_ray``): it is started with
 no dashboard (unless ``ray.include_dashboard``) and ``_node_ip_address="127.0.0.1"``, but Ray

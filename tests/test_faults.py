@@ -451,6 +451,36 @@ def test_second_trainer_on_the_same_run_dir_refuses_at_once(env, tmp_path, no_ra
         pass
 
 
+def _read_only_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot write: mode 0o555, or (as root, which ignores modes) sysfs,
+    where nobody can create files."""
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return d
+    return Path("/sys")
+
+
+@pytest.mark.parametrize("where", ["read-only directory", "below a regular file"])
+def test_unwritable_out_is_a_one_line_error_naming_it(env, tmp_path, no_ray, capsys, where):
+    if where == "read-only directory":
+        out = _read_only_dir(tmp_path) / "rlpipe-run"
+    else:
+        (tmp_path / "file").write_text("x")
+        out = tmp_path / "file" / "run"
+    args = ["--config", config(env, "ro"), "--variant", "onpolicy", "--out", str(out), "--base", env["base"],
+            "--dataset", env["data"]]
+    with pytest.raises(SystemExit) as exc:
+        run_module.main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"rlpipe train: error: --out {out}: cannot create the run directory or its lock file "
+                              f"{out / '.lock'} (") and err[-1].endswith("choose a writable --out"), err
+    assert not any("Traceback" in line or "OSError" in line for line in err)
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- damaged resume state
 
 

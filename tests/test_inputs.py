@@ -69,6 +69,9 @@ CASES = {
     "record without keywords": (lambda t, b, d, w: (w(t / "c.yaml"), "onpolicy", b,
                                                     str(_dataset(t, d, "val", [GOOD, GOOD, '{"prompt": "x"}']))),
                                 ["dataset/val.jsonl:3", "'keywords'"]),
+    "keyword of a million digits": (lambda t, b, d, w: (w(t / "c.yaml"), "onpolicy", b, str(_dataset(
+        t, d, "train", [GOOD, json.dumps({"prompt": "x\n", "keywords": ["cat", "7" * 10**6]})]))),
+                                    ["dataset/train.jsonl:2", "'7777777", "has 1000000 characters", "at most 100"]),
     "math record without a problem": (lambda t, b, d, w: (w(t / "c.yaml", train={"task": "math"}), "onpolicy", b,
                                                           _math_dataset(t, ['{"question": "1+1?", "answer": "2"}'])),
                                       ["train.jsonl:1", "problem"]),

@@ -93,7 +93,7 @@ rule evaluate_base:
     output:
         res("base", "zero_shot.json"),
     params:
-        cfg=section_params("train"),
+        cfg=canonical({"train": eval_base_settings(CFG)}),  # the train keys eval-base reads, no others
         dataset=lambda w, input: os.path.dirname(input.val),
     threads: CFG.pretrain.threads
     log:

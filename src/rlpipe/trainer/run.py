@@ -15,7 +15,9 @@ for an HF base directory or ``dtype: bfloat16`` (the sampler's and the learner's
 differ), off otherwise. The actors, ``config.yaml`` and ``run_info.json`` all get the resolved bool.
 
 Then ``<out>/.lock`` is taken (``rlpipe.trainer.lock``: a second ``rlpipe train`` on the same
-directory refuses at once) before the resume decision touches the directory, and held to the end.
+directory refuses at once; an unwritable ``--out`` is a one-line error) before the resume decision
+touches the directory, and held to the end. Under it, the temporary files that a killed run left
+mid-write (``.<name>.<random>.tmp``, ``rlpipe.io``) are deleted first.
 
 Resuming from a damaged checkpoint or snapshot (truncated, corrupt, bit-flipped so that its recorded
 sha256 no longer matches, NaN-poisoned, missing steps) is an error naming the file, in ``--resume
@@ -70,7 +72,7 @@ from rlpipe.trainer.drivers.colocated import run_colocated
 from rlpipe.trainer.drivers.common import ActorFailure, RunContext, TrainingDiverged
 from rlpipe.trainer.drivers.disaggregated import run_disaggregated
 from rlpipe.trainer.gpu_slots import acquire_gpus
-from rlpipe.trainer.lock import RunLockedError, run_lock
+from rlpipe.trainer.lock import RunDirError, RunLockedError, run_lock
 from rlpipe.trainer.resume import ResumeError
 from rlpipe.trainer.run_writer import SnapshotError, read_snapshot
 from rlpipe.trainer.weight_sync import WeightSyncError, make_transport
@@ -209,6 +211,7 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
     actor_threads = _actor_threads(train_cfg.threads, threads or cfg.workflow.threads_per_variant, disagg)
     fingerprint = resume_policy.run_fingerprint(to_dict(train_cfg), to_dict(cfg.model), variant, base, dataset)
     with run_lock(out_dir):  # before anything in out_dir is read or changed
+        io.remove_stale_temp_files(out_dir)  # a killed run's half-written files (nobody else writes here)
         decision = resume_policy.decide(out_dir, fingerprint, resume)
         if decision.resume:
             _check_resumable(out_dir)
@@ -288,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         info = run(a.config, a.variant, a.out, a.base, a.dataset, a.threads, a.resume, a.seed)
-    except (ConfigError, FileNotFoundError, ResumeError, InputError, CheckpointError, RunLockedError) as e:
+    except (ConfigError, FileNotFoundError, ResumeError, InputError, CheckpointError, RunLockedError,
+            RunDirError) as e:
         p.error(str(e))  # bad input: usage error, exit status 2, nothing started
     except (ActorFailure, TrainingDiverged, WeightSyncError, io.OutputWriteError) as e:
         print(f"rlpipe train {a.variant}: error: {e}", file=sys.stderr, flush=True)

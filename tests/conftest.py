@@ -8,6 +8,8 @@
   (documented in tests/test_aggregate.py, whose expected values depend on them).
 - ``dry_run``: reads the jobs a ``snakemake -n`` printout plans (rule, wildcards, resources).
 - ``one_torch_thread``: one intra-op thread for a module of tiny-model tests.
+- ``flip_tensor_bytes``: ``flip_tensor_bytes(path, n=400)`` inverts ``n`` bytes in the middle of the
+  largest tensor stored in a checkpoint file, leaving the zip structure intact (a bit-rotted file).
 - ``learning``: the seed offset and the recorder of learning tests (``pytest -m learning``); see
   ``tests/learning_noise.py``, which runs them over seeds and CPU kernels to measure their noise.
 - ``tiny_qwen``: a tiny random-init ``Qwen2ForCausalLM`` directory (own BPE, tied embeddings, no
@@ -157,6 +159,30 @@ def tiny_base(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tiny_base")
     base, _ = _make_base(tmp)
     return str(base), str(_make_dataset(tmp / "data"))
+
+
+@pytest.fixture(scope="session")
+def flip_tensor_bytes():
+    return _flip_tensor_bytes
+
+
+def _flip_tensor_bytes(path, n: int = 400) -> str:
+    """Invert ``n`` bytes inside the largest tensor storage of the torch zip at ``path`` (stored
+    uncompressed: its data starts after the entry's local header); returns the entry's name."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    assert info.compress_type == zipfile.ZIP_STORED and info.file_size >= 2 * n
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+        start = info.header_offset + 30 + name_len + extra_len + info.file_size // 2 - n // 2
+        f.seek(start)
+        data = f.read(n)
+        f.seek(start)
+        f.write(bytes(b ^ 0x01 for b in data))  # low bits: the values stay finite
+    return info.filename
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Checkpoint round trip, mismatch reporting, and refusal of pickled code."""
+"""Checkpoint round trip, mismatch reporting, refusal of pickled code and of corrupted content."""
 
 import os
 import random
@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from rlpipe.io import torch_save
-from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
+from rlpipe.lm.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_model_state,
+    save_checkpoint,
+    save_payload,
+)
 from rlpipe.lm.model import ModelConfig, TransformerLM
 
 CFG = ModelConfig(vocab_size=50, context_length=32, num_layers=2, d_model=16, num_heads=2, d_ff=32, rope_theta=500.0)
@@ -71,7 +76,7 @@ def test_mismatched_checkpoint_names_every_bad_key(tmp_path):
     del payload["model"]["layers.1.ffn.w3.weight"]
     payload["model"]["layers.0.attn.bias"] = torch.zeros(3)
     payload["model"]["layers.0.ffn.w1.weight"] = torch.zeros(5, 16)
-    torch_save(path, payload)
+    save_payload(path, payload)
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(path)
     msg = str(err.value)
@@ -139,6 +144,41 @@ def test_unreadable_files_name_the_file_and_the_cause(tmp_path, content, cause):
     assert str(path) in str(err.value)
 
 
+def test_bit_flipped_tensor_is_refused_naming_the_file(tmp_path, flip_tensor_bytes):
+    """400 bytes inverted inside a tensor's storage: the zip is intact and torch loads it without a
+    word (its reader ignores the zip CRCs); the recorded sha256 does not match, naming the file."""
+    model, opt = _trained_model_and_optimizer()
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, model, tokenizer=None, optimizer=opt, extra={"step": 3})
+    load_checkpoint(path)
+    flip_tensor_bytes(path, 400)
+    payload = torch.load(path, weights_only=True)  # torch alone: silent
+    assert any(not torch.equal(payload["model"][k], v) for k, v in model.state_dict().items())
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    msg = str(err.value)
+    assert msg == (f"checkpoint {path} is corrupt: its content does not match the sha256 recorded when it was "
+                   "written (changed on disk or in a copy)")
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        load_model_state(TransformerLM(CFG), path)
+
+
+def test_checkpoint_without_a_checksum_still_loads(tmp_path):
+    """A checkpoint of an older rlpipe (no ``sha256`` entry) loads unverified; one with a checksum
+    that is not the content's is refused even when the change is a single value."""
+    model, _ = _trained_model_and_optimizer()
+    path = tmp_path / "old.pt"
+    save_checkpoint(path, model, tokenizer=None, extra={"step": 1})
+    payload = torch.load(path, weights_only=True)
+    assert len(payload.pop("sha256")) == 64
+    torch.save(payload, path)
+    assert load_checkpoint(path).extra == {"step": 1}
+    payload["sha256"] = "0" * 64
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        load_checkpoint(path)
+
+
 def test_non_finite_weights_are_never_written_and_never_loaded(tmp_path):
     model, opt = _trained_model_and_optimizer()
     path = tmp_path / "last.pt"
@@ -152,6 +192,6 @@ def test_non_finite_weights_are_never_written_and_never_loaded(tmp_path):
     # a file poisoned some other way (written by an older rlpipe, or by hand) is refused on load
     payload = torch.load(path, weights_only=True)
     payload["model"]["layers.0.attn.q_proj.weight"] = torch.full((16, 16), float("nan"))
-    torch_save(path, payload)
+    save_payload(path, payload)
     with pytest.raises(CheckpointError, match=r"last.pt is poisoned.*layers\.0\.attn\.q_proj\.weight \(256 of 256"):
         load_checkpoint(path)

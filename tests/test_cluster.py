@@ -25,6 +25,8 @@ import pytest
 import torch
 import yaml
 
+from rlpipe.lm.checkpoint import save_payload
+
 pytestmark = pytest.mark.ray
 
 RAY = Path(sys.executable).with_name("ray")
@@ -79,7 +81,7 @@ def test_training_attaches_to_a_cluster_started_elsewhere(tmp_path, tiny_base, w
     payload = torch.load(base, weights_only=True)
     shutil.copy(payload["tokenizer"], work / "inputs" / "tok" / "tokenizer.json")
     payload["tokenizer"] = "inputs/tok/tokenizer.json"  # relative to the job's directory, as the workflow writes it
-    torch.save(payload, work / "inputs" / "base.pt")
+    save_payload(work / "inputs" / "base.pt", payload)
     shutil.copytree(data, work / "inputs" / "data")
     cfg = write_config(work / "c.yaml", ray={"address": address})
     cmd = [sys.executable, "-m", "rlpipe.cli", "train", "--config", "c.yaml", "--variant", "onpolicy",

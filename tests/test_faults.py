@@ -32,8 +32,8 @@ import pytest
 import torch
 
 from rlpipe.analysis import contract
-from rlpipe.io import OutputWriteError, torch_save
-from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
+from rlpipe.io import OutputWriteError
+from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, save_payload
 from rlpipe.trainer import run as run_module
 from rlpipe.trainer.drivers.common import ActorFailure, TrainingDiverged
 from rlpipe.trainer.lock import RunLockedError, run_lock
@@ -65,8 +65,9 @@ def temp_files(*dirs: Path) -> list[str]:
 # --------------------------------------------------------------------------- actor death
 
 
-def _kill_when(path: Path, actor_name: str, out: Path, record: dict) -> threading.Thread:
-    """Once ``path`` exists: check the run holds its lock, then kill the named actor."""
+def _kill_when(path: Path, actor_name: str, out: Path, record: dict, pids: set[int] | None = None) -> threading.Thread:
+    """Once ``path`` exists: check the run holds its lock, then kill the named actor: with
+    ``ray.kill``, or (``pids``: the actor processes that are not this run's) its process with SIGKILL."""
     import ray
 
     def go():
@@ -78,7 +79,12 @@ def _kill_when(path: Path, actor_name: str, out: Path, record: dict) -> threadin
                 record["lock_held"] = False
         except RunLockedError:
             record["lock_held"] = True
-        ray.kill(ray.get_actor(actor_name), no_restart=True)
+        if pids is None:
+            ray.kill(ray.get_actor(actor_name), no_restart=True)
+        else:
+            (pid,) = _actor_pids(f"ray::{actor_name.split('/')[1]}") - pids
+            os.kill(pid, signal.SIGKILL)
+            record["pid"] = pid
         record["killed_at"] = time.time()
 
     t = threading.Thread(target=go, daemon=True)
@@ -87,19 +93,21 @@ def _kill_when(path: Path, actor_name: str, out: Path, record: dict) -> threadin
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("variant, actor, role, checkpoint", [
-    ("disagg", "LearnerWorker", "learner", True),
-    ("scorer", "Scorer", "scorer", False),
-    ("onpolicy", "ColocatedWorker", "colocated worker", True),
+@pytest.mark.parametrize("variant, actor, role, checkpoint, how", [
+    ("disagg", "LearnerWorker", "learner", True, "ray.kill"),
+    ("scorer", "Scorer", "scorer", False, "ray.kill"),
+    ("onpolicy", "ColocatedWorker", "colocated worker", True, "ray.kill"),
+    ("onpolicy", "ColocatedWorker", "colocated worker", True, "SIGKILL"),
 ])
 def test_actor_death_names_actor_and_step_and_advises_resume_only_with_a_checkpoint(
-        env, ray_session, tmp_path, variant, actor, role, checkpoint):
+        env, ray_session, tmp_path, variant, actor, role, checkpoint, how):
     cfg = config(env, f"death_{variant}", n_grpo_steps=40, checkpoint_every=1 if checkpoint else 100,
                  ray_timeout_s=60.0)
     out = tmp_path / "run"
     trigger = out / (contract.CHECKPOINT_FILE if checkpoint else contract.METRICS_FILE)
     record: dict = {}
-    killer = _kill_when(trigger, f"{variant}/{actor}", out, record)
+    before = _actor_pids(f"ray::{actor}")
+    killer = _kill_when(trigger, f"{variant}/{actor}", out, record, pids=before if how == "SIGKILL" else None)
     with pytest.raises(ActorFailure) as err:
         train(env, cfg, variant, out)
     failed_after = time.time() - record["killed_at"]
@@ -108,8 +116,14 @@ def test_actor_death_names_actor_and_step_and_advises_resume_only_with_a_checkpo
     print(f"\n{variant}/{actor} killed: failed after {failed_after:.2f}s: {msg}")
     assert failed_after < 30  # the death is reported at once, not after ray_timeout_s (60 s)
     assert record["lock_held"]  # the running trainer held <out>/.lock
-    assert f"the {role} actor ({variant}/{actor}) died" in msg
+    assert f"the {role} actor ({variant}/{actor}) died: " in msg
     assert int(_after_step(msg)) >= 1
+    assert "Ray logs" not in msg  # the cause is in the message, no pointer to logs a job log lacks
+    if how == "ray.kill":
+        assert "it was killed with ray.kill" in msg and "a rerun is safe" in msg
+    else:
+        assert f"its process (pid {record['pid']}) exited without a Python error, so it was killed by a signal" in msg
+        assert "OOM killer" in msg
     if checkpoint:
         ck = load_checkpoint(out / contract.CHECKPOINT_FILE)
         assert f"Rerun with --resume to continue from {out / contract.CHECKPOINT_FILE} " \
@@ -117,6 +131,59 @@ def test_actor_death_names_actor_and_step_and_advises_resume_only_with_a_checkpo
     else:
         assert "Rerun with --resume" not in msg and "No checkpoint was written yet" in msg
         assert not (out / contract.CHECKPOINT_FILE).exists()
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA (device: cuda must fail)")
+def test_actor_that_fails_at_start_up_states_the_cause_in_the_job_log(env, ray_session, tmp_path, capsys):
+    """``train.device: cuda`` on a CPU machine: the actor's __init__ raises; the driver's error, the
+    last thing ``rlpipe train`` prints, holds the exception, its traceback's last frames and the step."""
+    cfg = config(env, "startup", n_grpo_steps=4, device="cuda")
+    out = tmp_path / "run"
+    args = ["--config", cfg, "--variant", "onpolicy", "--out", str(out), "--base", env["base"],
+            "--dataset", env["data"], "--threads", "2"]
+    assert run_module.main(args) == 1
+    err = capsys.readouterr().err
+    msg = err[err.index("rlpipe train onpolicy: error: "):]
+    print(f"\n{msg}")
+    assert ", after optimizer step 0 of 4: the colocated worker actor (onpolicy/ColocatedWorker) failed at " \
+           "start-up: its __init__ raised RuntimeError: device 'cuda' requested but CUDA is not available here" in msg
+    assert "in resolve_device" in msg and "raise RuntimeError(" in msg  # the traceback's last frame
+    assert "Rerunning fails the same way until the cause above is fixed" in msg
+    assert "No checkpoint was written yet" in msg and "Ray logs" not in msg
+
+
+@pytest.mark.ray
+def test_actor_that_raises_mid_run_states_the_exception_the_step_and_the_checkpoint(
+        env, ray_session, tmp_path, monkeypatch):
+    from rlpipe.trainer.actors.workers import ColocatedWorker as Real
+    from rlpipe.trainer.drivers import colocated
+
+    def _raise_mid_run(step):
+        raise ValueError(f"a bug met at step {step}")
+
+    class ColocatedWorker(Real):
+        """The real colocated worker, but its update of optimizer step 3 raises (a bug met
+        mid-run); named like the real one, so the driver calls it the colocated worker. Defined
+        here, so Ray ships it by value (the actors cannot import a test module)."""
+
+        def update(self, batch, step):
+            if step == 3:
+                _raise_mid_run(step)
+            return super().update(batch, step)
+
+    monkeypatch.setattr(colocated, "ColocatedWorker", ColocatedWorker)
+    cfg = config(env, "midrun", n_grpo_steps=6, checkpoint_every=2)
+    out = tmp_path / "run"
+    with pytest.raises(ActorFailure) as err:
+        train(env, cfg, "onpolicy", out)
+    msg = str(err.value)
+    print(f"\n{msg}")
+    assert msg.startswith("update step 3, after optimizer step 2 of 6: the colocated worker actor "
+                          "(onpolicy/ColocatedWorker) raised ValueError: a bug met at step 3\n")
+    assert "in _raise_mid_run" in msg and 'raise ValueError(f"a bug met at step {step}")' in msg
+    assert "Rerunning fails the same way until the cause above is fixed" in msg
+    assert f"Rerun with --resume to continue from {out / contract.CHECKPOINT_FILE} (optimizer step 2)" in msg
 
 
 def _after_step(msg: str) -> str:
@@ -211,7 +278,8 @@ def test_weight_sync_failure_names_the_dead_actor_behind_it(env, tmp_path):
     with pytest.raises(ActorFailure) as err:
         ctx.sync(DeadSender(), None, [None], 1)
     msg = str(err.value)
-    assert msg.startswith("weight sync after optimizer step 1: the learner actor (disagg/LearnerWorker) died")
+    assert msg.startswith("weight sync of step 1's weights, after optimizer step 1 of 2: "
+                          "the learner actor (disagg/LearnerWorker) died")
     assert "after optimizer step 1 of 2" in msg and "No checkpoint was written yet" in msg
 
 
@@ -383,6 +451,36 @@ def test_second_trainer_on_the_same_run_dir_refuses_at_once(env, tmp_path, no_ra
         pass
 
 
+def _read_only_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot write: mode 0o555, or (as root, which ignores modes) sysfs,
+    where nobody can create files."""
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return d
+    return Path("/sys")
+
+
+@pytest.mark.parametrize("where", ["read-only directory", "below a regular file"])
+def test_unwritable_out_is_a_one_line_error_naming_it(env, tmp_path, no_ray, capsys, where):
+    if where == "read-only directory":
+        out = _read_only_dir(tmp_path) / "rlpipe-run"
+    else:
+        (tmp_path / "file").write_text("x")
+        out = tmp_path / "file" / "run"
+    args = ["--config", config(env, "ro"), "--variant", "onpolicy", "--out", str(out), "--base", env["base"],
+            "--dataset", env["data"]]
+    with pytest.raises(SystemExit) as exc:
+        run_module.main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"rlpipe train: error: --out {out}: cannot create the run directory or its lock file "
+                              f"{out / '.lock'} (") and err[-1].endswith("choose a writable --out"), err
+    assert not any("Traceback" in line or "OSError" in line for line in err)
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- damaged resume state
 
 
@@ -402,7 +500,7 @@ def _truncate(p: Path) -> None:
 def _poison(p: Path) -> None:
     payload = torch.load(p, weights_only=True)
     payload["model"]["layers.1.ffn.w1.weight"][3, 3] = math.inf
-    torch_save(p, payload)
+    save_payload(p, payload)  # a valid checksum: the check for non-finite values refuses it
 
 
 def _cut_second_line(p: Path) -> None:
@@ -422,19 +520,22 @@ DAMAGE = {  # file under checkpoints/ -> (damage, expected words)
     "truncated last.pt": ("last.pt", _truncate, "is not a torch checkpoint file"),
     "garbage last.pt": ("last.pt", lambda p: p.write_bytes(b"\x00" * 1000), "is not a torch checkpoint file"),
     "NaN-poisoned last.pt": ("last.pt", _poison, "is poisoned: non-finite (NaN/inf) values in layers.1.ffn.w1.weight"),
+    "bit-flipped last.pt": ("last.pt", "flip_tensor_bytes", "is corrupt: its content does not match the sha256"),
 }
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("mode", ["always", "auto"])
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damaged_resume_state_is_a_clear_error_naming_the_file(env, finished_run, tmp_path, damage, mode, no_ray):
+def test_damaged_resume_state_is_a_clear_error_naming_the_file(env, finished_run, tmp_path, damage, mode, no_ray,
+                                                               flip_tensor_bytes):
     """Decision (see rlpipe.trainer.run): an error before Ray, in --resume auto as in always,
     never a crash inside pandas or torch and never a silent restart that discards the run."""
     cfg, src = finished_run
     out = tmp_path / "run"
     shutil.copytree(src, out)
     name, hurt, words = DAMAGE[damage]
+    hurt = flip_tensor_bytes if hurt == "flip_tensor_bytes" else hurt  # a fixture (conftest)
     target = out / contract.CHECKPOINT_DIR / name
     hurt(target)
     state = {p.name: p.read_bytes() for p in (out / contract.CHECKPOINT_DIR).iterdir()}

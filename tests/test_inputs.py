@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlpipe.io import torch_save
+from rlpipe.lm.checkpoint import save_payload
 from rlpipe.trainer import run as run_module
 
 
@@ -24,7 +24,7 @@ def _base_with(tmp: Path, base: str, **changes) -> Path:
     payload = torch.load(base, weights_only=True)
     payload.update(changes)
     out = tmp / "variant_base.pt"
-    torch_save(out, payload)
+    save_payload(out, payload)
     return out
 
 
@@ -32,7 +32,7 @@ def _poisoned(tmp: Path, base: str) -> Path:
     payload = torch.load(base, weights_only=True)
     key = next(iter(payload["model"]))
     payload["model"][key][0] = float("nan")
-    torch_save(tmp / "poisoned.pt", payload)
+    save_payload(tmp / "poisoned.pt", payload)
     return tmp / "poisoned.pt"
 
 
@@ -69,6 +69,9 @@ CASES = {
     "record without keywords": (lambda t, b, d, w: (w(t / "c.yaml"), "onpolicy", b,
                                                     str(_dataset(t, d, "val", [GOOD, GOOD, '{"prompt": "x"}']))),
                                 ["dataset/val.jsonl:3", "'keywords'"]),
+    "keyword of a million digits": (lambda t, b, d, w: (w(t / "c.yaml"), "onpolicy", b, str(_dataset(
+        t, d, "train", [GOOD, json.dumps({"prompt": "x\n", "keywords": ["cat", "7" * 10**6]})]))),
+                                    ["dataset/train.jsonl:2", "'7777777", "has 1000000 characters", "at most 100"]),
     "math record without a problem": (lambda t, b, d, w: (w(t / "c.yaml", train={"task": "math"}), "onpolicy", b,
                                                           _math_dataset(t, ['{"question": "1+1?", "answer": "2"}'])),
                                       ["train.jsonl:1", "problem"]),

@@ -125,6 +125,28 @@ def test_zero_shot_reward_runs_on_the_tiny_model(tiny_run, tmp_path):
     assert again.responses == res.responses
 
 
+def test_evaluate_base_reads_only_its_train_settings(tiny_run, tmp_path):
+    """``rlpipe eval-base`` reads the train keys of ``eval_base_settings`` and no others, so the
+    workflow's evaluate_base rule, whose params are those settings, reruns on nothing else: here it
+    runs with a config whose train section holds only them."""
+    from types import SimpleNamespace
+
+    from rlpipe.config import EVAL_BASE_TRAIN_KEYS, TrainConfig, eval_base_settings
+    from rlpipe.tasks.keyword.dataset import build_dataset
+    from rlpipe.tasks.keyword.eval import evaluate_base
+
+    d, cfg, _ = tiny_run
+    build_dataset(cfg, tmp_path / "ds")
+    only = SimpleNamespace(train=SimpleNamespace(sampling_temperature=0.8, sampling_max_tokens=8, val_seed=0))
+    out = evaluate_base(only, d / "model.pt", tmp_path / "ds", 4)
+    assert out["n"] == 4 and out["max_tokens"] == 8
+    # other train keys leave the settings (the rule's params) alone; its own keys change them
+    a = SimpleNamespace(train=TrainConfig())
+    b = SimpleNamespace(train=TrainConfig(learning_rate=0.5, n_grpo_steps=3, mode="disaggregated"))
+    assert eval_base_settings(a) == eval_base_settings(b) and set(eval_base_settings(a)) == set(EVAL_BASE_TRAIN_KEYS)
+    assert eval_base_settings(a) != eval_base_settings(SimpleNamespace(train=TrainConfig(sampling_max_tokens=7)))
+
+
 def test_cli_main_writes_checkpoint_and_log(tiny_run, tmp_path, capsys):
     d, _, _ = tiny_run
     cfg = tmp_path / "c.yaml"

@@ -128,6 +128,16 @@ def test_keyword_format_reward_and_degenerate_inputs():
     assert keyword_inclusion_reward_fn(b"apple", "apple") == ZEROS
 
 
+def test_overlong_keyword_is_refused_at_once_and_scores_zero(caplog):
+    """A keyword of a million digits would stall the pattern compiler (time quadratic in its
+    length); longer than MAX_KEYWORD_CHARS it is refused before compiling."""
+    huge = "7" * 10**6
+    with pytest.raises(ValueError, match="keyword of 1000000 characters \\(at most 100\\)"):
+        mentions_keyword("777", huge)
+    assert keyword_inclusion_reward_fn("a cat", ["cat", huge]) == ZEROS
+    assert mentions_keyword("x " + "a" * 100, "a" * 100)  # the longest allowed still matches
+
+
 def test_mentions_keyword_scales_to_long_text():
     text = "word " * 200_000 + "a small dog."
     assert mentions_keyword(text, "dog") and not mentions_keyword(text, "cat")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +54,23 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         raise _write_failed(dest, e) from e
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+#: the names ``atomic_path`` gives its temporary files: ``.<dest>.<8 random chars><suffix>.tmp``
+_TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}(\.[A-Za-z0-9]+)?\.tmp$")
+
+
+def remove_stale_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files ``atomic_path`` left under ``folder`` (recursively) when its
+    process was killed mid-write (a SIGKILL runs no cleanup); returns them. Only for a folder that
+    no other process writes to (a run directory under its lock): it cannot tell a stale temporary
+    file from one being written. Files of other names are kept."""
+    removed = []
+    for p in sorted(Path(folder).rglob("*.tmp")):
+        if _TEMP_NAME.match(p.name) and p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

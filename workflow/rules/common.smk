@@ -39,6 +39,7 @@ from rlpipe.config import (
     SYSTEMS_TRACK,
     ConfigError,
     active_families,
+    eval_base_settings,
     family_base_track,
     family_pipeline,
     family_reference,

@@ -93,7 +93,7 @@ rule evaluate_base:
     output:
         res("base", "zero_shot.json"),
     params:
-        cfg=lambda w: section_params("train"),  # a function: a {field} in train.text.template is no wildcard
+        cfg=lambda w: canonical({"train": eval_base_settings(CFG)}),  # the train keys eval-base reads, no others
         dataset=lambda w, input: os.path.dirname(input.val),
     threads: CFG.pretrain.threads
     log:

@@ -40,11 +40,13 @@ from __future__ import annotations
 
 from rlpipe.config.base import DEVICE_PATTERN, ConfigError, from_dict, to_dict
 from rlpipe.config.pipeline import (
+    EVAL_BASE_TRAIN_KEYS,
     FAMILIES_PREFIX,
     MATH_PREFIX,
     NAME_PATTERN,
     active_families,
     apply_overrides,
+    eval_base_settings,
     family_base_track,
     family_pipeline,
     family_reference,
@@ -87,11 +89,12 @@ from rlpipe.config.train import (
 )
 
 __all__ = [
-    "DEVICE_PATTERN", "FAMILIES_PREFIX", "KEYWORD_TRACK", "MATH_PREFIX", "MATH_TRACK", "NAME_PATTERN", "SYSTEMS_TRACK",
-    "TASK_SPEC_PATTERN", "ArithmeticConfig", "ConfigError", "DataConfig", "DerivedSizes", "FamilyConfig",
-    "LoggingConfig", "MathOptions", "MathPretrainConfig", "MathTokenizerConfig", "MathTrackConfig", "ModelSection",
-    "PipelineConfig", "PretrainConfig", "RayConfig", "ReplayConfig", "TextOptions", "TokenizerConfig", "TrainConfig",
-    "WeightSyncConfig", "WorkflowConfig", "active_families", "apply_overrides", "family_base_track",
-    "family_pipeline", "family_reference", "family_seeds", "from_dict", "json_schema", "load_config", "load_yaml",
-    "math_pipeline", "parse_config", "resolve_variant", "table_reference", "to_dict", "variant_gpus",
+    "DEVICE_PATTERN", "EVAL_BASE_TRAIN_KEYS", "FAMILIES_PREFIX", "KEYWORD_TRACK", "MATH_PREFIX", "MATH_TRACK",
+    "NAME_PATTERN", "SYSTEMS_TRACK", "TASK_SPEC_PATTERN", "ArithmeticConfig", "ConfigError", "DataConfig",
+    "DerivedSizes", "FamilyConfig", "LoggingConfig", "MathOptions", "MathPretrainConfig", "MathTokenizerConfig",
+    "MathTrackConfig", "ModelSection", "PipelineConfig", "PretrainConfig", "RayConfig", "ReplayConfig", "TextOptions",
+    "TokenizerConfig", "TrainConfig", "WeightSyncConfig", "WorkflowConfig", "active_families", "apply_overrides",
+    "eval_base_settings", "family_base_track", "family_pipeline", "family_reference", "family_seeds", "from_dict",
+    "json_schema", "load_config", "load_yaml", "math_pipeline", "parse_config", "resolve_variant", "table_reference",
+    "to_dict", "variant_gpus",
 ]

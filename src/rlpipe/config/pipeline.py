@@ -214,6 +214,16 @@ def resolve_variant(cfg: PipelineConfig, name: str) -> TrainConfig:
     return from_dict(TrainConfig, merged, f"variants.{name}")
 
 
+#: the train settings ``rlpipe eval-base`` samples with; its Snakemake rule depends on these alone
+EVAL_BASE_TRAIN_KEYS = ("sampling_temperature", "sampling_max_tokens", "val_seed")
+
+
+def eval_base_settings(cfg: PipelineConfig) -> dict[str, Any]:
+    """The ``train`` settings the base model's zero-shot evaluation reads (and nothing else of the
+    section: an edit of another train key must not rerun it)."""
+    return {k: getattr(cfg.train, k) for k in EVAL_BASE_TRAIN_KEYS}
+
+
 def variant_gpus(cfg: PipelineConfig, name: str) -> int:
     """GPUs a variant's Snakemake job declares: colocated -> 1 device, disaggregated -> 2."""
     mode = resolve_variant(cfg, name).mode

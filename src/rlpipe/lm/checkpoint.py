@@ -21,6 +21,19 @@ loads the saved weights; a directory that is gone is a ``CheckpointError`` namin
 the directory. Tensors shared between state-dict names (a tied embedding / LM head, as in Qwen2) are
 copied to CPU once and stay shared, so the file holds them once.
 
+Each checkpoint records a sha256 of its content (``"sha256"``, beside ``"format"``), and loading
+verifies it: a file whose bytes changed after it was written (bit rot, a bad copy, a failing disk)
+is refused with a ``CheckpointError`` naming the file, like a truncated one. The zip archive's own
+CRCs would catch that too, but torch's reader does not check them. The digest is computed over the
+content as loaded (every tensor's dtype, shape and bytes, and every other value, in a fixed order;
+``content_digest``), not over the file's bytes, and stored inside the same file: so it is written
+atomically by construction, by the same rename (a sidecar would need its own atomic write and could
+disagree with the file after a crash between the two renames), and any change that reaches what
+``torch.load`` returns is detected, while bytes that never reach it (zip padding) cannot matter.
+The price is one sha256 pass over the weights on every save and load (and a CPU copy of each
+tensor when loading onto a GPU). Checkpoints written before checksums were recorded have no
+``"sha256"`` key; they still load, unverified (the other checks below still apply).
+
 Broken files fail with a ``CheckpointError`` naming the file and the cause (not a zip archive:
 empty, truncated or another kind of file; a damaged archive; pickled objects) instead of a
 torch/pickle error. Non-finite weights are refused in both directions: ``save_checkpoint`` never
@@ -30,6 +43,7 @@ file raises, so a diverged run can never be resumed from it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import zipfile
@@ -48,6 +62,7 @@ FORMAT = "rlpipe.lm.checkpoint"
 VERSION = 1
 HF_PRETRAINED = "hf_pretrained"  # model_config key of an HF policy's checkpoint: its model directory
 HF_CONFIG = "config.json"
+CHECKSUM = "sha256"  # payload key of the content digest (absent in checkpoints of older rlpipe)
 
 
 class CheckpointError(ValueError):
@@ -173,7 +188,41 @@ def save_checkpoint(path, model: nn.Module, *, tokenizer, optimizer=None, extra:
         "optimizer": opt_state,
         "extra": extra,
     }
+    save_payload(path, payload)
+
+
+def save_payload(path, payload: dict) -> None:
+    """Write a checkpoint ``payload`` atomically with the digest of its content (any digest it
+    carries is replaced: the file records what it holds)."""
+    payload = {k: v for k, v in payload.items() if k != CHECKSUM}
+    payload[CHECKSUM] = content_digest(payload)
     torch_save(path, payload)
+
+
+def content_digest(payload: dict) -> str:
+    """sha256 of a payload's content (without its ``sha256`` entry): tensors by dtype, shape and
+    bytes (on CPU), containers in a fixed order, other values by type and ``repr``."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in payload.items() if k != CHECKSUM})
+    return h.hexdigest()
+
+
+def _feed(h, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().to("cpu").contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(obj.shape)}:".encode())
+        h.update(t.view(torch.uint8).numpy())  # the bytes, without a copy
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}:".encode())
+        for k in sorted(obj, key=repr):
+            h.update(f"{k!r}=".encode())
+            _feed(h, obj[k])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}:".encode())
+        for v in obj:
+            _feed(h, v)
+    else:
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
 
 
 def _read(path, device) -> dict:
@@ -201,6 +250,10 @@ def _read(path, device) -> dict:
         raise CheckpointError(
             f"checkpoint {path} has version {payload.get('version')!r}; this rlpipe reads {VERSION}"
         )
+    recorded = payload.get(CHECKSUM)
+    if recorded is not None and recorded != content_digest(payload):
+        raise CheckpointError(f"checkpoint {path} is corrupt: its content does not match the sha256 recorded when it "
+                              "was written (changed on disk or in a copy)")
     missing = [k for k in ("model_config", "model") if k not in payload]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {missing}")

@@ -7,7 +7,8 @@ changed (the resume decision included), so the second process refuses at once wi
 ``RunLockedError``. The kernel releases the lock when the holder exits, however it exits (a
 SIGKILLed run leaves no stale lock: the file stays, unlocked). The file holds the holder's pid and
 host, for the message only. ``flock`` locks are local to one machine (and not reliable on some
-network file systems): two hosts sharing a run directory are not protected.
+network file systems): two hosts sharing a run directory are not protected. A directory that cannot
+be created or written (read-only, below a file, no permission) is a ``RunDirError`` naming it.
 """
 
 from __future__ import annotations
@@ -28,13 +29,21 @@ class RunLockedError(RuntimeError):
     """Another process holds the run directory's lock."""
 
 
+class RunDirError(RuntimeError):
+    """The run directory or its lock file cannot be created; the message names it and why."""
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
     """Hold ``<run_dir>/.lock`` (created, with ``run_dir``, if missing) for the ``with`` block."""
     d = Path(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
     path = d / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise RunDirError(f"--out {d}: cannot create the run directory or its lock file {path} "
+                          f"({e.strerror or e}); choose a writable --out") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

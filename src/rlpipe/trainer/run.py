@@ -15,25 +15,38 @@ for an HF base directory or ``dtype: bfloat16`` (the sampler's and the learner's
 differ), off otherwise. The actors, ``config.yaml`` and ``run_info.json`` all get the resolved bool.
 
 Then ``<out>/.lock`` is taken (``rlpipe.trainer.lock``: a second ``rlpipe train`` on the same
-directory refuses at once) before the resume decision touches the directory, and held to the end.
+directory refuses at once; an unwritable ``--out`` is a one-line error) before the resume decision
+touches the directory, and held to the end. Under it, the temporary files that a killed run left
+mid-write (``.<name>.<random>.tmp``, ``rlpipe.io``) are deleted first.
 
-Resuming from a damaged checkpoint or snapshot (truncated, corrupt, NaN-poisoned, missing steps)
-is an error naming the file, in ``--resume auto`` as in ``always``: silently starting afresh would
-throw away the run's progress on what may be a transient fault, so the user decides (the message
-says how: ``--resume never`` starts afresh and deletes ``checkpoints/``).
+Resuming from a damaged checkpoint or snapshot (truncated, corrupt, bit-flipped so that its recorded
+sha256 no longer matches, NaN-poisoned, missing steps) is an error naming the file, in ``--resume
+auto`` as in ``always``: silently starting afresh would throw away the run's progress on what may be
+a transient fault, so the user decides (the message says how: ``--resume never`` starts afresh and
+deletes ``checkpoints/``). There is no older checkpoint to fall back to: a run keeps only
+``last.pt`` (and the snapshot cut at its step).
 
-Network exposure of a local Ray instance (measured on Ray 2.60, ``_init_ray``): it is started with
-no dashboard (unless ``ray.include_dashboard``) and ``_node_ip_address="127.0.0.1"``, but Ray
-rewrites that to the machine's own address, and its servers do not bind to loopback: the GCS, the
-raylet (two ports) and every worker listen on all interfaces, the dashboard agent opens ports on
-0.0.0.0 and on the node address even without a dashboard, and the runtime-env agent listens on the
-node address. What protects them is Ray's token authentication, on by default since 2.5x: every
-RPC needs the session's token. ``_init_ray`` therefore refuses to start a local instance with
-``RAY_AUTH_MODE=disabled``, and always starts its own (``address="local"``): a plain ``ray.init()``
-would attach to a cluster that ``ray start`` registered on this machine. ``ray.address`` attaches to an
-existing cluster instead; the client then needs ``RAY_AUTH_MODE=token`` and the cluster's token
-(``RAY_AUTH_TOKEN`` or the token file ``ray start`` wrote), and Ray places the actors and GPUs (on a
-local instance the job first pins its GPU slots, see ``rlpipe.trainer.gpu_slots``).
+Network exposure of a local Ray instance (measured on Ray 2.60, ``_init_ray``): it listens on the
+loopback address only, so nothing of it answers from another machine. Ray turns a node address of
+``127.0.0.1`` into the machine's outward address (``services.resolve_ip_for_localhost``) unless
+its cluster support is off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the default on macOS and
+Windows, read when ``ray`` is imported: ``_init_ray`` sets it for the Ray processes it starts and
+in this process for the duration of ``ray.init``). With it, and no dashboard (unless
+``ray.include_dashboard``, then on 127.0.0.1), the GCS, the raylet, the object manager, the
+dashboard and runtime-env agents, the metrics exporters and every worker bind 127.0.0.1 (a test
+lists the listening sockets of a run's processes). Other users of the same machine can still reach
+loopback: what protects the servers from them is Ray's token authentication, on by default since
+2.5x (every RPC needs the session's token), so ``_init_ray`` refuses to start a local instance with
+``RAY_AUTH_MODE=disabled``. It always starts its own (``address="local"``): a plain ``ray.init()``
+would attach to a cluster that ``ray start`` registered on this machine.
+
+``ray.address`` attaches to an existing (possibly multi-node) cluster instead, which rlpipe does not
+start or configure: its GCS, raylets, object managers, agents and workers listen where ``ray start``
+put them (by default on every interface of each node, at the node address ``ray start
+--node-ip-address`` names), because the nodes must reach each other. The token is then the lock:
+start the cluster with token authentication, and give the client ``RAY_AUTH_MODE=token`` and the
+cluster's token (``RAY_AUTH_TOKEN`` or the token file ``ray start`` wrote); Ray places the actors
+and GPUs (on a local instance the job first pins its GPU slots, see ``rlpipe.trainer.gpu_slots``).
 """
 
 from __future__ import annotations
@@ -69,7 +82,7 @@ from rlpipe.trainer.drivers.colocated import run_colocated
 from rlpipe.trainer.drivers.common import ActorFailure, RunContext, TrainingDiverged
 from rlpipe.trainer.drivers.disaggregated import run_disaggregated
 from rlpipe.trainer.gpu_slots import acquire_gpus
-from rlpipe.trainer.lock import RunLockedError, run_lock
+from rlpipe.trainer.lock import RunDirError, RunLockedError, run_lock
 from rlpipe.trainer.resume import ResumeError
 from rlpipe.trainer.run_writer import SnapshotError, read_snapshot
 from rlpipe.trainer.weight_sync import WeightSyncError, make_transport
@@ -154,19 +167,39 @@ def _init_ray(cfg, num_cpus: float) -> None:
         ray.init(address=cfg.ray.address, runtime_env={"env_vars": {"PYTHONWARNINGS": quiet}}, log_to_driver=True)
         return
     if os.environ.get("RAY_AUTH_MODE", "token") != "token":
-        # the local servers listen on all interfaces (see the module docstring): the token is their
-        # lock. (Setting the variable here would not help: Ray reads it when it is imported.)
+        # every user of this machine can reach the local servers on loopback (see the module
+        # docstring): the token is their lock. (Setting the variable here would not help: Ray reads
+        # it when it is imported.)
         raise ConfigError(f"RAY_AUTH_MODE={os.environ['RAY_AUTH_MODE']}: rlpipe starts a local Ray instance only with "
-                          "token authentication (its servers listen on all interfaces); unset RAY_AUTH_MODE")
+                          "token authentication (its servers are reachable by every user of this machine); "
+                          "unset RAY_AUTH_MODE")
     # address="local": always a new instance of our own, never a cluster that `ray start` left
     # registered in /tmp/ray (ray.init() without an address would try to attach to it)
     # A local instance's workers inherit this process's environment. A runtime_env would do the same
     # but its agent adds ~0.8 s to every actor start (measured side by side; ray.init unchanged),
     # paid by each actor of the default pipeline's ~35 runs.
     os.environ.setdefault("PYTHONWARNINGS", quiet)
-    ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
-             dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
-             logging_level=logging.WARNING, configure_logging=True)
+    with _loopback_only():
+        ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
+                 dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
+                 logging_level=logging.WARNING, configure_logging=True)
+
+
+@contextlib.contextmanager
+def _loopback_only():
+    """Ray's cluster support off while a local instance starts, so that its node address stays
+    127.0.0.1 and every server binds loopback (see the module docstring). The Ray processes read the
+    variable when they start; this process read it when it imported ``ray``, so its copy is set too
+    (and restored: once the node exists, Ray takes the address from it)."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
 
 
 def resolve_recompute(train_cfg, base: str):
@@ -210,6 +243,7 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
     actor_threads = _actor_threads(train_cfg.threads, threads or cfg.workflow.threads_per_variant, disagg)
     fingerprint = resume_policy.run_fingerprint(to_dict(train_cfg), to_dict(cfg.model), variant, base, dataset)
     with run_lock(out_dir):  # before anything in out_dir is read or changed
+        io.remove_stale_temp_files(out_dir)  # a killed run's half-written files (nobody else writes here)
         decision = resume_policy.decide(out_dir, fingerprint, resume)
         if decision.resume:
             _check_resumable(out_dir)
@@ -289,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         info = run(a.config, a.variant, a.out, a.base, a.dataset, a.threads, a.resume, a.seed)
-    except (ConfigError, FileNotFoundError, ResumeError, InputError, CheckpointError, RunLockedError) as e:
+    except (ConfigError, FileNotFoundError, ResumeError, InputError, CheckpointError, RunLockedError,
+            RunDirError) as e:
         p.error(str(e))  # bad input: usage error, exit status 2, nothing started
     except (ActorFailure, TrainingDiverged, WeightSyncError, io.OutputWriteError) as e:
         print(f"rlpipe train {a.variant}: error: {e}", file=sys.stderr, flush=True)

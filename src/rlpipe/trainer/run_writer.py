@@ -126,7 +126,13 @@ class RunWriter:
             self.events.append(d)
 
     def add_versions(self, events: list[VersionEvent]) -> None:
+        """Version changes, with wall times relative to the run's start. A resumed run drops its
+        actors' ``init`` events: they start at version 0 and are then restored (the learner's
+        checkpoint, the generator's ``load_weights``), and the killed run already logged version 0's
+        start, so ``versions.parquet`` stays monotone in time across a resume."""
         for e in events:
+            if self._resumed_at >= 0 and e.event == "init":
+                continue
             d = asdict(e)
             d["wall_time"] = self.rel(e.wall_time)
             self.versions.append(d)

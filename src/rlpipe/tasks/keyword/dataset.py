@@ -36,6 +36,7 @@ from rlpipe.config import ConfigError, PipelineConfig, load_config
 from rlpipe.io import write_json, write_jsonl
 from rlpipe.tasks.keyword.corpus import StoryGenerator
 from rlpipe.tasks.keyword.prompt import format_keyword_prompt, load_templates
+from rlpipe.tasks.keyword.reward import MAX_KEYWORD_CHARS
 from rlpipe.tasks.keyword.vocabulary import load_keywords
 
 SPLITS = ("train", "val")
@@ -156,8 +157,17 @@ def _record(r, path: Path, i: int) -> KeywordExample:
         raise ValueError(f"{path}:{i}: needs a 'prompt' string")
     kws = r.get("keywords")
     if not isinstance(kws, list) or not kws or not all(isinstance(k, str) for k in kws):
-        raise ValueError(f"{path}:{i}: needs a non-empty 'keywords' list of strings, got {kws!r}")
+        raise ValueError(f"{path}:{i}: needs a non-empty 'keywords' list of strings, got {_short(kws)}")
+    long = [k for k in kws if len(k) > MAX_KEYWORD_CHARS]
+    if long:
+        raise ValueError(f"{path}:{i}: keyword {_short(long[0])} has {len(long[0])} characters; a keyword is a word "
+                         f"or a short phrase of at most {MAX_KEYWORD_CHARS}")
     return KeywordExample(r["prompt"], list(kws), r.get("answer"), int(r.get("template", -1)))
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rlpipe.config import load_config
+from rlpipe.config import eval_base_settings, load_config
 from rlpipe.io import write_json
 from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.sampler import SamplingParams, generate
@@ -69,10 +69,10 @@ def zero_shot_reward(checkpoint: str | Path, dataset_dir: str | Path, n: int | N
 
 def evaluate_base(cfg, checkpoint: str | Path, dataset: str | Path, n: int | None) -> dict:
     """Zero-shot reward with the trainer's sampling settings, plus a warning outside the band."""
-    t = cfg.train
-    res = zero_shot_reward(checkpoint, dataset, n, t.sampling_temperature, t.sampling_max_tokens, t.val_seed)
+    t = eval_base_settings(cfg)  # only these train settings (the workflow reruns it when they change)
+    res = zero_shot_reward(checkpoint, dataset, n, t["sampling_temperature"], t["sampling_max_tokens"], t["val_seed"])
     print(f"eval-base: zero-shot keyword reward {res.mean:.3f} on {res.n} validation prompts "
-          f"(temperature {t.sampling_temperature}, max_tokens {t.sampling_max_tokens})")
+          f"(temperature {t['sampling_temperature']}, max_tokens {t['sampling_max_tokens']})")
     lo, hi = LEARNABLE_BAND
     if not lo <= res.mean <= hi:
         why = "nothing for GRPO to reinforce" if res.mean < lo else "little headroom for GRPO"
@@ -80,8 +80,8 @@ def evaluate_base(cfg, checkpoint: str | Path, dataset: str | Path, n: int | Non
               "change pretrain.max_steps or data.keyword_hit_rate")
     examples = [{"prompt": p, "response": r, "reward": x}
                 for p, r, x in list(zip(res.prompts, res.responses, res.rewards, strict=True))[:8]]
-    return {"reward/mean": res.mean, "n": res.n, "temperature": t.sampling_temperature,
-            "max_tokens": t.sampling_max_tokens, "learnable_band": list(LEARNABLE_BAND), "examples": examples}
+    return {"reward/mean": res.mean, "n": res.n, "temperature": t["sampling_temperature"],
+            "max_tokens": t["sampling_max_tokens"], "learnable_band": list(LEARNABLE_BAND), "examples": examples}
 
 
 def main(argv: list[str] | None = None) -> int:

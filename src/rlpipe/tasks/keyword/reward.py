@@ -6,6 +6,11 @@ there). format = 1 iff the response has non-blank text. reward = answer.
 
 Departure from the seed: an empty keyword list scores 0, not a vacuous 1: no task asks for zero
 keywords, and a free reward would hide a data bug.
+
+A keyword is at most ``MAX_KEYWORD_CHARS`` characters (a word or a short phrase). Compiling its
+pattern takes time quadratic in its length (a million-digit keyword would stall the scorer for
+hours), so the dataset check refuses a longer one naming file and line, and the reward refuses one
+that arrives another way (it raises; ``never_raise`` scores the sample 0 and logs why).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from collections.abc import Sequence
 
 from rlpipe.tasks.reward_dict import RewardDict, never_raise, scores, zeros
 
+#: longest keyword, in characters (see the module docstring)
+MAX_KEYWORD_CHARS = 100
 _WORD = re.compile(r"\w+")
 # Between the words of a multi-word keyword: whitespace, hyphens or apostrophes ("o'clock").
 _SEPARATOR = r"[\s\-'\u2019]+"
@@ -63,6 +70,8 @@ def mentions_keyword(text: str, keyword: str) -> bool:
       ("box" -> "boxes", "baby" -> "babies"); irregular plurals ("mice") do not count, nor does a
       singular response word for a plural keyword.
     """
+    if len(keyword) > MAX_KEYWORD_CHARS:
+        raise ValueError(f"keyword of {len(keyword)} characters (at most {MAX_KEYWORD_CHARS}): {keyword[:40]!r}...")
     pattern = _keyword_regex(keyword)
     return pattern is not None and pattern.search(_normalise(text)) is not None
 

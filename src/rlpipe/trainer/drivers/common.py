@@ -13,9 +13,11 @@ Driver-side conventions (the metrics are only comparable across variants because
   ``val_every``), plus step 0 and the final step.
 
 Failures (every message names the step; the resume advice is given only when a checkpoint exists):
-- an actor that dies (``ActorFailure``) names its role (generator, learner, scorer, colocated
-  worker), the call and the last completed optimizer step; an actor that does not answer within
-  ``train.ray_timeout_s`` likewise;
+- an actor that fails (``ActorFailure``) names its role (generator, learner, scorer, colocated
+  worker), the call, the last completed optimizer step and the cause (``actor_errors``): the
+  exception it raised at start-up or mid-run with the last frames of its traceback, or that its
+  process was killed (and its log's last lines, when it printed any); an actor that does not
+  answer within ``train.ray_timeout_s`` likewise, without a cause (it is still running);
 - divergence in the learner (``TrainingDiverged``) names the step; nothing is checkpointed after it;
 - an actor's failing checkpoint write or read (``OutputWriteError``, ``CheckpointError``) is
   re-raised in the driver as that type, naming the file, without the remote traceback.
@@ -36,6 +38,7 @@ from rlpipe.io import OutputWriteError
 from rlpipe.lm.checkpoint import CheckpointError, read_extra
 from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult
 from rlpipe.trainer.actors.learner import NonFiniteLossError
+from rlpipe.trainer.drivers import actor_errors
 from rlpipe.trainer.drivers.progress import ProgressPrinter
 from rlpipe.trainer.profiling import seconds_by_phase
 from rlpipe.trainer.run_writer import RunWriter
@@ -98,15 +101,24 @@ class RunContext:
                                f"{self.resume_advice()}") from e
         except ray.exceptions.RayActorError as e:
             dead = self._dead_actor(e) or e
-            raise ActorFailure(f"{what}: the {self.role_of(dead)} died ({type(dead).__name__}){self._where()}; "
-                               f"see the Ray logs above. {self.resume_advice()}") from e
+            raise ActorFailure(self._failure(what, self.role_of(dead), dead)) from e
         except ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, NonFiniteLossError):
                 raise TrainingDiverged(f"{what}: {cause}. {self.checkpoint_state()}") from None
             if isinstance(cause, _PASS_THROUGH):
                 raise type(cause)(f"{what}: {cause}") from None
-            raise
+            dead = self._dead_actor(e)  # a task that failed because an actor it read from died
+            if dead is not None:
+                raise ActorFailure(self._failure(what, self.role_of(dead), dead)) from e
+            raise ActorFailure(self._failure(what, self._callee(ref), e)) from e
+
+    def _failure(self, what: str, role: str, err: BaseException) -> str:
+        """The message of an actor's failure: the case and the exception with the actor and the
+        step, the last traceback frames (or log lines), then what to do (``actor_errors``)."""
+        cause = actor_errors.describe(err)
+        detail = "".join(f"\n    {ln}" for ln in cause.lines)
+        return f"{what},{self._where()}: the {role} {cause.case}{detail}\n{cause.advice} {self.resume_advice()}"
 
     def role_of(self, err) -> str:
         """The actor an error comes from, e.g. ``learner actor (v/LearnerWorker)``."""
@@ -156,9 +168,7 @@ class RunContext:
             dead = self._dead_actor(e)
             if dead is None:
                 raise ActorFailure(f"weight sync after optimizer step {step}: {e}. {self.resume_advice()}") from e
-            raise ActorFailure(f"weight sync after optimizer step {step}: the {self.role_of(dead)} died "
-                               f"({type(dead).__name__}){self._where()}; see the Ray logs above. "
-                               f"{self.resume_advice()}") from e
+            raise ActorFailure(self._failure(f"weight sync of step {step}'s weights", self.role_of(dead), dead)) from e
 
     def _dead_actor(self, err: BaseException):
         """The actor death behind ``err`` (through ``__cause__`` and Ray's ``cause``), if any: the

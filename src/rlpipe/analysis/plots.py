@@ -9,7 +9,7 @@ A panel whose data is missing (variant not run, column all NaN) is never left bl
 grey "no data: <why>" annotation, so a figure always says what it lacks.
 
 Departures from the seeds: the seeds ask for plots, not their layout. We draw reward against both
-steps and wall-clock time (seed 004), KL with the best growth fit overlaid (rlpipe.analysis.report_text), a
+steps and wall-clock time (seed 004), KL with the best growth fit overlaid (rlpipe.analysis.kl_text), a
 Gantt timeline of the first steps (a whole run is too dense to read), and rollouts as an HTML table.
 """
 
@@ -35,7 +35,7 @@ from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES, phase_seconds_column
 from rlpipe.analysis.frames import col
-from rlpipe.analysis.report_text import fit_growth
+from rlpipe.analysis.kl_text import fit_growth
 
 STACK = (*contract.STACK_PHASES, contract.OTHER)
 STEP_PHASES = contract.STEP_STACK_PHASES

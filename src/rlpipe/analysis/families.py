@@ -23,6 +23,9 @@ main discussion uses too; the numbers are ``rlpipe.analysis.family_data``'s):
   prompts), a lower bound on seed-to-seed noise, and is never called a finding.
 - A timing comparison draws no conclusion when any run in it was contended (its ``run_info``
   conditions, ``rlpipe.trainer.conditions``).
+- Where the mechanism a family varies was inactive in its runs (the clip never bound, the reward
+  saturated early, the response length never varied), the page says the comparison cannot answer
+  its question here and names what would (``rlpipe.analysis.mechanism``).
 - A variant "diverged" when its run did not finish, or its final validation reward fell below its
   initial one by more than the validation noise.
 
@@ -60,6 +63,7 @@ from rlpipe.analysis.family_data import (
 )
 from rlpipe.analysis.findings import FINDING, NO_DATA, NOISE, UNREPLICATED
 from rlpipe.analysis.frames import col
+from rlpipe.analysis.mechanism import mechanism_sentences
 from rlpipe.analysis.plots import no_data, save
 from rlpipe.analysis.provenance import provenance_sentences
 from rlpipe.analysis.stats import MeanCI, mean_ci
@@ -148,7 +152,8 @@ def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
 
 def discussion(fam: Family) -> tuple[list[dict], list[str]]:
     comps = [comparison(fam, v) for v in fam.variants if v != fam.reference and fam.of(v)]
-    sentences = reward_sentences(fam, comps) + health_sentences(fam) + speed_sentences(fam, comps)
+    sentences = reward_sentences(fam, comps) + mechanism_sentences(fam) + health_sentences(fam)
+    sentences += speed_sentences(fam, comps)
     sentences += provenance_sentences(pd.DataFrame([r.row for r in fam.runs]), "runs of this family")
     return comps, sentences
 

@@ -37,6 +37,7 @@ class Family:
     replicates: int
     x: str | None = None
     x_values: dict[str, object] = field(default_factory=dict)
+    settings: dict[str, dict] = field(default_factory=dict)  # variant -> its resolved train section
     val_size: dict[str, int] = field(default_factory=dict)
     runs: list[Replicate] = field(default_factory=list)
 
@@ -61,6 +62,7 @@ def load_family(config: str, name: str, runs: list[tuple[str, int, str]]) -> Fam
     for v in fam.variants:
         train = resolve_variant(fp, v).model_dump()
         fam.val_size[v] = int(train["val_size"])
+        fam.settings[v] = train
         if fam.x:
             fam.x_values[v] = _dotted(train, fam.x)
     for variant, seed, directory in runs:

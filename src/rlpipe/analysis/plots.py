@@ -445,7 +445,7 @@ def plot_replay(s: Summary, axes, notes: list[str]) -> None:
         ax.set(xlabel="optimizer step", ylabel=ylabel, title=f"{rep}: " + ylabel)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    drawn = 0
+    drawn = []
     for v, color in ((rep, "#c44e52"), (base, "#4c72b0")):
         if v is None:
             continue
@@ -453,9 +453,11 @@ def plot_replay(s: Summary, axes, notes: list[str]) -> None:
         d = pd.DataFrame({"x": col(m, "step"), "y": col(m, "reward/val_mean")}).dropna()
         if len(d):
             axes[2].plot(d["x"], d["y"], marker="o", ms=3, color=color, label=v)
-            drawn += 1
-    if drawn:
-        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title=f"{rep} vs {base}")
+            drawn.append(v)
+    if drawn:  # the title names only the runs drawn: never "None vs ..."
+        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title=" vs ".join(drawn)
+                    + ("" if len(drawn) == 2 else " (no replay run to compare)" if rep not in drawn
+                       else " (no plain disaggregated run to compare)"))
         axes[2].legend(fontsize=8)
         axes[2].grid(alpha=0.3)
     else:

@@ -3,6 +3,7 @@ negative k1 KL estimates explained."""
 
 from __future__ import annotations
 
+import math
 import types
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def test_replay_panel_never_titled_none(tmp_path, make_runs, monkeypatch):
     monkeypatch.setattr(plots, "save", lambda fig, out: (titles.extend(a.get_title() for a in fig.axes),
                                                           save(fig, out)))
     plots.plot_replay(plots.load_summary(tmp_path / "summary"), tmp_path / "r.png")
-    assert "disagg (no replay run to compare)" in titles
+    assert "disagg: reward" in titles
     assert not any("None" in t for t in titles)
 
 
@@ -43,3 +44,21 @@ def test_negative_k1_estimates_are_explained():
     assert "as low as -0.004 in 'a', kl/ref_log_ratio" in s and "unbiased but not non-negative" in s
     assert "k3" in s
     assert kl_text.negative_k1_sentences(metrics.assign(**{"kl/ref_log_ratio": 0.01, "kl/prev_log_ratio": 0.0})) == []
+
+
+def _kl_metrics(kl):
+    steps = list(range(len(kl) + 1))
+    return pd.DataFrame({"variant": "ref", "step": steps, "kl/ref_log_ratio": [math.nan, *kl],
+                         "reward/val_mean": [0.1 + 0.01 * s for s in steps]})
+
+
+def test_kl_shape_is_named_only_above_the_fit_threshold():
+    good = kl_text.kl_section(pd.DataFrame(), _kl_metrics([0.01 * t**2 for t in range(1, 13)]), "ref")
+    assert good["numbers"]["shape"] == "quadratic" and "grows closest to quadratic" in good["sentences"][0]
+    assert "12 points" in good["sentences"][1] and "indication" not in good["sentences"][1]
+    zigzag = [0.02, 0.08, 0.01, 0.09, 0.03, 0.07, 0.02, 0.1, 0.04, 0.06, 0.05, 0.08]
+    bad = kl_text.kl_section(pd.DataFrame(), _kl_metrics(zigzag), "ref")
+    assert bad["numbers"]["shape"] is None and bad["numbers"]["best_fit"]  # a best fit, but no shape claimed
+    assert "no growth shape is claimed" in bad["sentences"][0] and "grows closest" not in bad["sentences"][0]
+    few = kl_text.kl_section(pd.DataFrame(), _kl_metrics([0.01 * t**2 for t in range(1, 6)]), "ref")
+    assert "5 points; with fewer than 10 points this is an indication, not a finding" in few["sentences"][1]

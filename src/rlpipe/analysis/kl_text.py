@@ -5,6 +5,9 @@ Choices the seeds leave open:
   least squares with four two-parameter models, ``a*t + b``, ``a*t^2 + b``, ``a*sqrt(t) + b`` and
   ``b*exp(a*t)``; the best R^2 names the shape (equal parameter counts keep the comparison fair),
   and a log-log fit gives the power-law exponent as a second opinion.
+- A shape is named only when its fit reaches R^2 >= ``SHAPE_R2``; below it the section says no
+  model fits and gives the curve's first and last values. A correlation over fewer than
+  ``CORR_MIN_POINTS`` points is called an indication, not a finding; both state their n.
 - "Rapid growth": the step where the 5-point moving average of KL rises fastest.
 - Eq. 8's log ratio is the k1 estimator: unbiased but not non-negative, so a batch mean can dip
   below 0 while the true KL cannot; the section says so when the curve does.
@@ -21,6 +24,9 @@ from rlpipe.analysis.findings import single_runs
 from rlpipe.analysis.frames import last_valid
 from rlpipe.analysis.summary_rows import first_row, has_columns, row_of
 from rlpipe.analysis.text_format import fnum, nan, section
+
+SHAPE_R2 = 0.9  # a growth shape is named only when its fit explains this much of the variance
+CORR_MIN_POINTS = 10  # below this many points a correlation is an indication, not a finding
 
 
 def fit_growth(steps, values) -> dict:
@@ -86,11 +92,16 @@ def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
         and both["val"].std() > 0 else math.nan
     step, slope = steepest_growth(df)
     s = []
+    shape = fit["best"] if fit["best"] and fit["r2"][fit["best"]] >= SHAPE_R2 else None
     if fit["best"]:
         r2 = ", ".join(f"{k} {v:.3f}" for k, v in fit["r2"].items())
         power = "" if nan(fit["power"]) else f"; a power-law fit gives KL ~ t^{fit['power']:.2f}"
-        s.append(f"In '{ref}', KL to the reference ({col}) grows closest to {fit['best']} in the number of "
-                 f"steps (R^2: {r2}){power}.")
+        s.append(f"In '{ref}', KL to the reference ({col}) grows closest to {shape} in the number of steps (R^2: "
+                 f"{r2}; {fit['n']} points){power}." if shape else
+                 f"In '{ref}', no two-parameter model fits KL to the reference ({col}) well (R^2: {r2}; "
+                 f"{fit['n']} points; a shape is named only at R^2 >= {SHAPE_R2}), so no growth shape is claimed: "
+                 f"KL went from {fnum(float(df['kl'].dropna().iloc[0]))} to "
+                 f"{fnum(float(df['kl'].dropna().iloc[-1]))}.")
     elif fit["constant"]:
         s.append(f"In '{ref}', KL to the reference ({col}) stayed at {fnum(float(df['kl'].dropna().iloc[-1]))} "
                  "over the run: the policy did not measurably move, so there is no growth shape to name.")
@@ -98,8 +109,10 @@ def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
         s.append(f"Too few KL points ({fit['n']}) in '{ref}' to fit a growth shape.")
     if not nan(corr):
         sign = "higher" if corr > 0 else "lower"
+        few = (f"; with fewer than {CORR_MIN_POINTS} points this is an indication, not a finding"
+               if len(both) < CORR_MIN_POINTS else "")
         s.append(f"Across the validation points, higher KL goes with {sign} validation reward "
-                 f"(Pearson r = {corr:.2f}, {len(both)} points).")
+                 f"(Pearson r = {corr:.2f}, {len(both)} points{few}).")
     else:
         s.append("Not enough validation points with KL to correlate KL with validation reward.")
     if step >= 0:
@@ -118,7 +131,7 @@ def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
                  f"{fnum(pen['val_reward_final'])} vs {fnum(base['val_reward_final'])} "
                  f"({single_runs(base['val_reward_final'], pen['val_reward_final']).clause()}).")
     s += negative_k1_sentences(metrics)
-    nums = {"best_fit": fit["best"], "power": fit["power"], "corr_kl_val": corr, "steepest_step": step,
+    nums = {"best_fit": fit["best"], "shape": shape, "power": fit["power"], "corr_kl_val": corr, "steepest_step": step,
             **{f"r2_{k}": v for k, v in fit["r2"].items()}}
     return section("kl", title, s, nums)
 

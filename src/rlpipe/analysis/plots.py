@@ -454,10 +454,8 @@ def plot_replay(s: Summary, axes, notes: list[str]) -> None:
         if len(d):
             axes[2].plot(d["x"], d["y"], marker="o", ms=3, color=color, label=v)
             drawn.append(v)
-    if drawn:  # the title names only the runs drawn: never "None vs ..."
-        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title=" vs ".join(drawn)
-                    + ("" if len(drawn) == 2 else " (no replay run to compare)" if rep not in drawn
-                       else " (no plain disaggregated run to compare)"))
+    if drawn:  # the title names only the runs drawn, never "None vs ..."
+        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title=" vs ".join(drawn) + ": reward")
         axes[2].legend(fontsize=8)
         axes[2].grid(alpha=0.3)
     else:

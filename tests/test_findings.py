@@ -4,9 +4,10 @@ main discussion: a single seed, or a contended pair, is never called a finding."
 import json
 import math
 
+import pandas as pd
 import pytest
 
-from rlpipe.analysis import aggregate, findings, report_text
+from rlpipe.analysis import aggregate, contract, findings, report_text
 from rlpipe.analysis.stats import mean_ci, ratio_of_means, welch_difference
 
 FINDING_CLAUSE = findings.Verdict(True, findings.FINDING).clause()
@@ -66,3 +67,13 @@ def test_main_discussion_contended_pair_is_no_finding(tmp_path, make_runs):
     assert "a speedup of" not in kstep and "no conclusion is drawn" in kstep
     assert sec["kstep"]["numbers"]["finding_k2"] is False and sec["disagg"]["numbers"]["finding_disagg"] is False
     assert FINDING_CLAUSE not in json.dumps(sec)
+
+
+def test_transport_comparison_between_training_runs_is_a_measurement():
+    sync = pd.DataFrame([
+        {"source": "run", "variant": "disagg", "payload": "", "label": "object_store", "median_s": 0.2, "n": 4,
+         "bytes": 1e6, "gbps": 0.005, "note": ""},
+        {"source": "run", "variant": "disagg_rdt", "payload": "", "label": "rdt/gloo", "median_s": 0.05, "n": 4,
+         "bytes": 1e6, "gbps": 0.02, "note": ""}], columns=list(contract.WEIGHT_SYNC_COLUMNS))
+    text = " ".join(report_text.rdt_section(sync)["sentences"])
+    assert "rdt/gloo is 4.00x faster than object_store in the training runs (unreplicated (one run each)" in text

@@ -359,7 +359,8 @@ def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None) -> dict:
                 s.append(f"{bo} vs {br} {what}: {caveat}.")
                 nums[f"contended_{source}"] = True
             else:
-                s.append(f"{win} is {fx(ratio if ratio > 1 else 1 / ratio)} faster than {lose} {what}.")
+                one = f" ({single_runs(1.0, ratio).clause()})" if source == "run" else ""  # a run each side
+                s.append(f"{win} is {fx(ratio if ratio > 1 else 1 / ratio)} faster than {lose} {what}{one}.")
             nums.setdefault(f"rdt_gain_{source}", ratio)
             if source == "bench" and place == "cpu":
                 cpu.append(_Pair(nbytes, pay, bo, obj[bo], br, rdt[br], bound))

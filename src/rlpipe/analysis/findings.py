@@ -49,7 +49,7 @@ class Verdict:
         """The verdict as a clause to end a sentence that states the difference."""
         return {FINDING: "a finding: its 95% interval excludes no difference",
                 NOISE: "within replicate noise, so not a finding",
-                UNREPLICATED: "unreplicated (one run each), so a measurement, not a finding",
+                UNREPLICATED: "unreplicated, so a measurement, not a finding",
                 CONTENDED: "timed under contention, so not a finding",
                 NO_DATA: "not measured"}[self.reason]
 

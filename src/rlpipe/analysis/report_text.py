@@ -359,7 +359,7 @@ def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None) -> dict:
                 s.append(f"{bo} vs {br} {what}: {caveat}.")
                 nums[f"contended_{source}"] = True
             else:
-                one = f" ({single_runs(1.0, ratio).clause()})" if source == "run" else ""  # a run each side
+                one = f" ({single_runs(1.0, ratio).clause()})" if source == "run" else ""  # one run per side
                 s.append(f"{win} is {fx(ratio if ratio > 1 else 1 / ratio)} faster than {lose} {what}{one}.")
             nums.setdefault(f"rdt_gain_{source}", ratio)
             if source == "bench" and place == "cpu":
@@ -500,7 +500,9 @@ def render_html(disc: dict) -> str:
     parts = [("<!doctype html><html><head><meta charset='utf-8'><style>body{font:14px sans-serif;"
              "max-width:60em}h3{margin-bottom:.2em}</style></head><body>"),
              ("<p><i>Every number on this page is computed by rlpipe.analysis.report_text from results/summary "
-             f"(reference variant: {html.escape(str(disc.get('reference')))}); none is typed by hand.</i></p>")]
+             f"(reference variant: {html.escape(str(disc.get('reference')))}); none is typed by hand. Each "
+             "variant here is one run, so a gap between variants is a measurement, not a finding: findings need "
+             "replicates, and the experiment family pages give them with their 95% intervals.</i></p>")]
     for sec in disc["sections"]:
         parts.append(f"<h3>{html.escape(sec['title'])}</h3>")
         parts += [f"<p>{html.escape(s)}</p>" for s in sec["sentences"]]

@@ -208,7 +208,8 @@ def test_sweep_axis_names_best_and_worst(tmp_path):
     fam = families.load_family(str(tmp_path / "c.yaml"), "fam",
                                [(v, 0, str(tmp_path / v / "seed0")) for v in ("lo", "hi")])
     _, sentences = families.discussion(fam)
-    assert any("best final reward is at learning_rate=0.0001 (lo)" in s for s in sentences)
+    assert any("best final reward is at learning_rate=0.0001 (lo)" in s
+               and "the gap between them is unreplicated, so a measurement, not a finding" in s for s in sentences)
 
 
 def test_cli_rejects_a_run_of_another_variant(tmp_path, capsys):

@@ -90,3 +90,14 @@ def test_steady_length_makes_length_normalisation_a_step_size(tmp_path):
     assert "a smaller step size rather than another weighting" in text and "between 26.1 and 26.8 tokens" in text
     fam = _family(tmp_path / "varied", norm, val=rising, length=lambda s: 10.0 * s)
     assert mechanism.length_sentences(fam) == []
+
+
+def test_groups_without_signal_are_named(tmp_path):
+    fam = _family(tmp_path / "flat", CLIP, val=rising, clip_frac=0.05)
+    for r in fam.runs:
+        r.run.metrics.loc[r.run.metrics["step"] >= 1, "reward/zero_std_frac"] = 0.9
+    text = " ".join(families.discussion(fam)[1])
+    assert "in most groups every response got the same reward" in text and "clip 90%" in text
+    for r in fam.runs[:2]:  # control: one variant with signal in most groups
+        r.run.metrics.loc[r.run.metrics["step"] >= 1, "reward/zero_std_frac"] = 0.3
+    assert mechanism.signal_sentences(fam) == []

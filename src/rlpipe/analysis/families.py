@@ -61,12 +61,12 @@ from rlpipe.analysis.family_data import (
     stat,
     variant_numbers,
 )
-from rlpipe.analysis.findings import FINDING, NO_DATA, NOISE, UNREPLICATED
+from rlpipe.analysis.findings import FINDING, NO_DATA, NOISE, UNREPLICATED, is_finding
 from rlpipe.analysis.frames import col
 from rlpipe.analysis.mechanism import mechanism_sentences
 from rlpipe.analysis.plots import no_data, save
 from rlpipe.analysis.provenance import provenance_sentences
-from rlpipe.analysis.stats import MeanCI, mean_ci
+from rlpipe.analysis.stats import MeanCI, mean_ci, welch_difference
 from rlpipe.config import ConfigError
 
 # --------------------------------------------------------------------------- sentences
@@ -99,9 +99,15 @@ def reward_sentences(fam: Family, comps: list[dict]) -> list[str]:
         out.append("Diverged (did not finish, or ended below its initial reward beyond validation noise): "
                    + ", ".join(f"{v} ({n}/{len(fam.of(v))} seeds)" for v, n in div.items()) + ".")
     if fam.x and len(ranked) > 1:
+        gap = is_finding(welch_difference(*(final_values(fam, v) for v in (ranked[-1], ranked[0]))))
         out.append(f"Along {fam.x}, the best final reward is at {fam.x}={fam.x_values.get(ranked[0])} "
-                   f"({ranked[0]}), the worst at {fam.x}={fam.x_values.get(ranked[-1])} ({ranked[-1]}).")
+                   f"({ranked[0]}), the worst at {fam.x}={fam.x_values.get(ranked[-1])} ({ranked[-1]}); "
+                   f"the gap between them is {gap.clause()}.")
     return out
+
+
+def final_values(fam: Family, variant: str) -> list[float]:
+    return [r.row.get("val_reward_final", math.nan) for r in fam.of(variant)]
 
 
 def _start_end(fam: Family, variant: str, column: str) -> tuple[float, float]:

@@ -47,7 +47,7 @@ class Verdict:
 
     def clause(self) -> str:
         """The verdict as a clause to end a sentence that states the difference."""
-        return {FINDING: "a finding: its 95% interval excludes no difference",
+        return {FINDING: "a finding (replicated, beyond its 95% interval, not contended)",
                 NOISE: "within replicate noise, so not a finding",
                 UNREPLICATED: "unreplicated, so a measurement, not a finding",
                 CONTENDED: "timed under contention, so not a finding",

@@ -13,7 +13,9 @@ here and names the settings that would make it active:
   rewards cannot separate the variants;
 - length normalisation (``length_normalization`` masked_mean vs masked_normalize): the mean
   response length barely moves (``LENGTH_STEADY``), so dividing by a constant is the per-sequence
-  mean rescaled by length / constant, a smaller step size rather than another weighting.
+  mean rescaled by length / constant, a smaller step size rather than another weighting;
+- learning signal (any family): in every variant most groups (``ZERO_STD_MOST``) had one reward
+  for all their responses, hence zero advantage and no gradient.
 
 Departure from the seeds: seeds 001/004 ask what each ablation shows; they do not ask whether it
 could show anything at the scale it ran. The thresholds are ours and are stated in every sentence.
@@ -34,6 +36,7 @@ SATURATED = 0.95  # fraction of the reward ceiling
 EARLY = 0.25  # fraction of the run's steps
 REWARD_CEILING = 1.0  # every built-in task's reward lies in [0, 1]
 LENGTH_STEADY = 0.1  # (max - min) / mean of the per-step mean response length
+ZERO_STD_MOST = 0.8  # fraction of groups whose responses all got the same reward
 CLIP_KEYS = ("loss_type", "cliprange")
 
 
@@ -115,7 +118,20 @@ def length_sentences(fam: Family) -> list[str]:
             "(config/math.yaml, on a GPU), or a larger sampling_max_tokens with a model that uses it."]
 
 
-CHECKS = (clip_sentences, saturation_sentences, length_sentences)
+def signal_sentences(fam: Family) -> list[str]:
+    fracs = {v: mean_ci(float(s.mean()) for s in _steps(fam, v, "reward/zero_std_frac")) for v in fam.variants}
+    fracs = {v: c for v, c in fracs.items() if c.n}
+    if len(fracs) < 2 or min(c.mean for c in fracs.values()) < ZERO_STD_MOST:
+        return []
+    where = ", ".join(f"{v} {100 * c.mean:.0f}%" for v, c in fracs.items())
+    return [f"Mechanism check: in most groups every response got the same reward (reward/zero_std_frac, mean over "
+            f"steps and seeds: {where}; the check fires at {100 * ZERO_STD_MOST:.0f}%). Such a group has zero "
+            "advantage and gives no gradient, so every variant learnt from a small minority of its samples and "
+            "this comparison can hardly answer the question here. What would: a larger group_size, a higher "
+            "sampling_temperature, or a task the model solves sometimes but not always."]
+
+
+CHECKS = (clip_sentences, saturation_sentences, length_sentences, signal_sentences)
 
 
 def mechanism_sentences(fam: Family) -> list[str]:

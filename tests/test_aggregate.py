@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import aggregate, contract, frames, report_text
+from rlpipe.analysis import aggregate, contract, frames, kl_text, report_text
 
 
 @pytest.fixture
@@ -213,13 +213,13 @@ def test_main_writes_every_output(tmp_path, make_runs):
 ])
 def test_fit_growth_names_the_shape(shape, fn):
     t = np.arange(1, 41, dtype=float)
-    assert report_text.fit_growth(t, fn(t))["best"] == shape
+    assert kl_text.fit_growth(t, fn(t))["best"] == shape
 
 
 def test_fit_growth_power_exponent():
     t = np.arange(1, 30, dtype=float)
-    assert report_text.fit_growth(t, 0.5 * t**1.5)["power"] == pytest.approx(1.5, abs=1e-6)
-    assert report_text.fit_growth([1, 2], [1, 2])["best"] is None  # too few points
+    assert kl_text.fit_growth(t, 0.5 * t**1.5)["power"] == pytest.approx(1.5, abs=1e-6)
+    assert kl_text.fit_growth([1, 2], [1, 2])["best"] is None  # too few points
 
 
 def test_max_version_lag_by_hand():
@@ -242,7 +242,7 @@ def test_discussion_numbers_and_missing_variants(runs):
     assert sec["profiling"]["numbers"]["dominant"] == "generate"
     assert "3.0x the update time" in " ".join(sec["profiling"]["sentences"])
     assert sec["kl"]["numbers"]["best_fit"] == "quadratic"
-    assert report_text.fit_growth(np.arange(1, 9), np.zeros(8))["constant"]  # flat KL: no shape
+    assert kl_text.fit_growth(np.arange(1, 9), np.zeros(8))["constant"]  # flat KL: no shape
     assert sec["kstep"]["numbers"]["speedup_k2"] == pytest.approx(1.25)
     # ideal k=2 gain from dropping half the syncs: 40 / (40 - 0.5 * 2)
     assert sec["kstep"]["numbers"]["ideal_k2"] == pytest.approx(40 / 39)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from rlpipe.analysis import contract, families
+from rlpipe.analysis import contract, families, findings
 from rlpipe.config import (
     ConfigError,
     active_families,
@@ -208,7 +208,8 @@ def test_sweep_axis_names_best_and_worst(tmp_path):
     fam = families.load_family(str(tmp_path / "c.yaml"), "fam",
                                [(v, 0, str(tmp_path / v / "seed0")) for v in ("lo", "hi")])
     _, sentences = families.discussion(fam)
-    assert any("best final reward is at learning_rate=0.0001 (lo)" in s for s in sentences)
+    assert any("best final reward is at learning_rate=0.0001 (lo)" in s
+               and "the gap between them is unreplicated, so a measurement, not a finding" in s for s in sentences)
 
 
 def test_cli_rejects_a_run_of_another_variant(tmp_path, capsys):
@@ -218,3 +219,22 @@ def test_cli_rejects_a_run_of_another_variant(tmp_path, capsys):
                        str(tmp_path / "runs" / "a" / "seed0"), "--variants", "zzz", "--seeds", "0",
                        "--out", str(tmp_path / "o")])
     assert "not in the family" in capsys.readouterr().err
+
+
+def test_single_seed_or_contended_pair_is_never_a_finding(tmp_path):
+    """The page's verdicts are rlpipe.analysis.findings.is_finding's, the main discussion's rule."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "busy").mkdir()
+    fam = _family(tmp_path / "one", {"a": [0.1], "b": [0.9]}, replicates=1)  # far apart, one seed each
+    comps, sentences = families.discussion(fam)
+    assert comps[0]["reward_verdict"] == comps[0]["speed_verdict"] == findings.UNREPLICATED
+    assert findings.FINDING not in " ".join(sentences)
+    fam = _family(tmp_path / "busy", {"a": [0.5] * 3, "b": [0.5] * 3})
+    for r, speed in zip(fam.runs, (10.0, 11.0, 12.0, 20.0, 21.0, 22.0), strict=True):
+        r.row["samples_per_s"] = speed
+        r.row["contended"] = r.variant == "b"
+    comps, sentences = families.discussion(fam)
+    assert comps[0]["speed_verdict"] == findings.CONTENDED and findings.FINDING not in " ".join(sentences)
+    for r in fam.runs:  # control: the same pair timed on a quiet machine is a finding
+        r.row["contended"] = False
+    assert families.discussion(fam)[0][0]["speed_verdict"] == findings.FINDING

@@ -13,7 +13,8 @@ each trained on ``replicates`` seeds. This module reads every replicate's run di
 
 Nothing here knows a variant's name: the reference is the family's, the sweep axis is its ``x``.
 
-Honesty rules, all computed:
+Honesty rules, all computed (the verdicts are ``rlpipe.analysis.findings.is_finding``, the rule the
+main discussion uses too; the numbers are ``rlpipe.analysis.family_data``'s):
 
 - A reward difference between two variants is a finding only when its Welch 95% interval excludes
   0, a samples/s ratio only when its 95% interval (delta method on the log ratio) excludes 1
@@ -22,6 +23,9 @@ Honesty rules, all computed:
   prompts), a lower bound on seed-to-seed noise, and is never called a finding.
 - A timing comparison draws no conclusion when any run in it was contended (its ``run_info``
   conditions, ``rlpipe.trainer.conditions``).
+- Where the mechanism a family varies was inactive in its runs (the clip never bound, the reward
+  saturated early, the response length never varied), the page says the comparison cannot answer
+  its question here and names what would (``rlpipe.analysis.mechanism``).
 - A variant "diverged" when its run did not finish, or its final validation reward fell below its
   initial one by more than the validation noise.
 
@@ -36,7 +40,6 @@ from __future__ import annotations
 import argparse
 import html
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -47,128 +50,24 @@ import pandas as pd
 
 from rlpipe import io
 from rlpipe.analysis import contract
-from rlpipe.analysis.aggregate import AggregateError, RunData, load_run, run_row
-from rlpipe.analysis.frames import col, last_valid
+from rlpipe.analysis.aggregate import AggregateError
+from rlpipe.analysis.family_data import (
+    SMOOTH_STEPS,
+    VAL,
+    Family,
+    comparison,
+    diverged,
+    load_family,
+    stat,
+    variant_numbers,
+)
+from rlpipe.analysis.findings import FINDING, NO_DATA, NOISE, UNREPLICATED, is_finding
+from rlpipe.analysis.frames import col
+from rlpipe.analysis.mechanism import mechanism_sentences
 from rlpipe.analysis.plots import no_data, save
 from rlpipe.analysis.provenance import provenance_sentences
-from rlpipe.analysis.stats import MeanCI, binomial_half_width, mean_ci, ratio_of_means, welch_difference
-from rlpipe.config import ConfigError, family_pipeline, family_reference, load_config, resolve_variant
-
-VAL = "reward/val_mean"
-SMOOTH_STEPS = 5  # rolling window of the per-step health signals (train-batch noise)
-
-
-@dataclass
-class Replicate:
-    variant: str
-    seed: int
-    run: RunData
-    row: dict
-
-
-@dataclass
-class Family:
-    name: str
-    question: str
-    reference: str
-    variants: list[str]
-    replicates: int
-    x: str | None = None
-    x_values: dict[str, object] = field(default_factory=dict)
-    val_size: dict[str, int] = field(default_factory=dict)
-    runs: list[Replicate] = field(default_factory=list)
-
-    def of(self, variant: str) -> list[Replicate]:
-        return [r for r in self.runs if r.variant == variant]
-
-
-def _dotted(data: dict, key: str):
-    for part in key.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
-
-
-def load_family(config: str, name: str, runs: list[tuple[str, int, str]]) -> Family:
-    """The family's metadata from the pipeline config and its replicates' run directories
-    (``runs``: (variant, seed, directory) triples)."""
-    cfg = load_config(config)
-    fp = family_pipeline(cfg, name)
-    fam_cfg = cfg.families[name]
-    fam = Family(name=name, question=fam_cfg.question, reference=family_reference(cfg, name),
-                 variants=list(fp.variants), replicates=fam_cfg.replicates, x=fam_cfg.x)
-    for v in fam.variants:
-        train = resolve_variant(fp, v).model_dump()
-        fam.val_size[v] = int(train["val_size"])
-        if fam.x:
-            fam.x_values[v] = _dotted(train, fam.x)
-    for variant, seed, directory in runs:
-        if variant not in fam.variants:
-            raise ConfigError(f"families.{name}: run {directory} is of variant '{variant}', not in the family "
-                              f"({', '.join(fam.variants)})")
-        run = load_run(directory, variant)
-        row = run_row(run)
-        row["val_answer_final"] = last_valid(col(run.metrics, "reward/val_answer_mean"))
-        fam.runs.append(Replicate(variant, seed, run, row))
-    return fam
-
-
-# --------------------------------------------------------------------------- numbers
-
-
-def stat(fam: Family, variant: str, key: str) -> MeanCI:
-    return mean_ci(r.row.get(key, math.nan) for r in fam.of(variant))
-
-
-def noise(fam: Family, variant: str) -> float:
-    """Validation sampling noise (95% half-width) of one run's final reward."""
-    return binomial_half_width(stat(fam, variant, "val_reward_final").mean, fam.val_size.get(variant, 0))
-
-
-def diverged(fam: Family, rep: Replicate) -> bool:
-    r = rep.row
-    if not r.get("finished", False):
-        return True
-    init, final = r.get("val_reward_initial", math.nan), r.get("val_reward_final", math.nan)
-    if not (math.isfinite(init) and math.isfinite(final)):
-        return False
-    return final < init - binomial_half_width(init, fam.val_size.get(rep.variant, 0))
-
-
-def variant_numbers(fam: Family, variant: str) -> dict:
-    reps = fam.of(variant)
-    out: dict = {"replicates": len(reps), "x": fam.x_values.get(variant),
-                 "diverged": sum(diverged(fam, r) for r in reps),
-                 "contended": sum(bool(r.row.get("contended")) for r in reps)}
-    for key in contract.FAMILY_STATS:
-        s = stat(fam, variant, key)
-        out.update({f"{key}_mean": s.mean, f"{key}_ci": s.half, f"{key}_n": s.n})
-    return out
-
-
-def comparison(fam: Family, variant: str) -> dict:
-    """``variant`` against the reference: final reward and samples/s, with verdicts."""
-    ref = fam.reference
-
-    def values(v: str, key: str) -> list[float]:
-        return [r.row.get(key, math.nan) for r in fam.of(v)]
-
-    reward = welch_difference(values(ref, "val_reward_final"), values(variant, "val_reward_final"))
-    speed = welch_difference(values(ref, "samples_per_s"), values(variant, "samples_per_s"))
-    ratio = ratio_of_means(values(ref, "samples_per_s"), values(variant, "samples_per_s"))
-    contended = any(r.row.get("contended") for v in (ref, variant) for r in fam.of(v))
-    band = max(noise(fam, ref), noise(fam, variant))
-    if reward.decided:
-        verdict = "exceeds the 95% interval" if reward.exceeds else "within replicate noise"
-    else:
-        verdict = "unreplicated"
-    return {"variant": variant, "reward_diff": reward.diff, "reward_ci": reward.half, "reward_verdict": verdict,
-            "val_noise": band, "speed_ratio": ratio.ratio, "speed_ratio_lo": ratio.low, "speed_ratio_hi": ratio.high,
-            "speed_diff": speed.diff, "speed_ci": speed.half,
-            # decided on the ratio's interval, the one the sentence prints
-            "speed_verdict": ("contended: no conclusion" if contended else
-                              "exceeds the 95% interval" if ratio.exceeds else
-                              "within replicate noise" if ratio.decided else "unreplicated")}
-
+from rlpipe.analysis.stats import MeanCI, mean_ci, welch_difference
+from rlpipe.config import ConfigError
 
 # --------------------------------------------------------------------------- sentences
 
@@ -184,7 +83,9 @@ def reward_sentences(fam: Family, comps: list[dict]) -> list[str]:
            + "; ".join(f"{v} {finals[v].fmt()}" for v in ranked) + "."]
     for c in comps:
         v = c["variant"]
-        if c["reward_verdict"] == "unreplicated":
+        if c["reward_verdict"] == NO_DATA:
+            out.append(f"{v} vs {fam.reference}: no final reward on one side, so no comparison.")
+        elif c["reward_verdict"] == UNREPLICATED:
             size = "larger" if abs(c["reward_diff"]) > c["val_noise"] else "no larger"
             out.append(f"{v} vs {fam.reference}: {_signed(c['reward_diff'])}, unreplicated, so not a finding: it is "
                        f"{size} than the validation sampling noise alone (±{c['val_noise']:.3f}), which "
@@ -198,9 +99,15 @@ def reward_sentences(fam: Family, comps: list[dict]) -> list[str]:
         out.append("Diverged (did not finish, or ended below its initial reward beyond validation noise): "
                    + ", ".join(f"{v} ({n}/{len(fam.of(v))} seeds)" for v, n in div.items()) + ".")
     if fam.x and len(ranked) > 1:
+        gap = is_finding(welch_difference(*(final_values(fam, v) for v in (ranked[-1], ranked[0]))))
         out.append(f"Along {fam.x}, the best final reward is at {fam.x}={fam.x_values.get(ranked[0])} "
-                   f"({ranked[0]}), the worst at {fam.x}={fam.x_values.get(ranked[-1])} ({ranked[-1]}).")
+                   f"({ranked[0]}), the worst at {fam.x}={fam.x_values.get(ranked[-1])} ({ranked[-1]}); "
+                   f"the gap between them is {gap.clause()}.")
     return out
+
+
+def final_values(fam: Family, variant: str) -> list[float]:
+    return [r.row.get("val_reward_final", math.nan) for r in fam.of(variant)]
 
 
 def _start_end(fam: Family, variant: str, column: str) -> tuple[float, float]:
@@ -237,8 +144,7 @@ def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
     parts = []
     for c in comps:
         ratio = f"{c['speed_ratio']:.2f}x" if math.isfinite(c["speed_ratio"]) else "n/a"
-        if math.isfinite(c["speed_ratio_lo"]) and c["speed_verdict"] in ("exceeds the 95% interval",
-                                                                         "within replicate noise"):
+        if math.isfinite(c["speed_ratio_lo"]) and c["speed_verdict"] in (FINDING, NOISE):
             ratio += f" [{c['speed_ratio_lo']:.2f}, {c['speed_ratio_hi']:.2f}]"
         parts.append(f"{c['variant']} {ratio} ({c['speed_verdict']})")
     out = [f"Samples/s relative to {fam.reference} (95% interval): " + "; ".join(parts) + "."]
@@ -252,7 +158,8 @@ def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
 
 def discussion(fam: Family) -> tuple[list[dict], list[str]]:
     comps = [comparison(fam, v) for v in fam.variants if v != fam.reference and fam.of(v)]
-    sentences = reward_sentences(fam, comps) + health_sentences(fam) + speed_sentences(fam, comps)
+    sentences = reward_sentences(fam, comps) + mechanism_sentences(fam) + health_sentences(fam)
+    sentences += speed_sentences(fam, comps)
     sentences += provenance_sentences(pd.DataFrame([r.row for r in fam.runs]), "runs of this family")
     return comps, sentences
 

@@ -9,7 +9,7 @@ A panel whose data is missing (variant not run, column all NaN) is never left bl
 grey "no data: <why>" annotation, so a figure always says what it lacks.
 
 Departures from the seeds: the seeds ask for plots, not their layout. We draw reward against both
-steps and wall-clock time (seed 004), KL with the best growth fit overlaid (rlpipe.analysis.report_text), a
+steps and wall-clock time (seed 004), KL with the best growth fit overlaid (rlpipe.analysis.kl_text), a
 Gantt timeline of the first steps (a whole run is too dense to read), and rollouts as an HTML table.
 """
 
@@ -35,7 +35,7 @@ from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES, phase_seconds_column
 from rlpipe.analysis.frames import col
-from rlpipe.analysis.report_text import fit_growth
+from rlpipe.analysis.kl_text import fit_growth
 
 STACK = (*contract.STACK_PHASES, contract.OTHER)
 STEP_PHASES = contract.STEP_STACK_PHASES
@@ -445,7 +445,7 @@ def plot_replay(s: Summary, axes, notes: list[str]) -> None:
         ax.set(xlabel="optimizer step", ylabel=ylabel, title=f"{rep}: " + ylabel)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    drawn = 0
+    drawn = []
     for v, color in ((rep, "#c44e52"), (base, "#4c72b0")):
         if v is None:
             continue
@@ -453,9 +453,9 @@ def plot_replay(s: Summary, axes, notes: list[str]) -> None:
         d = pd.DataFrame({"x": col(m, "step"), "y": col(m, "reward/val_mean")}).dropna()
         if len(d):
             axes[2].plot(d["x"], d["y"], marker="o", ms=3, color=color, label=v)
-            drawn += 1
-    if drawn:
-        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title=f"{rep} vs {base}")
+            drawn.append(v)
+    if drawn:  # the title names only the runs drawn, never "None vs ..."
+        axes[2].set(xlabel="optimizer step", ylabel="validation reward", title=" vs ".join(drawn) + ": reward")
         axes[2].legend(fontsize=8)
         axes[2].grid(alpha=0.3)
     else:

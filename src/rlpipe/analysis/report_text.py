@@ -6,12 +6,10 @@ deliverable of seed 000 §3 and seed 002 §3; ``render_html`` turns it into the 
 sentence is built from measured numbers and says plainly when the data it needs is missing (a
 variant not configured, a column that is all NaN).
 
-Choices the seeds leave open:
-- KL growth shape: the KL-to-reference curve (Eq. 8's log-ratio estimator, else k3) is fitted by
-  least squares with four two-parameter models, ``a*t + b``, ``a*t^2 + b``, ``a*sqrt(t) + b`` and
-  ``b*exp(a*t)``; the best R^2 names the shape (equal parameter counts keep the comparison fair),
-  and a log-log fit gives the power-law exponent as a second opinion.
-- "Rapid growth": the step where the 5-point moving average of KL rises fastest.
+Choices the seeds leave open (the KL section's are in ``rlpipe.analysis.kl_text``):
+- Findings: every gap between variants here is between single runs, so it is stated as a
+  measurement with the verdict of ``rlpipe.analysis.findings.is_finding`` (never a finding); the
+  replicated comparisons are the family pages'.
 - The k-steps "why": the ideal gain of removing all but one in k weight syncs is
   ``wall / (wall - (1 - 1/k) * sync_time)`` of the reference; we report it next to the measured one.
 - Contention: a run whose run_info says ``conditions.contended`` was timed while
@@ -27,14 +25,22 @@ import html
 import math
 from typing import NamedTuple
 
-import numpy as np
 import pandas as pd
 
 from rlpipe.analysis import contract
 from rlpipe.analysis.bench_text import bench_section, limits_section, trl_section
 from rlpipe.analysis.contract import phase_seconds_column, phase_share_column
-from rlpipe.analysis.frames import last_valid
+from rlpipe.analysis.findings import single_runs
+from rlpipe.analysis.kl_text import kl_section
 from rlpipe.analysis.provenance import provenance_section
+from rlpipe.analysis.summary_rows import (
+    contended,
+    contention_caveat,
+    first_row,
+    has_columns,
+    missing,
+    row_of,
+)
 from rlpipe.analysis.text_format import fnum, fpct, fsec, fx, nan, section
 
 PHASE_WHY = {
@@ -50,45 +56,6 @@ PHASE_WHY = {
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def row_of(table: pd.DataFrame, variant: str) -> dict | None:
-    rows = table[table["variant"] == variant] if len(table) else table
-    return None if rows is None or not len(rows) else rows.iloc[0].to_dict()
-
-
-def first_row(table: pd.DataFrame, mask) -> dict | None:
-    """The first row where ``mask`` holds: sections pick the runs they compare by what the runs are
-    (mode, replay, transport, KL coefficient), not by name."""
-    rows = table[mask] if len(table) else table
-    return rows.iloc[0].to_dict() if len(rows) else None
-
-
-def has_columns(table: pd.DataFrame, *cols: str) -> bool:
-    return bool(len(table)) and all(c in table.columns for c in cols)
-
-
-def missing(variant: str) -> str:
-    return f"No data: variant '{variant}' is not in this run (not configured, or its run is missing)."
-
-
-def contended(row: dict | None) -> bool:
-    """Whether a summary row's run was timed under contention (False when unrecorded)."""
-    v = None if row is None else row.get("contended")
-    return v is not None and not nan(v) and bool(v)
-
-
-def contention_caveat(*rows: dict | None) -> str:
-    """'' when no run of a timing comparison was contended, else the clause that says so and
-    withholds the conclusion: "measured under contention: other processes took 35% of the CPUs
-    during disagg; no conclusion is drawn from this comparison"."""
-    hit = [r for r in rows if contended(r)]
-    if not hit:
-        return ""
-    during = " and ".join(
-        f"{fpct(r.get('other_cpu_frac')) if not nan(r.get('other_cpu_frac')) else 'part'} of the CPUs during "
-        f"{r['variant']}" for r in hit)
-    return f"measured under contention: other processes took {during}; no conclusion is drawn from this comparison"
 
 
 def conditions_sentence(table: pd.DataFrame) -> str:
@@ -112,107 +79,6 @@ def conditions_sentence(table: pd.DataFrame) -> str:
     tail = (f" {n} run(s) were timed under contention: timing comparisons with them draw no conclusion." if n
             else f" No run{' with recorded conditions' if unknown else ''} was timed under contention.")
     return "Run conditions (what else the machine did while each run was timed): " + "; ".join(parts) + "." + tail
-
-
-# --------------------------------------------------------------------------- KL analysis
-
-
-def fit_growth(steps, values) -> dict:
-    """Best of linear / quadratic / sqrt / exponential least-squares fits of ``values(steps)``,
-    by R^2, plus the log-log power-law exponent. Needs >= 4 finite points."""
-    t = np.asarray(steps, dtype=float)
-    y = np.asarray(values, dtype=float)
-    keep = np.isfinite(t) & np.isfinite(y)
-    t, y = t[keep], y[keep]
-    if len(t) < 4 or np.ptp(t) == 0:
-        return {"best": None, "r2": {}, "power": math.nan, "n": len(t), "constant": False}
-    if np.ptp(y) <= 1e-12 * max(1.0, float(np.abs(y).max())):  # flat curve: no shape to name
-        return {"best": None, "r2": {}, "power": math.nan, "n": len(t), "constant": True}
-    ss_tot = float(((y - y.mean()) ** 2).sum()) or 1e-30
-
-    def r2_linear_in(feature):
-        a, b = np.polyfit(feature, y, 1)
-        return 1 - float(((y - (a * feature + b)) ** 2).sum()) / ss_tot
-
-    r2 = {"linear": r2_linear_in(t), "quadratic": r2_linear_in(t**2),
-          "sqrt": r2_linear_in(np.sqrt(np.clip(t, 0, None)))}
-    pos = (y > 0) & (t > 0)
-    power = math.nan
-    if pos.all():
-        a, logb = np.polyfit(t, np.log(y), 1)
-        r2["exponential"] = 1 - float(((y - np.exp(logb + a * t)) ** 2).sum()) / ss_tot
-    if pos.sum() >= 4:
-        power = float(np.polyfit(np.log(t[pos]), np.log(y[pos]), 1)[0])
-    best = max(r2, key=r2.get)
-    return {"best": best, "r2": r2, "power": power, "n": len(t), "constant": False}
-
-
-def kl_curve(metrics: pd.DataFrame, variant: str) -> tuple[str | None, pd.DataFrame]:
-    """(column used, frame of step/kl/val) for ``variant``: Eq. 8's log ratio, else k3."""
-    m = metrics[metrics["variant"] == variant] if len(metrics) else metrics
-    for col in ("kl/ref_log_ratio", "kl/ref_k3"):
-        if col in m.columns and m[col].notna().sum() >= 2:
-            val = m["reward/val_mean"] if "reward/val_mean" in m.columns else np.nan
-            return col, pd.DataFrame({"step": m["step"], "kl": m[col], "val": val}).sort_values("step")
-    return None, pd.DataFrame(columns=["step", "kl", "val"])
-
-
-def steepest_growth(df: pd.DataFrame, window: int = 5) -> tuple[int, float]:
-    d = df.dropna(subset=["kl"])
-    if len(d) < window + 1:
-        return -1, math.nan
-    smooth = d["kl"].rolling(window, min_periods=window).mean()
-    slope = smooth.diff() / d["step"].diff()
-    if slope.notna().sum() == 0:
-        return -1, math.nan
-    i = slope.idxmax()
-    return int(d.loc[i, "step"]), float(slope.loc[i])
-
-
-def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
-    title = "KL drift analysis (seed 000 Problem 6, seed 002 Problem 8)"
-    col, df = kl_curve(metrics, ref)
-    if col is None:
-        return section("kl", title, [f"No data: no KL-to-reference values for '{ref}'."])
-    fit = fit_growth(df["step"][df["step"] > 0], df["kl"][df["step"] > 0])
-    both = df.dropna(subset=["kl", "val"])
-    corr = float(np.corrcoef(both["kl"], both["val"])[0, 1]) if len(both) >= 3 and both["kl"].std() > 0 \
-        and both["val"].std() > 0 else math.nan
-    step, slope = steepest_growth(df)
-    s = []
-    if fit["best"]:
-        r2 = ", ".join(f"{k} {v:.3f}" for k, v in fit["r2"].items())
-        power = "" if nan(fit["power"]) else f"; a power-law fit gives KL ~ t^{fit['power']:.2f}"
-        s.append(f"In '{ref}', KL to the reference ({col}) grows closest to {fit['best']} in the number of "
-                 f"steps (R^2: {r2}){power}.")
-    elif fit["constant"]:
-        s.append(f"In '{ref}', KL to the reference ({col}) stayed at {fnum(float(df['kl'].dropna().iloc[-1]))} "
-                 "over the run: the policy did not measurably move, so there is no growth shape to name.")
-    else:
-        s.append(f"Too few KL points ({fit['n']}) in '{ref}' to fit a growth shape.")
-    if not nan(corr):
-        sign = "higher" if corr > 0 else "lower"
-        s.append(f"Across the validation points, higher KL goes with {sign} validation reward "
-                 f"(Pearson r = {corr:.2f}, {len(both)} points).")
-    else:
-        s.append("Not enough validation points with KL to correlate KL with validation reward.")
-    if step >= 0:
-        before = df[(df["step"] <= step)]["val"].dropna()
-        after = df[(df["step"] > step)]["val"].dropna()
-        s.append(f"KL rises fastest around step {step} ({fnum(slope)} per step, 5-step average); validation "
-                 f"reward was {fnum(last_valid(before))} before and {fnum(after.max() if len(after) else math.nan)} "
-                 "at best after it - a KL surge without a reward gain would be the sign of instability.")
-    base = row_of(table, ref)
-    pen = (first_row(table, (table["kl_coef"] > 0) & (table["mode"] == base["mode"]))
-           if base and has_columns(table, "kl_coef", "mode") and not base["kl_coef"] > 0 else None)
-    if pen and base:
-        s.append(f"With the k3 penalty ({pen['variant']}, kl_coef {fnum(pen['kl_coef'])}) the final KL is "
-                 f"{fnum(pen['kl_ref_final'])} vs "
-                 f"{fnum(base['kl_ref_final'])} without, and the final validation reward "
-                 f"{fnum(pen['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
-    nums = {"best_fit": fit["best"], "power": fit["power"], "corr_kl_val": corr, "steepest_step": step,
-            **{f"r2_{k}": v for k, v in fit["r2"].items()}}
-    return section("kl", title, s, nums)
 
 
 # --------------------------------------------------------------------------- systems sections
@@ -294,15 +160,19 @@ def kstep_section(table: pd.DataFrame, ref: str) -> dict:
         same = "" if r["equal_samples"] else " (NOTE: different sample totals, so this is a throughput ratio)"
         caveat = contention_caveat(r, base)
         nums[f"contended_{r['variant']}"] = bool(caveat)
+        speed, reward = single_runs(1.0, r["speedup_vs_ref"], bool(caveat)), \
+            single_runs(base["val_reward_final"], r["val_reward_final"])
+        nums[f"finding_{r['variant']}"] = bool(speed) or bool(reward)
+        rewards = (f"final validation reward {fnum(r['val_reward_final'])} vs {fnum(base['val_reward_final'])} "
+                   f"({reward.clause()})")
         if caveat:
             s.append(f"{r['variant']} vs '{ref}' throughput: {caveat}. {r['num_syncs']} weight syncs instead of "
-                     f"{base['num_syncs']}; final validation reward {fnum(r['val_reward_final'])} vs "
-                     f"{fnum(base['val_reward_final'])}.")
+                     f"{base['num_syncs']}; {rewards}.")
         else:
             s.append(f"{r['variant']}: {fnum(r['samples_per_s'])} samples/s vs {fnum(base['samples_per_s'])} for "
-                     f"'{ref}', a speedup of {fx(r['speedup_vs_ref'])}{same}; {r['num_syncs']} weight syncs "
-                     f"instead of {base['num_syncs']}; removing those syncs alone would give {fx(ideal)}; "
-                     f"final validation reward {fnum(r['val_reward_final'])} vs {fnum(base['val_reward_final'])}.")
+                     f"'{ref}', a speedup of {fx(r['speedup_vs_ref'])}{same} ({speed.clause()}); "
+                     f"{r['num_syncs']} weight syncs instead of {base['num_syncs']}; removing those syncs alone "
+                     f"would give {fx(ideal)}; {rewards}.")
         nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
         nums[f"ideal_{r['variant']}"] = ideal
         work = _same_work_ratio(r, base)
@@ -349,13 +219,17 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
         nums[f"contended_{r['variant']}"] = bool(caveat)
         nums[f"speedup_{r['variant']}"] = r["speedup_vs_ref"]
         nums[f"bound_{r['variant']}"] = r["overlap_bound"]
+        verdict = single_runs(1.0, r["speedup_vs_ref"], bool(caveat))
+        nums[f"finding_{r['variant']}"] = bool(verdict)
         if caveat:
             s.append(f"{r['variant']} ({fnum(r['devices'])} devices) vs '{ref}': its speedup, {unit.split(' ')[0]} "
                      f"ratio and share of the overlap bound were {caveat}.")
             continue
-        s.append(f"{r['variant']}: speedup {fx(r['speedup_vs_ref'])} over '{ref}' with {fnum(r['devices'])} devices, "
-                 f"so {fx(r['device_hours'] / base['device_hours'] if base['device_hours'] else math.nan)} its "
-                 f"{unit.split(' ')[0]}. Measured T_gen = {fsec(r['t_gen_s'])}, T_train = {fsec(r['t_train_s'])}: "
+        s.append(f"{r['variant']}: speedup {fx(r['speedup_vs_ref'])} over '{ref}' ({verdict.clause()}) with "
+                 f"{fnum(r['devices'])} devices, so "
+                 f"{fx(r['device_hours'] / base['device_hours'] if base['device_hours'] else math.nan)} its "
+                 f"{unit.split(' ')[0]}. "
+                 f"Measured T_gen = {fsec(r['t_gen_s'])}, T_train = {fsec(r['t_train_s'])}: "
                  f"perfect overlap could give at most {fx(r['overlap_bound'])}; the run overlapped "
                  f"{fx(r['overlap_achieved'])} of work per wall second and reached {fpct(r['bound_fraction'])} "
                  "of the bound.")
@@ -485,7 +359,8 @@ def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None) -> dict:
                 s.append(f"{bo} vs {br} {what}: {caveat}.")
                 nums[f"contended_{source}"] = True
             else:
-                s.append(f"{win} is {fx(ratio if ratio > 1 else 1 / ratio)} faster than {lose} {what}.")
+                one = f" ({single_runs(1.0, ratio).clause()})" if source == "run" else ""  # one run per side
+                s.append(f"{win} is {fx(ratio if ratio > 1 else 1 / ratio)} faster than {lose} {what}{one}.")
             nums.setdefault(f"rdt_gain_{source}", ratio)
             if source == "bench" and place == "cpu":
                 cpu.append(_Pair(nbytes, pay, bo, obj[bo], br, rdt[br], bound))
@@ -545,10 +420,12 @@ def replay_section(table: pd.DataFrame) -> dict:
     if base is not None:
         caveat = contention_caveat(rep, base)
         speed = (f"throughput {caveat}" if caveat else
-                 f"throughput {fnum(rep['samples_per_s'])} vs {fnum(base['samples_per_s'])} samples/s")
+                 f"throughput {fnum(rep['samples_per_s'])} vs {fnum(base['samples_per_s'])} samples/s "
+                 f"({single_runs(base['samples_per_s'], rep['samples_per_s']).clause()})")
+        reward = single_runs(base["val_reward_final"], rep["val_reward_final"])
         s.append(f"Final / best validation reward: {rep['variant']} {fnum(rep['val_reward_final'])} / "
                  f"{fnum(rep['val_reward_best'])} vs {base['variant']} {fnum(base['val_reward_final'])} / "
-                 f"{fnum(base['val_reward_best'])}; {speed}.")
+                 f"{fnum(base['val_reward_best'])} ({reward.clause()}); {speed}.")
     else:
         s.append(f"No data: no disaggregated run without replay over {rep['transport']} (the replay run's baseline).")
     return section("replay", title, s, {"reuse": rep["replay_reuse_mean"], "age": rep["replay_age_mean"]})
@@ -623,7 +500,9 @@ def render_html(disc: dict) -> str:
     parts = [("<!doctype html><html><head><meta charset='utf-8'><style>body{font:14px sans-serif;"
              "max-width:60em}h3{margin-bottom:.2em}</style></head><body>"),
              ("<p><i>Every number on this page is computed by rlpipe.analysis.report_text from results/summary "
-             f"(reference variant: {html.escape(str(disc.get('reference')))}); none is typed by hand.</i></p>")]
+             f"(reference variant: {html.escape(str(disc.get('reference')))}); none is typed by hand. Each "
+             "variant here is one run, so a gap between variants is a measurement, not a finding: findings need "
+             "replicates, and the experiment family pages give them with their 95% intervals.</i></p>")]
     for sec in disc["sections"]:
         parts.append(f"<h3>{html.escape(sec['title'])}</h3>")
         parts += [f"<p>{html.escape(s)}</p>" for s in sec["sentences"]]

@@ -220,3 +220,20 @@ def test_rlpipe_train_runs_a_text_task_and_refuses_a_broken_reward_before_ray(
     with pytest.raises(run_module.InputError, match="the reward .*rewards.py:raises raised KeyError"):
         run_module.run(str(bad), "onpolicy", str(tmp_path / "bad"), tiny_base[0], str(text_data), threads=2)
     assert not (tmp_path / "bad" / "metrics.parquet").exists()
+
+
+def test_a_reward_that_raises_is_the_last_line_of_the_job_log(text_data, tmp_path, tiny_base, write_config, capsys):
+    """What `logs/train_variant/<v>.log` holds when a user's reward raises: `rlpipe train` stops before
+    Ray starts, exit status 2, and its last line names the reward, the exception and the example."""
+    from rlpipe.trainer import run as run_module
+
+    text = {"template": "The capital of {country} is", "reward": str(tmp_path / "rewards.py:raises")}
+    cfg = write_config(tmp_path / "bad.yaml", train={"task": "text", "text": text}, variants={"onpolicy": {}})
+    argv = ["--config", str(cfg), "--variant", "onpolicy", "--base", tiny_base[0], "--dataset", str(text_data),
+            "--out", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as e:
+        run_module.main(argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2
+    assert "rewards.py:raises raised KeyError: 'no such thing' on training example 0" in last, last
+    assert not (tmp_path / "run" / "metrics.parquet").exists()

@@ -101,7 +101,7 @@ def test_check_names_the_file_line_and_field(text_data, tmp_path):
     msg = _error(_train(tmp_path), text_data)
     assert f"{text_data / 'train.jsonl'}:5: lacks field 'answer'" in msg
     (text_data / "train.jsonl").write_text('{"country": "Chile", "answer": "Santiago"}\n{not json\n')
-    assert f"{text_data / 'train.jsonl'}:2: not valid JSON" in _error(_train(tmp_path), text_data)
+    assert f"{text_data / 'train.jsonl'}:2: malformed JSON" in _error(_train(tmp_path), text_data)
 
 
 def test_check_names_a_template_field_the_data_lacks(text_data, tmp_path):

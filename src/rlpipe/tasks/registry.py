@@ -124,18 +124,20 @@ def _check_reward(task: Task, spec: str) -> None:
                                 "expected a dict with a finite 'reward'")
 
 
-def check_task(train: TrainConfig, dataset_dir: str | Path | None) -> Task:
-    """Load the task, read its dataset and call a user's reward (the text task's, a plug-in's) on the
-    first examples; every failure is a ``TaskLoadError``, ``DatasetError`` or ``FileNotFoundError``
-    naming the file, line or function."""
+def check_task(train: TrainConfig, dataset_dir: str | Path | None) -> Task | None:
+    """Read the task's dataset and, for a user's reward (the text task's, a plug-in's), build the
+    task and call the reward on the first examples. Returns the task when it was built (None for the
+    package's own tasks, whose rewards are tested: reading their data is the check). Every failure is
+    a ``TaskLoadError``, ``DatasetError`` or ``FileNotFoundError`` naming the file, line or function."""
     cls = resolve_task(train.task)
     cls.check_dataset(dataset_dir, task_options(cls, train))
+    if cls in SELF_CONTAINED:
+        return None
     try:
         task = make_task(train.task, dataset_dir, train)
     except (DatasetError, FileNotFoundError, TaskLoadError):
         raise
     except ValueError as e:  # a reward reference or option the task refuses
         raise TaskLoadError(f"train.task {train.task!r}: {e}") from None
-    if cls not in SELF_CONTAINED:  # the package's own rewards are tested; a user's reward is called here
-        _check_reward(task, train.task)
+    _check_reward(task, train.task)
     return task

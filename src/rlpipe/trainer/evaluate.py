@@ -70,7 +70,7 @@ from rlpipe.lm.device import autocast, resolve_device, setup_process
 from rlpipe.lm.policy import Policy, load_policy
 from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.rl.scoring import guarded_rewards
-from rlpipe.tasks import Example, Task, check_task
+from rlpipe.tasks import Example, Task, check_task, task_for
 from rlpipe.tasks.base import DatasetError
 from rlpipe.tasks.registry import TaskLoadError
 
@@ -139,7 +139,8 @@ def _load_task(train: TrainConfig, dataset: Path) -> Task:
     if not dataset.is_dir():
         raise EvalInputError(f"dataset directory {dataset} does not exist")
     try:
-        return check_task(train, dataset)  # every line, and the reward on the first examples, before any work
+        # every line, and a user's reward on the first examples, before any work
+        return check_task(train, dataset) or task_for(train, dataset)
     except (FileNotFoundError, DatasetError, TaskLoadError) as e:
         raise EvalInputError(str(e)) from None
 

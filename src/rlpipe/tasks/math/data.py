@@ -24,11 +24,11 @@ Blank lines are skipped; a file with no records is an error.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from rlpipe.tasks.base import Example
+from rlpipe.tasks.jsonl import jsonl_records
 from rlpipe.tasks.math.grader import last_boxed, parses
 from rlpipe.tasks.math.prompt import format_math_prompt, load_prompt
 
@@ -88,19 +88,7 @@ def _ground_truth(record: dict, where: str, answer_field: str | None, solution_f
 
 def _records(path: Path):
     """(line number, JSON object) for every non-blank line of ``path``."""
-    if not path.is_file():
-        raise FileNotFoundError(f"MATH data file {path} does not exist")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise MathDataError(f"{_where(path, lineno)}: malformed JSON ({e.msg} at column {e.colno})") from e
-            if not isinstance(record, dict):
-                raise MathDataError(f"{_where(path, lineno)}: expected a JSON object, got {type(record).__name__}")
-            yield lineno, record
+    return jsonl_records(path, MathDataError, "MATH data file")
 
 
 def load_math_jsonl(

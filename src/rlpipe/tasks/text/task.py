@@ -15,12 +15,12 @@ missing field; ``rlpipe.tasks.registry.check_task`` then calls the reward on the
 
 from __future__ import annotations
 
-import json
 import string
 from pathlib import Path
 from typing import Any
 
 from rlpipe.tasks.base import DatasetError, Example, Task
+from rlpipe.tasks.jsonl import jsonl_records
 from rlpipe.tasks.text.reward_ref import as_reward_dict, load_reward
 
 
@@ -55,22 +55,13 @@ def load_examples(path: Path, template: str, answer_field: str | None) -> list[E
     """Every line of ``path`` as an ``Example``; errors name ``file:line`` and the field."""
     needed = template_fields(template, "train.text.template") + ([answer_field] if answer_field else [])
     out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise DatasetError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
-            missing = [k for k in needed if k not in row]
-            if missing:
-                raise DatasetError(f"{path}:{i}: lacks field {missing[0]!r} (the prompt template and "
-                                   f"train.text.answer_field use {sorted(set(needed))}; the line has {sorted(row)})")
-            prompt = template.format_map({k: row[k] for k in needed})
-            out.append(Example(prompt, row[answer_field] if answer_field else row))
+    for i, row in jsonl_records(path):
+        missing = [k for k in needed if k not in row]
+        if missing:
+            raise DatasetError(f"{path}:{i}: lacks field {missing[0]!r} (the prompt template and "
+                               f"train.text.answer_field use {sorted(set(needed))}; the line has {sorted(row)})")
+        prompt = template.format_map({k: row[k] for k in needed})
+        out.append(Example(prompt, row[answer_field] if answer_field else row))
     if not out:
         raise DatasetError(f"{path}: no examples")
     return out
@@ -92,8 +83,12 @@ class TextTask(Task):
 
     @classmethod
     def check_dataset(cls, dataset_dir: str | Path | None, options: dict | None = None) -> None:
-        """Both splits load, every line has the template's fields and the answer field."""
-        cls(dataset_dir, **(options or {}))
+        """Both splits load, every line has the template's fields and the answer field (the reward
+        is imported and called by ``rlpipe.tasks.registry.check_task``)."""
+        options = options or {}
+        template = read_template(options)
+        for path in _split_paths(dataset_dir, options):
+            load_examples(path, template, options.get("answer_field", "answer"))
 
     def __init__(self, dataset_dir: str | Path | None, *, reward: str | None = None, template: str = "{prompt}",
                  template_file: str | None = None, answer_field: str | None = "answer",

@@ -25,8 +25,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/setup.smk"
 include: "workflow/rules/data.smk"
-include: "workflow/rules/train.smk"
-include: "workflow/rules/math.smk"
+include: "workflow/rules/tracks.smk"
 include: "workflow/rules/families.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/aggregate.smk"

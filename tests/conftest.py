@@ -383,8 +383,9 @@ class DryRun:
 
     @classmethod
     def training_gpus(cls, output: str) -> dict[str, int]:
-        return {j["wildcards"]["variant"]: int(j["resources"]["gpu"]) for j in cls.jobs(output)
-                if j["rule"] == "train_variant"}
+        """GPUs per planned training run, keyed by the track directory + variant ('k2', 'math/onpolicy')."""
+        return {j["wildcards"].get("tdir", "") + j["wildcards"]["variant"]: int(j["resources"]["gpu"])
+                for j in cls.jobs(output) if j["rule"] == "train_variant"}
 
 
 @pytest.fixture(scope="session")

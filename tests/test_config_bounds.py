@@ -278,7 +278,8 @@ def test_unknown_key_without_a_close_match_lists_the_keys():
 
 def test_unknown_key_in_a_table_entry_names_the_entry_s_keys():
     # families.<name> is an entry of a table of sections: its valid keys are FamilyConfig's
-    with pytest.raises(ConfigError, match=r"unknown config key 'families\.f\.zzz'; valid keys: track, question, "):
+    with pytest.raises(ConfigError,
+                       match=r"unknown config key 'families\.f\.zzz'; valid keys: track, systems, question, "):
         parse_config({"families": {"f": {"zzz": 1, "variants": {"a": {}}}}})
 
 
@@ -421,8 +422,8 @@ def test_schema_is_draft_2020_12_closed_and_has_no_defaults(schema):
     assert not [n for n in nodes if "default" in n or "$ref" in n or "$defs" in n]
     sections = [n for n in nodes if "properties" in n]
     # 10 sections + train.math, train.text, math, math.arithmetic, the math track's tokenizer/model/pretrain,
-    # logging, a family
-    assert len(sections) == 19 and all(n["additionalProperties"] is False for n in sections)
+    # logging, a family, a user's track and its tokenizer/model/pretrain
+    assert len(sections) == 23 and all(n["additionalProperties"] is False for n in sections)
     train = schema["properties"]["train"]["properties"]
     assert (train["val_every"]["minimum"], train["sampling_top_p"]["exclusiveMinimum"],
             train["sampling_top_p"]["maximum"]) == (1, 0, 1)

@@ -76,7 +76,7 @@ def test_systems_family_without_a_variants_table_is_skipped_unless_named():
     fams = {"sys": {"track": "systems"}, "fam": FAMILY}
     cfg = parse_config({"workflow": {"tracks": ["keyword"]}, "variants": {}, "families": fams})
     assert active_families(cfg) == ["fam"]  # an overlay that drops every variant still loads
-    with pytest.raises(ConfigError, match=r"workflow\.families: 'sys' is a 'systems' family"):
+    with pytest.raises(ConfigError, match=r"workflow\.families: 'sys' is a systems family"):
         parse_config({"workflow": {"tracks": ["keyword"], "families": ["sys"]}, "variants": {}, "families": fams})
 
 

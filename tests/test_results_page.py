@@ -33,6 +33,9 @@ def results(tmp_path):
     ev = r / "math" / "eval" / "base"
     ev.mkdir(parents=True)
     (ev / "summary.json").write_text(json.dumps({"n": 512, "accuracy": 0.5, "format_rate": 1.0}))
+    ev = r / "tracks" / "wordrev" / "eval" / "onpolicy"  # a user's track
+    ev.mkdir(parents=True)
+    (ev / "summary.json").write_text(json.dumps({"n": 64, "accuracy": 0.75, "format_rate": 0.5}))
     fam = r / "families" / "lr_sweep" / "report"
     fam.mkdir(parents=True)
     pd.DataFrame([{"variant": "lr1e-4", "replicates": 3, "diverged": 0, "val_reward_final_mean": 0.672,
@@ -52,6 +55,7 @@ def test_page_holds_machine_versions_and_headline_numbers(results):
     assert "| onpolicy | colocated_sync | 0.312 | 0.812 | 40.00 | 1.00x | 12.5 | False |" in page
     assert "| disagg | disaggregated | 0.312 | 0.750 | 50.00 | 1.25x | 10.0 | True |" in page
     assert "| base | 512 | 0.500 | 1.000 |" in page
+    assert "## Track wordrev" in page and "| onpolicy | 64 | 0.750 | 0.500 |" in page
     assert "| lr_sweep | lr1e-4 | 3 | 0.672 ± 0.051 | 0 |" in page
     assert "| lr_sweep | lr1e-2 | 1 | 0.000 | 1 |" in page  # one replicate: no interval
 

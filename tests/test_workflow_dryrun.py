@@ -44,7 +44,7 @@ def workdir(tmp_path):
 
 def test_default_config_dag(workdir, dry_run):
     out = snakemake(workdir, "-n").stdout
-    assert dry_run.training_gpus(out) == {v: 0 for v in ALL_VARIANTS}
+    assert dry_run.training_gpus(out) == {**{v: 0 for v in ALL_VARIANTS}, "math/onpolicy": 0}
     rules = dry_run.rules(out)
     assert {"run_unit_tests", "build_corpus", "train_tokenizer", "pretrain_base",
             "build_keyword_dataset", "bench_weight_sync", "bench_sampler", "bench_update", "aggregate_metrics"} <= rules
@@ -55,12 +55,12 @@ def test_default_config_dag(workdir, dry_run):
 def test_gpu_config_dag(workdir, dry_run):
     out = snakemake(workdir, "-n", "--configfile", "config/gpu.yaml").stdout
     assert dry_run.training_gpus(out) == {"onpolicy": 1, "k2": 1, "k4": 1, "k8": 1, "kl_penalty": 1,
-                                  "disagg": 2, "disagg_rdt": 2, "replay": 2}
+                                  "disagg": 2, "disagg_rdt": 2, "replay": 2, "math/onpolicy": 1}
 
 
 def test_smoke_config_dag_skips_tests(workdir, dry_run):
     out = snakemake(workdir, "-n", "--configfile", "config/smoke.yaml").stdout
-    assert dry_run.training_gpus(out) == {"onpolicy": 0, "k2": 0, "disagg": 0}
+    assert dry_run.training_gpus(out) == {"onpolicy": 0, "k2": 0, "disagg": 0, "math/onpolicy": 0}
     assert "run_unit_tests" not in dry_run.rules(out)
 
 
@@ -196,7 +196,7 @@ def test_slurm_profile_dry_run(workdir, dry_run):
     out = snakemake(workdir, "-n", "--workflow-profile", str(workdir / "profiles" / "slurm"),
                     "--configfile", "config/gpu.yaml").stdout
     assert dry_run.training_gpus(out) == {"onpolicy": 1, "k2": 1, "k4": 1, "k8": 1, "kl_penalty": 1,
-                                          "disagg": 2, "disagg_rdt": 2, "replay": 2}
+                                          "disagg": 2, "disagg_rdt": 2, "replay": 2, "math/onpolicy": 1}
     trains = [j for j in dry_run.jobs(out) if j["rule"] == "train_variant"]
     assert all(j["resources"].get("slurm_partition") == "<gpu partition>" for j in trains), trains[:1]
 
@@ -223,10 +223,12 @@ def test_math_config_validates_and_expands_to_the_math_track_only(workdir, tiny_
     _math_standin(workdir, tiny_qwen, math_fixture)
     out = snakemake(workdir, "-n", "--configfile", "config/math.yaml", "config/standin.yaml").stdout
     rules = dry_run.rules(out)
-    assert {"evaluate_math", "train_math_variant", "report_math"} <= rules, rules
+    assert {"evaluate_model", "train_variant", "report_track"} <= rules, rules
     # a local HF model and dataset: no data generation, tokenizer or pretraining; no keyword track
-    assert not rules & {"build_math_data", "train_math_tokenizer", "pretrain_math_base", "pretrain_base",
-                        "train_variant", "bench_weight_sync", "aggregate_metrics"}, rules
+    assert not rules & {"build_math_data", "train_tokenizer", "pretrain_base", "bench_weight_sync",
+                        "aggregate_metrics"}, rules
+    trains = [j for j in dry_run.jobs(out) if j["rule"] == "train_variant"]
+    assert trains and all(j["wildcards"]["tdir"] == "math/" for j in trains), trains  # the math track's runs only
 
 
 def test_math_config_names_a_missing_model_directory(workdir):

@@ -34,28 +34,27 @@ from snakemake.exceptions import WorkflowError
 
 from rlpipe import io
 from rlpipe.config import (
+    CORPUS_FILE,
     KEYWORD_TRACK,
     MATH_TRACK,
-    SYSTEMS_TRACK,
     ConfigError,
     active_families,
     eval_base_settings,
-    family_base_track,
     family_pipeline,
-    family_reference,
     family_seeds,
-    math_pipeline,
     parse_config,
     resolve_variant,
     table_reference,
     to_dict,
     variant_gpus,
+    workflow_tracks,
 )
 
 # An overlay config (`--configfile config/smoke.yaml`) switches a variant of the base table off with
 # `name: null`: Snakemake merges config files key by key, so it could not remove a key otherwise.
 config["variants"] = {k: v for k, v in (config.get("variants") or {}).items() if v is not None}
 config["families"] = {k: v for k, v in (config.get("families") or {}).items() if v is not None}
+config["tracks"] = {k: v for k, v in (config.get("tracks") or {}).items() if v is not None}
 
 try:
     CFG = parse_config(config)
@@ -63,9 +62,6 @@ except ConfigError as e:
     raise WorkflowError(f"invalid rlpipe config: {e}") from None
 
 RESULTS = CFG.workflow.results_dir.rstrip("/")
-KEYWORD_ON = KEYWORD_TRACK in CFG.workflow.tracks
-MATH_ON = MATH_TRACK in CFG.workflow.tracks
-VARIANTS = list(CFG.variants) if KEYWORD_ON else []
 REPO = Path(workflow.basedir)
 
 
@@ -79,11 +75,17 @@ def write_resolved(name: str, cfg) -> str:
 
 
 CONFIG_FILE = write_resolved("pipeline", CFG)
-# The MATH track runs every stage command on a pipeline config of its own (rlpipe.config.math_pipeline:
-# the math section's tokenizer/model/pretrain/train/variants in place of the keyword track's).
-MATH_CFG = math_pipeline(CFG) if MATH_ON else None
-MATH_CONFIG_FILE = write_resolved("math", MATH_CFG) if MATH_ON else None
-MATH_VARIANTS = list(MATH_CFG.variants) if MATH_ON else []
+# Tracks (rlpipe.config.workflow_tracks): every track in workflow.tracks, built in (keyword, math) or a
+# user's (the `tracks` table), as one Track record: its own resolved pipeline config, where its
+# dataset and base model come from, and its directory under results/ (Track.subdir: "" for keyword,
+# "math/", "tracks/<name>/"). Every path and input of a track below derives from that record alone.
+TRACKS = workflow_tracks(CFG)
+TRACK_BY_DIR = {t.subdir: t for t in TRACKS.values()}
+TRACK_CONFIG_FILES = {n: CONFIG_FILE if n == KEYWORD_TRACK else write_resolved(n if n == MATH_TRACK else f"track-{n}",
+                                                                               t.pipeline)
+                      for n, t in TRACKS.items()}
+KEYWORD_ON = KEYWORD_TRACK in TRACKS
+VARIANTS = list(CFG.variants) if KEYWORD_ON else []
 # Experiment families: each runs on a pipeline config of its own (rlpipe.config.family_pipeline:
 # its track's, with the family's base and variants), written like the others; FAMILIES = those whose
 # track is on.
@@ -93,19 +95,44 @@ FAMILY_CONFIG_FILES = {f: write_resolved(f"family-{f}", c) for f, c in FAMILY_CF
 FAMILY_SEEDS = {f: family_seeds(CFG, f) for f in FAMILIES}
 
 
-def _check_math_paths() -> None:
-    """The math track's local model and dataset directories exist (named by key, before any job)."""
-    m = CFG.math
-    if m.base_model_dir and not Path(m.base_model_dir, "config.json").is_file():
-        raise WorkflowError(f"invalid rlpipe config: math.base_model_dir: {m.base_model_dir} is not a local "
-                            "HuggingFace model directory (no config.json); rlpipe never downloads models")
-    if m.dataset_dir and not Path(m.dataset_dir, "train.jsonl").is_file():
-        raise WorkflowError(f"invalid rlpipe config: math.dataset_dir: {m.dataset_dir} holds no train.jsonl "
+def _check_track_paths(t) -> None:
+    """A track's given model and dataset directories exist (named by key, before any job)."""
+    if t.name == MATH_TRACK:
+        model_key, data_key = "math.base_model_dir", "math.dataset_dir"
+    else:
+        model_key, data_key = f"tracks.{t.name}.base_model", f"tracks.{t.name}.dataset_dir"
+    base = t.base_model
+    if base and not (Path(base, "config.json").is_file() or Path(base).is_file()):
+        raise WorkflowError(f"invalid rlpipe config: {model_key}: {base} is not a local HuggingFace model directory "
+                            "(no config.json) nor an rlpipe checkpoint file; rlpipe never downloads models")
+    if t.dataset_dir and not Path(t.dataset_dir).is_dir():
+        raise WorkflowError(f"invalid rlpipe config: {data_key}: {t.dataset_dir} is not a directory")
+    if t.name == MATH_TRACK and t.dataset_dir and not Path(t.dataset_dir, "train.jsonl").is_file():
+        raise WorkflowError(f"invalid rlpipe config: {data_key}: {t.dataset_dir} holds no train.jsonl "
                             "(a MATH-format directory: train.jsonl and validation.jsonl)")
+    if t.dataset_dir and t.pretrains and t.name != MATH_TRACK and not Path(t.dataset_dir, CORPUS_FILE).is_file():
+        raise WorkflowError(f"invalid rlpipe config: {data_key}: {t.dataset_dir} holds no {CORPUS_FILE}, which "
+                            f"pretraining the track's base model reads (or give {model_key})")
 
 
-if MATH_ON:
-    _check_math_paths()
+def _check_user_task(t) -> None:
+    """A user's track with a given dataset directory: its task loads, its files parse and its reward
+    answers on the first examples now, at parse time, before any job (rlpipe train checks again
+    before Ray starts; a command-built dataset is checked there only, once it exists)."""
+    from rlpipe.tasks.base import DatasetError
+    from rlpipe.tasks.registry import TaskLoadError, check_task
+
+    try:
+        check_task(t.pipeline.train, t.dataset_dir)
+    except (DatasetError, FileNotFoundError, TaskLoadError, ValueError) as e:
+        raise WorkflowError(f"track {t.name}: {e}") from None
+
+
+for _t in TRACKS.values():
+    if _t.name != KEYWORD_TRACK:
+        _check_track_paths(_t)
+    if _t.name not in (KEYWORD_TRACK, MATH_TRACK) and _t.dataset_dir:
+        _check_user_task(_t)
 # File names of a run directory (RUN_FILES: train_variant's declared outputs), of results/summary
 # (SUMMARY_FILES, SUMMARY_REPORT_FILES) and the figures (FIGURES: kind -> Figure(category, title,
 # ext)) come from the run-output contract, which the trainer's writer, aggregation, the plots and
@@ -155,10 +182,6 @@ def section_params(*sections: str) -> str:
     return canonical({s: to_dict(getattr(CFG, s)) for s in sections})
 
 
-def variant_train(variant: str) -> str:
-    return canonical(to_dict(resolve_variant(CFG, variant)))
-
-
 def scaling_on() -> bool:
     return CFG.workflow.bench_scaling
 
@@ -180,38 +203,14 @@ def forced(rule: str, outputs) -> bool:
                 or (ds.forcetargets and outs & targets))
 
 
-def resume_mode(wildcards) -> str:
-    """`rlpipe train --resume`: a forced rerun starts afresh; otherwise (a first run, changed
-    settings, --rerun-incomplete after a crash) rlpipe.trainer.resume decides."""
-    return "never" if forced("train_variant", run_outputs(wildcards.variant).values()) else "auto"
-
-
-def math_resume_mode(wildcards) -> str:
-    """resume_mode for train_math_variant."""
-    return "never" if forced("train_math_variant", math_run_outputs(wildcards.math_variant).values()) else "auto"
-
-
 def tests_done() -> list:
     """Training waits for the unit tests (a broken package never burns GPU hours). ancient():
     re-running the tests later does not make finished runs look outdated."""
     return [ancient(res("tests", "junit.xml"))] if CFG.workflow.run_tests else []
 
 
-def tokenizer_inputs() -> list:
-    """The tokenizer file as an input, unless it is a spec such as 'tiktoken:gpt2'."""
-    spec = CFG.tokenizer.path
-    if spec is None:
-        return [res("tokenizer", "tokenizer.json")]
-    return [spec] if Path(spec).exists() else []
-
-
 def optional_file(path: str | None) -> list:
     return [path] if path else []
-
-
-def pretrain_gpus() -> int:
-    device = CFG.pretrain.device
-    return 1 if device == "cuda" or (device == "auto" and CFG.workflow.gpus_per_colocated > 0) else 0
 
 
 def bench_device() -> str:
@@ -222,18 +221,187 @@ def bench_device() -> str:
     return device
 
 
-def train_inputs(wildcards) -> dict:
-    inputs = {
-        "base": res("base", "model.pt"),
-        "tests": tests_done(),
-    }
-    if resolve_variant(CFG, wildcards.variant).task == "keyword_inclusion":
-        inputs["dataset"] = res("data", "keywords", "train.jsonl")
-    return inputs
+# --------------------------------------------------------------------------- tracks
+# One path scheme for every track: results/<subdir>{data,tokenizer,base,runs/<variant>,eval/<model>,
+# report}/ (subdir "" keeps the keyword track's results/runs/<variant>, the path the design card's
+# users rerun; the math track is results/math/; a user's track results/tracks/<name>/). Rules take
+# the subdir as the wildcard {tdir} and find the track with track_of().
+
+
+def track_res(track: str, *parts: str) -> str:
+    """A path under a track's directory."""
+    return f"{RESULTS}/{TRACKS[track].subdir}" + "/".join(parts)
+
+
+def tdir_res(*parts: str) -> str:
+    """An output pattern under the track directory wildcard {tdir}."""
+    return f"{RESULTS}/{{tdir}}" + "/".join(parts)
+
+
+def track_of(wildcards):
+    return TRACK_BY_DIR[wildcards.tdir]
+
+
+def tdirs(pick) -> str:
+    """A {tdir} constraint: the subdirs of the tracks ``pick(track)`` selects ('(?!)': none)."""
+    chosen = [re.escape(t.subdir) for t in TRACKS.values() if pick(t)]
+    return f"(?:{'|'.join(chosen)})" if chosen else "(?!)"
+
+
+def track_config(wildcards) -> str:
+    """The track's resolved pipeline config: a resource, not a param (see CONFIG_FILE above)."""
+    return TRACK_CONFIG_FILES[track_of(wildcards).name]
+
+
+def track_dataset_dir(t) -> str:
+    """Where the track's task reads its files: a given directory or the one its data rule builds."""
+    return t.dataset_dir or track_res(t.name, t.data_subdir)
+
+
+def track_dataset_inputs(t) -> list:
+    """The dataset as inputs: the built files (keyword, math), the directory a user's command builds,
+    or whatever a given directory holds."""
+    if t.dataset_dir:
+        return sorted(str(p) for p in Path(t.dataset_dir).iterdir() if p.is_file())
+    if t.dataset_command:
+        return [track_dataset_dir(t)]
+    return [track_res(t.name, t.data_subdir, f) for f in ("train.jsonl", "val.jsonl")]
+
+
+def track_corpus(t) -> str:
+    """The pretraining corpus of a track that pretrains its own base model."""
+    if t.name == KEYWORD_TRACK:
+        return res("data", CORPUS_FILE)
+    if t.name == MATH_TRACK:
+        return track_res(t.name, "data", CORPUS_FILE)
+    return f"{track_dataset_dir(t)}/{CORPUS_FILE}"
+
+
+def track_corpus_inputs(t) -> list:
+    """The corpus as an input (a user's command-built corpus: its data directory)."""
+    return track_dataset_inputs(t) if t.dataset_command else [track_corpus(t)]
+
+
+def trains_tokenizer(t) -> bool:
+    return (t.pretrains or t.name == KEYWORD_TRACK) and t.pipeline.tokenizer.path is None
+
+
+def track_tokenizer_inputs(t) -> list:
+    """The tokenizer file as an input, unless it is a spec such as 'tiktoken:gpt2'."""
+    spec = t.pipeline.tokenizer.path
+    if spec is None:
+        return [track_res(t.name, "tokenizer", "tokenizer.json")]
+    return [spec] if Path(spec).exists() else []
+
+
+def tokenizer_inputs() -> list:
+    """The keyword track's tokenizer (import_base)."""
+    return track_tokenizer_inputs(TRACKS[KEYWORD_TRACK])
+
+
+def pretrain_gpus(t) -> int:
+    device = t.pipeline.pretrain.device
+    return 1 if device.startswith("cuda") or (device == "auto" and CFG.workflow.gpus_per_colocated > 0) else 0
+
+
+def track_base(t) -> str:
+    """What `--base` gets: a given HF directory or checkpoint, or the track's base/model.pt."""
+    return t.base_model or track_res(t.name, "base", "model.pt")
+
+
+def track_base_inputs(t) -> list:
+    if t.base_model:
+        hf = Path(t.base_model, "config.json")
+        return [str(hf)] if hf.is_file() else [t.base_model]
+    return [track_res(t.name, "base", "model.pt")]
+
+
+def uses_dataset(t, train) -> bool:
+    """Whether a run reads the track's dataset (the keyword track's sorting runs do not)."""
+    return t.name != KEYWORD_TRACK or train.task == "keyword_inclusion"
+
+
+def track_threads(t) -> int:
+    """A timed track's runs run alone (threads_per_variant); the others share the cores."""
+    return CFG.workflow.threads_per_variant if t.timed else CFG.workflow.family_threads
+
+
+def track_run_outputs(track: str, variant: str) -> dict:
+    return {k: track_res(track, "runs", variant, f) for k, f in RUN_FILES.items()}
 
 
 def run_outputs(variant: str) -> dict:
-    return {k: res("runs", variant, f) for k, f in RUN_FILES.items()}
+    """The keyword track's runs: results/runs/<variant>."""
+    return track_run_outputs(KEYWORD_TRACK, variant)
+
+
+def track_variant(wildcards):
+    t = track_of(wildcards)
+    if wildcards.variant not in t.pipeline.variants:
+        raise WorkflowError(f"track {t.name} has no variant '{wildcards.variant}' "
+                            f"({', '.join(t.pipeline.variants) or 'none'})")
+    return t, resolve_variant(t.pipeline, wildcards.variant)
+
+
+def train_inputs(wildcards) -> dict:
+    t, train = track_variant(wildcards)
+    inputs = {"base": track_base_inputs(t), "tests": tests_done()}
+    if uses_dataset(t, train):
+        inputs["dataset"] = track_dataset_inputs(t)
+    return inputs
+
+
+def train_params(wildcards) -> dict:
+    """params of train_variant: the resolved settings (a change reruns the run), --base, --dataset."""
+    t, train = track_variant(wildcards)
+    return {"train": canonical(to_dict(train)), "base": track_base(t),
+            "dataset": f"--dataset {track_dataset_dir(t)}" if uses_dataset(t, train) else ""}
+
+
+def resume_mode(wildcards) -> str:
+    """`rlpipe train --resume`: a forced rerun starts afresh; otherwise (a first run, changed
+    settings, --rerun-incomplete after a crash) rlpipe.trainer.resume decides."""
+    outs = track_run_outputs(track_of(wildcards).name, wildcards.variant).values()
+    return "never" if forced("train_variant", outs) else "auto"
+
+
+def track_eval_outputs(track: str, model: str) -> dict:
+    return {k: track_res(track, "eval", model, f) for k, f in EVAL_FILES.items()}
+
+
+def eval_inputs(wildcards) -> dict:
+    """`rlpipe eval` of a track's base model or of a variant's final policy (its checkpoints/last.pt,
+    which is not a declared output: the run's run_info.json stands for it)."""
+    t = track_of(wildcards)
+    model = track_base_inputs(t) if wildcards.model == "base" else track_run_outputs(t.name, wildcards.model)["info"]
+    return {"model": model, "dataset": track_dataset_inputs(t)}
+
+
+def eval_params(wildcards) -> dict:
+    t = track_of(wildcards)
+    policy = track_base(t) if wildcards.model == "base" else track_res(t.name, "runs", wildcards.model, CHECKPOINT_FILE)
+    size = f"--n {t.eval_size}" + (f" --max-tokens {t.eval_max_tokens}" if t.eval_max_tokens else "")
+    return {"cfg": canonical({"eval": [t.eval_size, t.eval_max_tokens], "train": to_dict(t.pipeline.train)}),
+            "checkpoint": policy, "dataset": track_dataset_dir(t), "size": size}
+
+
+def eval_gpus(wildcards) -> int:
+    return 1 if track_of(wildcards).pipeline.workflow.gpus_per_colocated > 0 else 0
+
+
+def track_report_inputs(wildcards) -> dict:
+    t = track_of(wildcards)
+    models = ["base", *t.pipeline.variants]
+    return {"evals": [track_eval_outputs(t.name, m)["summary"] for m in models],
+            "runs": [track_run_outputs(t.name, v)["metrics"] for v in t.pipeline.variants],
+            "code": module_file("rlpipe.analysis.math_report")}
+
+
+def track_targets(t) -> list:
+    targets = [p for v in t.pipeline.variants for p in track_run_outputs(t.name, v).values()]
+    if t.evaluate:
+        targets += [track_res(t.name, "report", f) for f in MATH_REPORT_FILES.values()]
+    return targets
 
 
 # --------------------------------------------------------------------------- figures
@@ -247,7 +415,7 @@ def figure_path(kind: str) -> str:
 
 def all_targets() -> list:
     targets = [res("RESULTS.md")]
-    targets += math_targets() if MATH_ON else []
+    targets += [p for t in TRACKS.values() for p in track_targets(t)]
     targets += family_targets()
     if CFG.workflow.toy_sort_seeds:
         targets += [res("toy_sort", f) for f in TOY_SORT_FILES.values()]
@@ -260,110 +428,37 @@ def all_targets() -> list:
                 res("bench", "trl.json"), res("base", "zero_shot.json")]
     if scaling_on():
         targets += [res("bench", SCALING_REPORT_DIR, f) for f in SCALING_REPORT_FILES.values()]
-    targets += [res("runs", v, f) for v in VARIANTS for f in RUN_FILES.values()]
     return targets
 
 
 def results_page_inputs() -> list:
-    """What the results page reads: the summary table, the MATH track's evaluations and each
+    """What the results page reads: the summary table, each evaluated track's evaluations and each
     family's table, for the tracks and families this run has."""
     inputs = [res("summary", SUMMARY_FILES["table_csv"])] if KEYWORD_ON else []
-    if MATH_ON:
-        inputs += [math_res("eval", m, EVAL_FILES["summary"]) for m in ["base", *MATH_VARIANTS]]
+    inputs += [track_eval_outputs(t.name, m)["summary"] for t in TRACKS.values() if t.evaluate
+               for m in ["base", *t.pipeline.variants]]
     inputs += [family_res(f, FAMILY_REPORT_DIR, FAMILY_REPORT_FILES["table"]) for f in FAMILIES]
     return inputs
 
 
+def _names(names) -> str:
+    """A wildcard constraint matching exactly these names ('(?!)', which never matches: none)."""
+    return "|".join(sorted(re.escape(n) for n in set(names))) or "(?!)"
+
+
 wildcard_constraints:
-    # `(?!)` never matches: an empty variants table must not let {variant} match anything.
-    variant="|".join(re.escape(v) for v in VARIANTS) or "(?!)",
-    math_variant="|".join(re.escape(v) for v in MATH_VARIANTS) or "(?!)",
-    math_model="|".join(re.escape(v) for v in ["base", *MATH_VARIANTS]),
-    family="|".join(re.escape(f) for f in FAMILIES) or "(?!)",
-    fvariant="|".join(sorted({re.escape(v) for c in FAMILY_CFG.values() for v in c.variants})) or "(?!)",
+    tdir=tdirs(lambda t: True),
+    variant=_names(v for t in TRACKS.values() for v in t.pipeline.variants),
+    model=_names(["base", *(v for t in TRACKS.values() if t.evaluate for v in t.pipeline.variants)]),
+    family=_names(FAMILIES),
+    fvariant=_names(v for c in FAMILY_CFG.values() for v in c.variants),
     fseed=r"\d+",
-
-
-# --------------------------------------------------------------------------- the MATH track
-# results/math/: data/ (the generated arithmetic task: train.jsonl, val.jsonl, corpus.txt),
-# tokenizer/, base/model.pt, eval/<base|variant>/ (`rlpipe eval`), runs/<variant>/ (RUN_FILES),
-# report/ (`rlpipe math-report`). A local HuggingFace model (math.base_model_dir) replaces the
-# tokenizer and pretraining stages; a MATH-format directory (math.dataset_dir) replaces the data.
-
-
-def math_res(*parts: str) -> str:
-    return res("math", *parts)
-
-
-def math_dataset_dir() -> str:
-    return CFG.math.dataset_dir or math_res("data")
-
-
-def math_dataset_inputs() -> list:
-    """The dataset files as inputs: the generated ones, or whatever a given directory holds."""
-    if CFG.math.dataset_dir is None:
-        return [math_res("data", "train.jsonl"), math_res("data", "val.jsonl")]
-    return sorted(str(p) for p in Path(CFG.math.dataset_dir).glob("*.jsonl"))
-
-
-def math_base() -> str:
-    """What `--base` gets: the HF directory, or our pretrained checkpoint."""
-    return CFG.math.base_model_dir or math_res("base", "model.pt")
-
-
-def math_base_inputs() -> list:
-    d = CFG.math.base_model_dir
-    return [os.path.join(d, "config.json")] if d else [math_res("base", "model.pt")]
-
-
-def math_tokenizer_inputs() -> list:
-    spec = MATH_CFG.tokenizer.path
-    if spec is None:
-        return [math_res("tokenizer", "tokenizer.json")]
-    return [spec] if Path(spec).exists() else []
-
-
-def math_run_outputs(variant: str) -> dict:
-    return {k: math_res("runs", variant, f) for k, f in RUN_FILES.items()}
-
-
-def math_eval_outputs(model: str) -> dict:
-    return {k: math_res("eval", model, f) for k, f in EVAL_FILES.items()}
-
-
-def math_eval_inputs(wildcards) -> dict:
-    """`rlpipe eval` of the base model or of a variant's final policy (its checkpoints/last.pt, which
-    is not a declared output: the run's run_info.json stands for it)."""
-    if wildcards.math_model == "base":
-        return {"model": math_base_inputs(), "dataset": math_dataset_inputs()}
-    return {"model": math_run_outputs(wildcards.math_model)["info"], "dataset": math_dataset_inputs()}
-
-
-def math_eval_checkpoint(wildcards) -> str:
-    if wildcards.math_model == "base":
-        return math_base()
-    return math_res("runs", wildcards.math_model, CHECKPOINT_FILE)
-
-
-def math_variant_train(variant: str) -> str:
-    return canonical(to_dict(resolve_variant(MATH_CFG, variant)))
-
-
-def math_section_params(*sections: str) -> str:
-    return canonical({s: to_dict(getattr(MATH_CFG, s)) for s in sections})
-
-
-def math_targets() -> list:
-    targets = [math_res("report", f) for f in MATH_REPORT_FILES.values()]
-    targets += [math_res("runs", v, f) for v in MATH_VARIANTS for f in RUN_FILES.values()]
-    return targets
 
 
 # --------------------------------------------------------------------------- experiment families
 # results/families/<family>/runs/<variant>/seed<seed>/ (RUN_FILES, one `rlpipe train` job each) and
 # results/families/<family>/report/ (`rlpipe family-report`, one report section per family).
-# A keyword-track family trains from the keyword base model and dataset, a math-track family from
-# the MATH track's (generated or local) ones.
+# A family trains from its track's base model and dataset (the Track record above).
 
 
 def family_res(family: str, *parts: str) -> str:
@@ -386,34 +481,39 @@ def _run_key(track: str, train, seed, threads: int) -> tuple:
     return track, canonical(dict(to_dict(train), seed=int(seed))), threads
 
 
+def family_track(family: str):
+    """The Track a family starts from."""
+    return TRACKS[CFG.families[family].base_track]
+
+
 def _family_job_threads(family: str) -> int:
-    """A systems-family replicate compares speed: it runs alone, like the variants
+    """A systems-family replicate compares speed: it runs alone, like a timed track's variants
     (workflow.threads_per_variant); every other replicate takes workflow.family_threads."""
-    timed = CFG.families[family].track == SYSTEMS_TRACK
+    timed = CFG.families[family].is_systems
     return CFG.workflow.threads_per_variant if timed else CFG.workflow.family_threads
 
 
 def _family_run_key(family: str, variant: str, seed) -> tuple:
     train = resolve_variant(FAMILY_CFG[family], variant)
-    return _run_key(family_base_track(CFG.families[family]), train, seed, _family_job_threads(family))
+    return _run_key(family_track(family).name, train, seed, _family_job_threads(family))
 
 
-# The owner of a replicate that is one of the variants table's own runs (results/runs/<variant>).
-TABLE_RUN = "(variants table)"
+# The owner of a replicate that is one of a track's own runs (results/<track subdir>runs/<variant>).
+TRACK_RUN = "(track run)"
 
 
 def _family_run_owners() -> dict:
     """(family, variant, seed) -> the run that trains it. Identical runs (same track, settings,
     seed and job threads) train once:
-    - a replicate identical to a run of the variants table reads that run (the systems family's
+    - a replicate identical to one of its track's own runs reads that run (the systems family's
       first seed is results/runs/<variant> when its settings equal the table's: no `base`, and a
       variant that does not override the seed);
     - families share identical replicates: the reference settings of several math families are the
       same run (lr_sweep's lr1e-4 is length_norm's masked_mean, std_norm's std, ...), so it trains
       once, under the first family in config order that has it, and every family's report reads it
       under its own variant name."""
-    first = {_run_key(KEYWORD_TRACK, t, t.seed, CFG.workflow.threads_per_variant): (TABLE_RUN, v, None)
-             for v in VARIANTS for t in [resolve_variant(CFG, v)]}
+    first = {_run_key(name, tr, tr.seed, track_threads(t)): (TRACK_RUN, name, v)
+             for name, t in TRACKS.items() for v in t.pipeline.variants for tr in [resolve_variant(t.pipeline, v)]}
     owners = {}
     for f in FAMILIES:
         for v, s in family_runs(f):
@@ -426,39 +526,29 @@ FAMILY_RUN_OWNER = _family_run_owners()
 
 def family_trained_outputs(family: str, variant: str, seed) -> dict:
     """The run files a family replicate reads: those of the run that trains it."""
-    owner, v, s = FAMILY_RUN_OWNER[(family, variant, seed)]
-    return run_outputs(v) if owner == TABLE_RUN else family_run_outputs(owner, v, s)
+    owner, a, b = FAMILY_RUN_OWNER[(family, variant, seed)]
+    return track_run_outputs(a, b) if owner == TRACK_RUN else family_run_outputs(owner, a, b)
 
 
 def family_threads(wildcards) -> int:
     return _family_job_threads(wildcards.family)
 
 
-def _family_math(family: str) -> bool:
-    return CFG.families[family].track == MATH_TRACK
-
-
 def family_train_inputs(wildcards) -> dict:
-    f = wildcards.family
-    if _family_math(f):
-        return {"base": math_base_inputs(), "dataset": math_dataset_inputs(), "tests": tests_done()}
-    inputs = {"base": res("base", "model.pt"), "tests": tests_done()}
-    if FAMILY_CFG[f].train.task == "keyword_inclusion":
-        inputs["dataset"] = res("data", "keywords", "train.jsonl")
+    t = family_track(wildcards.family)
+    inputs = {"base": track_base_inputs(t), "tests": tests_done()}
+    if uses_dataset(t, FAMILY_CFG[wildcards.family].train):
+        inputs["dataset"] = track_dataset_inputs(t)
     return inputs
 
 
 def family_base(wildcards) -> str:
-    return math_base() if _family_math(wildcards.family) else res("base", "model.pt")
+    return track_base(family_track(wildcards.family))
 
 
 def family_dataset_arg(wildcards) -> str:
-    f = wildcards.family
-    if _family_math(f):
-        return f"--dataset {math_dataset_dir()}"
-    if FAMILY_CFG[f].train.task == "keyword_inclusion":
-        return f"--dataset {res('data', 'keywords')}"
-    return ""
+    t = family_track(wildcards.family)
+    return f"--dataset {track_dataset_dir(t)}" if uses_dataset(t, FAMILY_CFG[wildcards.family].train) else ""
 
 
 def family_variant_train(wildcards) -> str:

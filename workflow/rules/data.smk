@@ -1,5 +1,7 @@
-# Corpus -> tokenizer -> base model, and the keyword-inclusion dataset (CLI contract in
-# CONTRIBUTING.md). Each rule's params are the config sections it reads.
+# The built-in tracks' data: the keyword track's corpus, keyword-inclusion dataset, imported base
+# model and zero-shot check, and the math track's generated arithmetic task (CLI contract in
+# CONTRIBUTING.md). Each rule's params are the config sections it reads. The tokenizer, pretraining
+# and training rules are every track's (tracks.smk).
 
 
 # lint: conda (no environment on purpose, see common.smk)
@@ -18,52 +20,7 @@ rule build_corpus:
         "rlpipe build-corpus --config {CONFIG_FILE} --out {output} > {log} 2>&1"
 
 
-if CFG.tokenizer.path is None:
-
-
-    # lint: conda (no environment on purpose, see common.smk)
-    # lint: CONFIG_FILE (a global, not a param: see common.smk)
-    rule train_tokenizer:
-        priority: 40  # after the test gate (45), before the toy grid (1 thread each beside the math chain)
-        input:
-            corpus=res("data", "corpus.txt"),
-        output:
-            res("tokenizer", "tokenizer.json"),
-        params:
-            cfg=section_params("tokenizer"),
-        log:
-            "logs/train_tokenizer/train_tokenizer.log",
-        shell:
-            "rlpipe train-tokenizer --config {CONFIG_FILE} --corpus {input.corpus} --out {output} > {log} 2>&1"
-
-
-if CFG.model.base_checkpoint is None:
-
-
-    # lint: conda (no environment on purpose, see common.smk)
-    # lint: CONFIG_FILE (a global, not a param: see common.smk)
-    rule pretrain_base:
-        priority: 40  # after the test gate (45), before the toy grid (1 thread each beside the math chain)
-        input:
-            corpus=res("data", "corpus.txt"),
-            tokenizer=tokenizer_inputs(),
-        output:
-            res("base", "model.pt"),
-        params:
-            cfg=section_params("model", "pretrain", "tokenizer"),
-            tokenizer=lambda w, input: input.tokenizer[0] if input.tokenizer else CFG.tokenizer.path,
-        threads: CFG.pretrain.threads
-        resources:
-            gpu=pretrain_gpus(),
-        log:
-            "logs/pretrain_base/pretrain_base.log",
-        benchmark:
-            "benchmarks/pretrain_base/pretrain_base.tsv"
-        shell:
-            "rlpipe pretrain --config {CONFIG_FILE} --corpus {input.corpus} "
-            "--tokenizer {params.tokenizer} --out {output} > {log} 2>&1"
-
-else:
+if CFG.model.base_checkpoint is not None:
 
 
     # lint: conda (no environment on purpose, see common.smk)
@@ -119,3 +76,23 @@ rule build_keyword_dataset:
         "logs/build_keyword_dataset/build_keyword_dataset.log",
     shell:
         "rlpipe build-dataset --config {CONFIG_FILE} --out {params.out} > {log} 2>&1"
+
+
+if MATH_TRACK in TRACKS and TRACKS[MATH_TRACK].dataset_dir is None:
+
+
+    # lint: conda (no environment on purpose, see common.smk)
+    # lint: CONFIG_FILE (a global, not a param: see common.smk)
+    rule build_math_data:
+        priority: 50  # the pretraining chains first: they are the longest paths to the runs
+        output:
+            train=track_res(MATH_TRACK, "data", "train.jsonl"),
+            val=track_res(MATH_TRACK, "data", "val.jsonl"),
+            corpus=track_res(MATH_TRACK, "data", CORPUS_FILE),
+        params:
+            cfg=canonical(to_dict(CFG.math.arithmetic)),
+            out=lambda w, output: os.path.dirname(output.train),
+        log:
+            "logs/build_math_data/build_math_data.log",
+        shell:
+            "rlpipe build-math-data --config {CONFIG_FILE} --out {params.out} > {log} 2>&1"

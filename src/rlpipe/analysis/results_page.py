@@ -9,7 +9,8 @@ written by the workflow (rule ``write_results_page``) from what a run left in ``
   when runs differ);
 - seed 000's systems comparison from ``summary/summary.csv`` (validation reward at step 0 and at the
   end, samples/s, speedup against the reference variant, wall time, whether the run was contended);
-- the MATH track's evaluations (``math/eval/<model>/summary.json``: accuracy, format rate);
+- each evaluated track's evaluations (``math/eval/<model>/summary.json`` for the math track,
+  ``tracks/<name>/eval/<model>/summary.json`` for a user's track: accuracy, format rate);
 - each experiment family's final validation reward, mean and 95% half-width over replicates
   (``families/<family>/report/summary.csv``).
 
@@ -109,17 +110,27 @@ def systems_section(results: Path) -> list[str]:
             *_table(table, SYSTEMS_COLUMNS), ""]
 
 
+def track_eval_dirs(results: Path) -> list[tuple[str, Path]]:
+    """(title, eval directory) of every evaluated track: the math track, then users' tracks by name."""
+    dirs = [("The MATH track", results / "math" / "eval")]
+    dirs += [(f"Track {d.parent.name}", d) for d in sorted((results / "tracks").glob("*/eval"))]
+    return dirs
+
+
 def math_section(results: Path) -> list[str]:
-    evals = sorted((results / "math" / "eval").glob(f"*/{contract.EVAL_FILES['summary']}"))
-    if not evals:
-        return []
-    lines = ["## The MATH track", "", "| model | examples | answer accuracy | format rate |",
-             "| --- | --- | --- | --- |"]
-    for path in evals:
-        s = _read_json(path)
-        lines.append(f"| {path.parent.name} | {_fmt(s.get('n'))} | {_fmt(s.get('accuracy'), '{:.3f}')} | "
-                     f"{_fmt(s.get('format_rate'), '{:.3f}')} |")
-    return lines + [""]
+    lines = []
+    for title, eval_dir in track_eval_dirs(results):
+        evals = sorted(eval_dir.glob(f"*/{contract.EVAL_FILES['summary']}"))
+        if not evals:
+            continue
+        lines += [f"## {title}", "", "| model | examples | answer accuracy | format rate |",
+                  "| --- | --- | --- | --- |"]
+        for path in evals:
+            s = _read_json(path)
+            lines.append(f"| {path.parent.name} | {_fmt(s.get('n'))} | {_fmt(s.get('accuracy'), '{:.3f}')} | "
+                         f"{_fmt(s.get('format_rate'), '{:.3f}')} |")
+        lines.append("")
+    return lines
 
 
 def families_section(results: Path) -> list[str]:

@@ -2,8 +2,9 @@
 
 The package: ``base`` (the strict section base and ``ConfigError`` messages), ``train`` (the
 ``train`` section and its options), ``sections`` (every other section and ``PipelineConfig``),
-``pipeline`` (loading, overrides, the MATH track's and families' derived pipelines, variants) and
-``schema`` (the generated JSON schema). Import everything from ``rlpipe.config``.
+``tracks`` (a user's tracks, families and the workflow's ``Track`` record), ``root``
+(``PipelineConfig``), ``pipeline`` (loading, overrides, each track's and family's derived pipeline,
+variants) and ``schema`` (the generated JSON schema). Import everything from ``rlpipe.config``.
 
 A pipeline config is a YAML file with one section per stage (``data``, ``tokenizer``, ``model``,
 ``pretrain``, ``train``, ``ray``, ``workflow``) plus a ``variants`` table. Every key is a pydantic
@@ -57,8 +58,12 @@ from rlpipe.config.pipeline import (
     parse_config,
     resolve_variant,
     table_reference,
+    track_pipeline,
+    user_track_pipeline,
     variant_gpus,
+    workflow_tracks,
 )
+from rlpipe.config.root import PipelineConfig
 from rlpipe.config.schema import json_schema
 from rlpipe.config.sections import (
     KEYWORD_TRACK,
@@ -66,18 +71,17 @@ from rlpipe.config.sections import (
     SYSTEMS_TRACK,
     ArithmeticConfig,
     DataConfig,
-    FamilyConfig,
     LoggingConfig,
     MathPretrainConfig,
     MathTokenizerConfig,
     MathTrackConfig,
     ModelSection,
-    PipelineConfig,
     PretrainConfig,
     RayConfig,
     TokenizerConfig,
     WorkflowConfig,
 )
+from rlpipe.config.tracks import CORPUS_FILE, RESERVED_TRACKS, FamilyConfig, Track, TrackConfig
 from rlpipe.config.train import (
     TASK_SPEC_PATTERN,
     DerivedSizes,
@@ -96,5 +100,6 @@ __all__ = [
     "TokenizerConfig", "TrainConfig", "WeightSyncConfig", "WorkflowConfig", "active_families", "apply_overrides",
     "eval_base_settings", "family_base_track", "family_pipeline", "family_reference", "family_seeds", "from_dict",
     "json_schema", "load_config", "load_yaml", "math_pipeline", "parse_config", "resolve_variant", "table_reference",
-    "to_dict", "variant_gpus",
+    "to_dict", "variant_gpus", "CORPUS_FILE", "RESERVED_TRACKS", "Track", "TrackConfig", "track_pipeline",
+    "user_track_pipeline", "workflow_tracks",
 ]

@@ -1,5 +1,5 @@
-"""Loading and deriving pipeline configs: YAML and overrides, the MATH track's and each family's
-own pipeline, variants and their GPUs."""
+"""Loading and deriving pipeline configs: YAML and overrides, each track's and each family's own
+pipeline, the workflow's track records, variants and their GPUs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 import yaml
 
 from rlpipe.config.base import ConfigError, from_dict, to_dict
-from rlpipe.config.sections import KEYWORD_TRACK, MATH_TRACK, SYSTEMS_TRACK, FamilyConfig, PipelineConfig
+from rlpipe.config.root import PipelineConfig
+from rlpipe.config.sections import KEYWORD_TRACK, MATH_TRACK, SYSTEMS_TRACK
+from rlpipe.config.tracks import RESERVED_TRACKS, USER_TRACK_DIR, FamilyConfig, Track
 from rlpipe.config.train import TrainConfig
 
 
@@ -54,14 +56,17 @@ def parse_config(data: dict[str, Any]) -> PipelineConfig:
         raise ConfigError(f"the config must be a mapping, got {type(data).__name__}")
     if isinstance(data.get("variants"), dict):
         data = dict(data, variants={k: v for k, v in data["variants"].items() if v is not None})
-    if isinstance(data.get("families"), dict):
-        data = dict(data, families={k: v for k, v in data["families"].items() if v is not None})
+    for table in ("families", "tracks"):
+        if isinstance(data.get(table), dict):
+            data = dict(data, **{table: {k: v for k, v in data[table].items() if v is not None}})
     cfg = from_dict(PipelineConfig, data)
     _check_names(cfg)
+    _check_tracks(cfg)
     for name in cfg.variants:
         resolve_variant(cfg, name)
-    if MATH_TRACK in cfg.workflow.tracks:
-        math_pipeline(cfg)
+    for name in cfg.workflow.tracks:
+        if name != KEYWORD_TRACK:
+            track_pipeline(cfg, name)
     for name in active_families(cfg):
         family_pipeline(cfg, name)
     return cfg
@@ -73,13 +78,82 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 def _check_names(cfg: PipelineConfig) -> None:
-    tables = {"variants": cfg.variants, "math.variants": cfg.math.variants, "families": cfg.families}
+    tables = {"variants": cfg.variants, "math.variants": cfg.math.variants, "families": cfg.families,
+              "tracks": cfg.tracks}
     tables.update({f"families.{k}.variants": f.variants or {} for k, f in cfg.families.items() if f is not None})
+    tables.update({f"tracks.{k}.variants": t.variants for k, t in cfg.tracks.items() if t is not None})
     for where, table in tables.items():
         for name in table:
             if not NAME_PATTERN.fullmatch(name):
                 raise ConfigError(f"{where}: name '{name}' must be letters, digits, '_' or '-' (it names a "
                                   "directory and a workflow wildcard)")
+
+
+def _check_tracks(cfg: PipelineConfig) -> None:
+    """Track names: a user's does not shadow a built-in one; workflow.tracks and every family's track
+    name a known track."""
+    for name in cfg.tracks:
+        if name in RESERVED_TRACKS:
+            raise ConfigError(f"tracks.{name}: '{name}' is a built-in track name; choose another")
+    known = [KEYWORD_TRACK, MATH_TRACK, *cfg.tracks]
+    for name in cfg.workflow.tracks:
+        if name not in known:
+            raise ConfigError(f"workflow.tracks: unknown track '{name}'; known tracks: {', '.join(known)}")
+    for f, fam in cfg.families.items():
+        if fam is not None and fam.base_track not in known:
+            raise ConfigError(f"families.{f}.track: unknown track '{fam.track}'; known tracks: "
+                              f"{', '.join([*known, SYSTEMS_TRACK])}")
+
+
+def track_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
+    """Track ``name`` as a pipeline config of its own, on which every stage command runs unchanged:
+    ``cfg`` itself for keyword, ``math_pipeline`` for math, ``user_track_pipeline`` for a user's."""
+    if name == KEYWORD_TRACK:
+        return cfg
+    if name == MATH_TRACK:
+        return math_pipeline(cfg)
+    return user_track_pipeline(cfg, name)
+
+
+def user_track_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
+    """A user's track (``tracks.<name>``): its tokenizer/model/pretrain sections in place of the
+    keyword track's, ``train`` = the shared train section + its train overrides, ``variants`` = its
+    variants. Errors name the ``tracks.<name>.*`` key."""
+    if cfg.tracks.get(name) is None:
+        raise ConfigError(f"unknown track '{name}'; tracks table: {', '.join(cfg.tracks) or '(empty)'}")
+    t, prefix = cfg.tracks[name], f"tracks.{name}"
+    try:
+        train = apply_overrides(to_dict(cfg.train), dict(t.train))
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}.train: {e}") from None
+    from_dict(TrainConfig, train, f"{prefix}.train")
+    data = dict(to_dict(cfg), tokenizer=to_dict(t.tokenizer), model=to_dict(t.model), pretrain=to_dict(t.pretrain),
+                train=train, variants={k: v or {} for k, v in t.variants.items() if v is not None}, families={})
+    data["workflow"] = dict(data["workflow"], families=None)
+    return _derived_pipeline(data, prefix)
+
+
+def workflow_tracks(cfg: PipelineConfig) -> dict[str, Track]:
+    """Every track in ``workflow.tracks`` as one ``Track`` record, in that order (the workflow's
+    single source of paths and inputs)."""
+    return {name: _track_record(cfg, name) for name in cfg.workflow.tracks}
+
+
+def _track_record(cfg: PipelineConfig, name: str) -> Track:
+    pipeline = track_pipeline(cfg, name)
+    if name == KEYWORD_TRACK:
+        return Track(name, "", pipeline, data_subdir="data/keywords", dataset_dir=None, dataset_command=None,
+                     base_model=None, pretrains=cfg.model.base_checkpoint is None, timed=True, evaluate=False,
+                     eval_size=None, eval_max_tokens=None)
+    if name == MATH_TRACK:
+        m = cfg.math
+        return Track(name, "math/", pipeline, data_subdir="data", dataset_dir=m.dataset_dir, dataset_command=None,
+                     base_model=m.base_model_dir, pretrains=m.base_model_dir is None, timed=False, evaluate=True,
+                     eval_size=m.eval_size, eval_max_tokens=m.eval_max_tokens)
+    t = cfg.tracks[name]
+    return Track(name, f"{USER_TRACK_DIR}/{name}/", pipeline, data_subdir="data", dataset_dir=t.dataset_dir,
+                 dataset_command=t.dataset_command, base_model=t.base_model, pretrains=t.base_model is None,
+                 timed=t.timed, evaluate=t.evaluate, eval_size=t.eval_size, eval_max_tokens=t.eval_max_tokens)
 
 
 def math_pipeline(cfg: PipelineConfig) -> PipelineConfig:
@@ -125,20 +199,25 @@ def active_families(cfg: PipelineConfig) -> list[str]:
         if unknown:
             raise ConfigError(f"workflow.families: unknown family '{unknown[0]}'; configured families: "
                               f"{', '.join(k for k, f in cfg.families.items() if f is not None) or '(none)'}")
-        empty = [f for f in chosen if cfg.families[f].track == SYSTEMS_TRACK and not cfg.variants]
+        empty = [f for f in chosen if cfg.families[f].is_systems and _track_on(cfg, cfg.families[f].base_track)
+                 and not track_pipeline(cfg, cfg.families[f].base_track).variants]
         if empty:
-            raise ConfigError(f"workflow.families: '{empty[0]}' is a 'systems' family, but the variants table "
-                              "is empty (drop it from workflow.families, or set families." + empty[0] + ": null)")
+            raise ConfigError(f"workflow.families: '{empty[0]}' is a systems family, but its track's variants "
+                              "table is empty (drop it from workflow.families, or set families." + empty[0] + ": null)")
 
     def on(f: FamilyConfig) -> bool:  # a systems family with no variants table has nothing to compare
-        return family_base_track(f) in cfg.workflow.tracks and (f.track != SYSTEMS_TRACK or bool(cfg.variants))
+        return _track_on(cfg, f.base_track) and (not f.is_systems or bool(track_pipeline(cfg, f.base_track).variants))
 
     return [k for k, f in cfg.families.items() if f is not None and on(f) and (chosen is None or k in chosen)]
 
 
+def _track_on(cfg: PipelineConfig, track: str) -> bool:
+    return track in cfg.workflow.tracks
+
+
 def family_base_track(fam: FamilyConfig) -> str:
     """The track whose base model, dataset and train settings family ``fam`` starts from."""
-    return KEYWORD_TRACK if fam.track == SYSTEMS_TRACK else fam.track
+    return fam.base_track
 
 
 def table_reference(cfg: PipelineConfig) -> str:
@@ -151,22 +230,22 @@ def table_reference(cfg: PipelineConfig) -> str:
 
 
 def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
-    """Family ``name`` as a pipeline config of its own: its track's pipeline (``cfg`` itself, or
-    ``math_pipeline(cfg)``) with ``train`` = that track's train settings + ``families.<name>.base``
-    and ``variants`` = the family's variants (null entries dropped; on the 'systems' track, the
-    variants table). ``rlpipe train --variant V
-    --seed S`` then runs one replicate unchanged. Errors name the ``families.<name>.*`` key."""
+    """Family ``name`` as a pipeline config of its own: its track's pipeline (``track_pipeline``)
+    with ``train`` = that track's train settings + ``families.<name>.base`` and ``variants`` = the
+    family's variants (null entries dropped; for a systems family, the track's variants table).
+    ``rlpipe train --variant V --seed S`` then runs one replicate unchanged. Errors name the
+    ``families.<name>.*`` key."""
     if name not in cfg.families or cfg.families[name] is None:
         raise ConfigError(f"unknown family '{name}'; configured families: {', '.join(cfg.families) or '(none)'}")
     fam, prefix = cfg.families[name], f"{FAMILIES_PREFIX}.{name}"
-    track = math_pipeline(cfg) if fam.track == MATH_TRACK else cfg
-    if fam.track == SYSTEMS_TRACK:
-        variants = dict(cfg.variants)
+    track = track_pipeline(cfg, fam.base_track)
+    if fam.is_systems:
+        variants = dict(track.variants)
         if not variants:
-            raise ConfigError(f"{prefix}: a 'systems' family needs the variants table, which is empty")
+            raise ConfigError(f"{prefix}: a systems family needs its track's variants table, which is empty")
         if fam.reference is not None and fam.reference not in variants:
-            raise ConfigError(f"{prefix}.reference: '{fam.reference}' is not in the variants table "
-                              f"({', '.join(variants)})")
+            raise ConfigError(f"{prefix}.reference: '{fam.reference}' is not in track {fam.base_track}'s variants "
+                              f"table ({', '.join(variants)})")
     else:
         variants = {k: v or {} for k, v in fam.variants.items() if v is not None}
     try:
@@ -182,8 +261,8 @@ def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
 def family_reference(cfg: PipelineConfig, name: str) -> str:
     """The variant family ``name`` compares every other one against."""
     fam = cfg.families[name]
-    if fam.track == SYSTEMS_TRACK:
-        return fam.reference or table_reference(cfg)
+    if fam.is_systems:
+        return fam.reference or table_reference(track_pipeline(cfg, fam.base_track))
     return fam.reference or next(k for k, v in fam.variants.items() if v is not None)
 
 

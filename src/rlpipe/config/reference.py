@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from rlpipe.config.sections import PipelineConfig
+from rlpipe.config.root import PipelineConfig
 from rlpipe.io import write_text
 
 HEADER = """# Configuration reference

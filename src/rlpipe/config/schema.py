@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlpipe.config.sections import PipelineConfig
+from rlpipe.config.root import PipelineConfig
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:

@@ -1,5 +1,5 @@
 """The other sections of a pipeline config (data, tokenizer, model, pretrain, ray, logging,
-workflow, the MATH track, families) and ``PipelineConfig``, which holds them all."""
+workflow and the MATH track). Tracks and families are in ``tracks``, the root ``PipelineConfig`` in ``root``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from rlpipe.config.base import _DEVICE_HELP, DEVICE_PATTERN, _Invalid, _Section
-from rlpipe.config.train import TrainConfig
 
 
 class DataConfig(_Section):
@@ -105,7 +104,7 @@ class LoggingConfig(_Section):
 
 KEYWORD_TRACK, MATH_TRACK = "keyword", "math"
 #: A family on this track is seed 000's systems comparison: the keyword track with the top-level
-#: ``variants`` table as its variants, timed (see ``FamilyConfig.track``).
+#: ``variants`` table as its variants, timed (see ``FamilyConfig.systems``).
 SYSTEMS_TRACK = "systems"
 
 
@@ -114,10 +113,10 @@ class WorkflowConfig(_Section):
 
     _prefix: ClassVar[str] = "workflow"
 
-    tracks: list[Literal["keyword", "math"]] = Field(
+    tracks: list[str] = Field(
         ["keyword", "math"], min_length=1,
-        description="Tracks to run: 'keyword' (seed 000: data, base model, variants, benchmarks) and 'math' "
-                    "(seeds 001/004: the math section).")
+        description="Tracks to run: 'keyword' (seed 000: data, base model, variants, benchmarks), 'math' "
+                    "(seeds 001/004: the math section) and the names of a user's entries of the tracks table.")
 
     families: list[str] | None = Field(
         None, description="Experiment families to run (names of the families table); null: every family whose "
@@ -241,73 +240,3 @@ class MathTrackConfig(_Section):
         512, ge=1, description="Validation examples `rlpipe eval` scores (seed 001 asks for >= 1024 on GPU).")
     eval_max_tokens: int | None = Field(
         None, ge=1, description="Max new tokens in `rlpipe eval`; default: the math runs' sampling_max_tokens.")
-
-
-class FamilyConfig(_Section):
-    """One experiment family: variants of one track's GRPO run, each replicated
-    over seeds. ``rlpipe.config.family_pipeline`` derives the family's own pipeline config (the
-    track's, with ``train`` = the track's train settings + ``base``, ``variants`` = this table); the
-    workflow runs family x variant x seed as one ``rlpipe train`` job each, and ``rlpipe
-    family-report`` writes the family's report section from this metadata alone (no variant name is
-    special)."""
-
-    track: Literal["keyword", "math", "systems"] = Field(
-        "math", description="Whose task, base model and train settings the runs start from: 'keyword' "
-                            "(the train section) or 'math' (train + math.train). 'systems': seed 000's systems "
-                            "comparison, the keyword track with the top-level `variants` table as the family's "
-                            "variants (give none here); its replicates compare speed, so each runs alone on "
-                            "workflow.threads_per_variant threads like the variants, and a replicate identical to "
-                            "a variants-table run (its first seed, with no base) reads results/runs/<variant>. "
-                            "Skipped when the track (systems: keyword) is not in workflow.tracks, or the "
-                            "variants table is empty.")
-    question: str = Field(
-        "", description="The seed problem the family answers (shown at the top of its report section).")
-    base: dict[str, Any] = Field(
-        {}, description="Overrides of the track's train settings shared by every variant (dotted keys allowed).")
-    variants: dict[str, dict[str, Any] | None] | None = Field(
-        None, description="Variant name -> overrides of base (null drops one). The first is the reference "
-                          "unless `reference` names another. Required, except on the 'systems' track (which "
-                          "takes the variants table).")
-    reference: str | None = Field(
-        None, description="Variant every other one is compared against (default: the first).")
-    replicates: int = Field(
-        1, ge=1, le=64, description="Seeds per variant: train.seed, train.seed + 1, ... (confidence intervals "
-                                    "need >= 2; with 1 the report calls every difference unreplicated).")
-    x: str | None = Field(
-        None, description="Dotted train key that orders the variants along an axis (a sweep, e.g. "
-                          "learning_rate): the report then plots final reward against it.")
-
-    @model_validator(mode="after")
-    def check_cross_fields(self) -> FamilyConfig:
-        if self.track == SYSTEMS_TRACK:
-            if self.variants is not None:
-                raise _Invalid("@variants: a 'systems' family takes the top-level variants table; give none here")
-            return self  # its reference is checked against that table (family_pipeline)
-        if self.variants is None:
-            raise _Invalid("@variants: required (variant name -> overrides of base)")
-        kept = [k for k, v in self.variants.items() if v is not None]
-        if not kept:
-            raise _Invalid("@variants: every variant is null; a family needs at least one")
-        if self.reference is not None and self.reference not in kept:
-            raise _Invalid(f"@reference '{self.reference}' is not one of the variants ({', '.join(kept)})")
-        return self
-
-
-class PipelineConfig(_Section):
-    """A whole pipeline config: one section per stage plus the variants table."""
-
-    data: DataConfig = Field(default_factory=DataConfig, description="Corpus and keyword dataset.")
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer.")
-    model: ModelSection = Field(default_factory=ModelSection, description="Base model.")
-    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Pretraining.")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="GRPO base settings shared by all variants.")
-    ray: RayConfig = Field(default_factory=RayConfig, description="Ray.")
-    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig, description="Snakemake workflow settings.")
-    math: MathTrackConfig = Field(default_factory=MathTrackConfig, description="The MATH track.")
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Live monitoring.")
-    variants: dict[str, dict[str, Any]] = Field(
-        {}, description="Variant name -> overrides of train (dotted keys allowed): seed 000's systems "
-                        "comparison (results/runs/<variant>).")
-    families: dict[str, FamilyConfig | None] = Field(
-        {}, description="Experiment families: name -> a replicated family of variants with its own "
-                        "report section (results/families/<name>/). null drops one.")

@@ -112,14 +112,19 @@ class Inputs:
 # ----------------------------------------------------------------------------- inputs
 
 
+#: Tasks ``rlpipe eval`` does not grade (no format/answer reward split): a config of theirs means the
+#: MATH track's settings.
+UNGRADED_TASKS = ("keyword_inclusion", "sorting")
+
+
 def math_train_config(cfg: PipelineConfig) -> TrainConfig:
-    """The train section that eval uses: ``cfg.train`` when its task is ``math``, else the MATH
-    track's (``math_pipeline``)."""
-    if cfg.train.task == "math":
+    """The train section that eval uses: ``cfg.train`` when its task grades answers (math, text, a
+    user's task: a track's own config), else the MATH track's (``math_pipeline``)."""
+    if cfg.train.task not in UNGRADED_TASKS:
         return cfg.train
     if MATH_TRACK not in cfg.workflow.tracks:
         raise ConfigError(f"train.task is {cfg.train.task!r} and workflow.tracks has no 'math': rlpipe eval grades "
-                          "the MATH task (format and answer rewards); for the keyword task use rlpipe eval-base")
+                          "format and answer rewards; for the keyword task use rlpipe eval-base")
     return math_pipeline(cfg).train
 
 

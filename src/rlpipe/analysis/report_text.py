@@ -32,6 +32,7 @@ from rlpipe.analysis.bench_text import bench_section, limits_section, trl_sectio
 from rlpipe.analysis.contract import phase_seconds_column, phase_share_column
 from rlpipe.analysis.findings import single_runs
 from rlpipe.analysis.kl_text import kl_section
+from rlpipe.analysis.optimization_text import optimization_section
 from rlpipe.analysis.provenance import provenance_section
 from rlpipe.analysis.summary_rows import (
     contended,
@@ -432,48 +433,6 @@ def replay_section(table: pd.DataFrame) -> dict:
 
 
 # --------------------------------------------------------------------------- assembly
-
-
-#: Seed 000 Problem 10 candidates: name -> seconds saved, from the reference run's phase seconds
-#: (``g`` generate + score, ``u`` update, ``r`` ref log-probs, ``o`` old log-probs, ``w`` weight
-#: sync, ``t`` wall). Amdahl estimates: each assumes the rest of the step is unchanged.
-OPTIMIZATIONS = {
-    "overlap generation with training (disaggregated, one version behind; ideal bound)":
-        lambda g, u, r, o, w, t: t - max(g, u + r + o + w) - max(t - g - u - r - o - w, 0.0),
-    "a 2x faster sampler (e.g. batched KV-cache decoding on GPU, or vLLM)": lambda g, u, r, o, w, t: g / 2,
-    "a 2x faster update (fused AdamW, bf16 autocast on GPU)": lambda g, u, r, o, w, t: u / 2,
-    "drop the reference forward pass (kl_coef 0 and kl_monitor off)": lambda g, u, r, o, w, t: r,
-    "sync weights every 4th step instead of every step (k=4)": lambda g, u, r, o, w, t: 0.75 * w,
-}
-
-
-def optimization_section(table: pd.DataFrame, ref: str) -> dict:
-    """Seed 000 Problem 10: what each candidate optimization would gain, estimated from the
-    reference run's measured phase times, and the one to build first."""
-    title = "Optimization idea: estimated gains (seed 000 Problem 10)"
-    r = row_of(table, ref)
-    if r is None:
-        return section("optimization", title, [missing(ref)])
-
-    def sec(*phases: str) -> float:
-        return sum(0.0 if nan(r.get(phase_seconds_column(p))) else r[phase_seconds_column(p)] for p in phases)
-
-    args = (sec(*contract.GEN_PHASES), sec("update"), sec("ref_logprobs"), sec("old_logprobs"),
-            sec("weight_sync"), r["wall_time_s"])
-    if nan(args[-1]) or args[-1] <= 0:
-        return section("optimization", title, [f"No data: '{ref}' has no wall time."])
-    gains = {name: max(f(*args), 0.0) for name, f in OPTIMIZATIONS.items()}
-    speedup = {name: args[-1] / (args[-1] - g) if g < args[-1] else math.inf for name, g in gains.items()}
-    best = max(gains, key=gains.get)
-    s = [f"From '{ref}' ({fsec(args[-1])}: generation {fsec(args[0])}, update {fsec(args[1])}, reference "
-         f"{fsec(args[2])}, old log-probs {fsec(args[3])}, weight sync {fsec(args[4])}), each candidate's estimated "
-         "saving (Amdahl: the rest unchanged): " + "; ".join(f"{n}: {fsec(g)} ({fx(speedup[n])})"
-                                                            for n, g in gains.items()) + ".",
-         f"Recommended first: {best}, the largest estimated saving ({fx(speedup[best])})."]
-    if contended(r):
-        s.append(f"'{ref}' was timed under contention, so these estimates inherit its skew.")
-    return section("optimization", title, s, {"recommended": best, **{f"speedup_{i}": speedup[n]
-                                                                        for i, n in enumerate(gains)}})
 
 
 def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFrame, sync: pd.DataFrame,

@@ -34,8 +34,10 @@ import pandas as pd
 from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES, phase_seconds_column
+from rlpipe.analysis.findings import CONTENDED, single_runs
 from rlpipe.analysis.frames import col
 from rlpipe.analysis.kl_text import fit_growth
+from rlpipe.analysis.summary_rows import contended, contention_caveat, row_of
 
 STACK = (*contract.STACK_PHASES, contract.OTHER)
 STEP_PHASES = contract.STEP_STACK_PHASES
@@ -315,35 +317,74 @@ def plot_timeline(s: Summary, axes, notes: list[str]) -> None:
 # --------------------------------------------------------------------------- throughput and sync
 
 
-def _bars(ax, r: pd.DataFrame, column: str, title: str, notes: list[str], fmt: str = "{:.2f}") -> None:
+def _bars(ax, r: pd.DataFrame, column: str, title: str, notes: list[str], fmt: str = "{:.2f}",
+          marks: list[str] | None = None) -> None:
+    """One bar per variant; ``marks`` (from ``bar_marks``) hatch a bar and name why it is no finding."""
     vals = col(r, column)
     if not len(r) or vals.isna().all():
         no_data(ax, f"{column} not measured", notes)
         return
     c = colors(list(r["variant"]))
-    ax.bar(r["variant"], vals.fillna(0.0), color=[c[v] for v in r["variant"]])
-    for i, val in enumerate(vals):
-        ax.annotate("n/a" if math.isnan(val) else fmt.format(val), (i, 0 if math.isnan(val) else val),
-                    ha="center", va="bottom", fontsize=8)
+    marks = marks or [""] * len(r)
+    bars = ax.bar(r["variant"], vals.fillna(0.0), color=[c[v] for v in r["variant"]])
+    for i, (bar, val, mark) in enumerate(zip(bars, vals, marks, strict=True)):
+        if mark:
+            bar.set_hatch("//" if mark == MARK_CONTENDED else "..")
+            bar.set_alpha(0.55)
+        text = "n/a" if math.isnan(val) else fmt.format(val)
+        ax.annotate(text + (f"\n{mark}" if mark else ""), (i, 0 if math.isnan(val) else val),
+                    ha="center", va="bottom", fontsize=7 if mark else 8)
+    ax.margins(y=0.15)  # room for the labels above the tallest bar
     ax.set_title(title)
     ax.tick_params(axis="x", rotation=45)
     ax.grid(axis="y", alpha=0.3)
 
 
-@figure("throughput", {"ncols": 3, "figsize": (15, 4.5)})
+MARK_CONTENDED = "contended"
+MARK_UNREPLICATED = "n=1"
+
+
+def bar_marks(r: pd.DataFrame, reference: str) -> list[str]:
+    """Per row of the summary table, why its comparison with the reference is no finding, by the
+    report's one honesty rule (``rlpipe.analysis.findings``): ``MARK_CONTENDED`` when it or the
+    reference was timed under contention, ``MARK_UNREPLICATED`` for a single run, '' for the
+    reference itself when uncontended (nothing to compare)."""
+    base = row_of(r, reference)
+    out = []
+    for _, row in r.iterrows():
+        row = row.to_dict()
+        busy = bool(contention_caveat(row, base)) if row["variant"] != reference else contended(row)
+        if row["variant"] == reference and not busy:
+            out.append("")
+            continue
+        verdict = single_runs(1.0, row.get("speedup_vs_ref", math.nan), busy)
+        out.append(MARK_CONTENDED if verdict.reason == CONTENDED else
+                   "" if verdict else MARK_UNREPLICATED)
+    return out
+
+
+@figure("throughput", {"ncols": 3, "figsize": (15, 4.8)})
 def plot_throughput(s: Summary, axes, notes: list[str]) -> None:
+    """Samples/s, speedup and device-hours per variant. Each variant is one run, so every bar but the
+    reference's is marked: hatched "contended" (timed while other processes took the CPU: no
+    conclusion) or dotted "n=1" (unreplicated: a measurement, not a finding)."""
     r = s.runs
-    _bars(axes[0], r, "samples_per_s", "samples / s", notes)
-    _bars(axes[1], r, "speedup_vs_ref", f"speedup vs {s.reference} (x)", notes)
+    marks = bar_marks(r, s.reference) if len(r) and "variant" in r.columns else None
+    _bars(axes[0], r, "samples_per_s", "samples / s", notes, marks=marks)
+    _bars(axes[1], r, "speedup_vs_ref", f"speedup vs {s.reference} (x)", notes, marks=marks)
     if len(r) and col(r, "speedup_vs_ref").notna().any():
         axes[1].axhline(1.0, color="k", lw=0.8)
         bound = col(r, "overlap_bound")
         if bound.notna().any():
             axes[1].scatter(r["variant"][bound.notna()], bound.dropna(), marker="_", s=500, color="k",
                             label="overlap bound", zorder=3)
-            axes[1].legend(fontsize=8)
+            axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     unit = contract.device_hours_unit(r["device_type"] if "device_type" in r.columns else ())
-    _bars(axes[2], r, "device_hours", f"{unit} (wall x devices)", notes, "{:.3g}")
+    _bars(axes[2], r, "device_hours", f"{unit} (wall x devices)", notes, "{:.3g}", marks=marks)
+    if marks and any(marks):
+        axes[1].figure.text(0.5, 0.005, "Hatched //: contended, no conclusion. Dotted: n=1, one run, a measurement "
+                            "not a finding (replicated comparisons: the systems family page).", ha="center",
+                            fontsize=8, color="#555555")
 
 
 @figure("weight_sync", {"ncols": 2, "figsize": (12, 4.2)})

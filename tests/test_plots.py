@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import aggregate, contract, plots
+from rlpipe.analysis import aggregate, contract, figure_kit, plots, plots_systems
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -124,8 +124,8 @@ def test_throughput_bills_gpu_runs_in_gpu_hours(tmp_path, monkeypatch, device_ty
 
     s = plots.load_summary(summary_dir(make_runs, tmp_path, ("onpolicy", "disagg"), set_device))
     titles = []
-    bars = plots._bars
-    monkeypatch.setattr(plots, "_bars", lambda ax, r, column, title, *a, **k: (titles.append(title),
+    bars = plots_systems._bars
+    monkeypatch.setattr(plots_systems, "_bars", lambda ax, r, column, title, *a, **k: (titles.append(title),
                                                                                bars(ax, r, column, title, *a, **k)))
     assert plots.plot_throughput(s, tmp_path / "t.png") == []
     assert titles[-1] == f"{unit} (wall x devices)"
@@ -146,8 +146,8 @@ def test_throughput_marks_contended_and_unreplicated_bars(tmp_path, make_runs, m
     assert list(s.runs["variant"]) == ["disagg", "k2", "onpolicy"]
     assert plots.bar_marks(s.runs, "onpolicy") == [plots.MARK_CONTENDED, plots.MARK_UNREPLICATED, ""]
     hatches, texts = [], []
-    save = plots.save
-    monkeypatch.setattr(plots, "save", lambda fig, out: (
+    save = figure_kit.save  # the @figure wrapper saves through the kit
+    monkeypatch.setattr(figure_kit, "save", lambda fig, out: (
         hatches.append([[b.get_hatch() for b in ax.patches] for ax in fig.axes]),
         texts.extend(t.get_text() for ax in fig.axes for t in ax.texts), save(fig, out)))
     assert plots.plot_throughput(s, tmp_path / "t.png") == []

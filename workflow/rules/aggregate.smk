@@ -9,7 +9,8 @@ rule aggregate_metrics:
         metrics=expand(res("runs", "{variant}", "metrics.parquet"), variant=VARIANTS),
         bench=[res("bench", f"{b}.json") for b in ("weight_sync", "sampler", "update", "trl")],
         code=[module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "bench_text",
-                                                             "optimization_text")],
+                                                             "optimization_text", "rdt_text", "bench_read",
+                                                             "summary_table")],
     output:
         **{k: res("summary", f) for k, f in SUMMARY_FILES.items()},
         table_html=report(

@@ -162,7 +162,7 @@ def test_track_is_named_truthfully(results, tmp_path):
 
 def test_family_answer_one_seed_collapse_is_no_finding_and_names_the_mechanism():
     text = " ".join(family_answer.answer(family_numbers("lr_sweep", diverged=1)))
-    assert "b diverged in 1 of 1 seeds" in text and "entropy 0.59 → 2.62" in text
+    assert "b diverged in 1 of 1 seeds (final reward 0.000, one seed, entropy 0.59 → 2.62)" in text
     assert "not a finding" in text and "a finding (replicated" not in text
     assert "entropy (nats/token): b 2.62 vs a 0.5 (5.2x)" in text
     assert "cannot fully answer its question at this scale, because the clip bound on few response tokens" in text
@@ -193,3 +193,13 @@ def test_length_normalisation_pros_and_cons(results):
     assert "Pros of masked_mean" in text and "Cons:" in text and "Pros of masked_normalize" in text
     assert "1/4 = 0.250" in text and "1/7 = 0.143" in text
     assert "26.2 to 26.5 tokens" in text and "hardly separate" in text
+
+
+def test_replay_answer_describes_aging_and_sampling(results):
+    (results / "runs" / "replay").mkdir()
+    (results / "runs" / "replay" / contract.RUN_CONFIG_FILE).write_text(yaml.safe_dump({"train": {
+        "variant": "replay", "replay": {"enabled": True, "capacity_groups": 16, "max_age": 2, "strategy": "recency"}}}))
+    text = " ".join(deliverables.replay_answer(ResultsView.load(results)))
+    assert "Aging and sampling in 'replay': the buffer holds up to 16 scored prompt groups" in text
+    assert "more than 2 policy versions ago" in text and "most recent first" in text
+    assert "No data: no variant with train.replay.enabled ran." in text  # the fixture's runs have no replay run

@@ -33,6 +33,20 @@ def sections_answer(view: ResultsView, *ids: str) -> list[str]:
     return out
 
 
+STRATEGY = {"uniform": "uniformly at random", "recency": "most recent first (recency-weighted)"}
+
+
+def replay_answer(view: ResultsView) -> list[str]:
+    """Seed 002 Problem 11: the aging and sampling strategy from the replay run's settings, then the
+    comparison with the standard disaggregated run."""
+    r = view.replay
+    strategy = ([f"Aging and sampling in '{r.get('variant')}': the buffer holds up to {r.get('capacity_groups')} "
+                 f"scored prompt groups, evicts the oldest first (FIFO) and drops any group generated more than "
+                 f"{r.get('max_age')} policy versions ago; the learner samples its batches "
+                 f"{STRATEGY.get(r.get('strategy'), r.get('strategy'))} from what remains."] if r else [])
+    return strategy + sections_answer(view, "replay")
+
+
 def family(name: str):
     """The answer function of family ``name`` (its family.json ``answer``, else computed from it)."""
     def answer(view: ResultsView) -> list[str]:

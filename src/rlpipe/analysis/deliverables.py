@@ -20,7 +20,13 @@ from dataclasses import dataclass
 
 from rlpipe.analysis import contract
 from rlpipe.analysis.answers_math import train_loop_answer, zero_shot_answer, zero_shot_metrics_answer
-from rlpipe.analysis.answers_systems import family, length_norm_written, sections_answer, toy_sort_answer
+from rlpipe.analysis.answers_systems import (
+    family,
+    length_norm_written,
+    replay_answer,
+    sections_answer,
+    toy_sort_answer,
+)
 from rlpipe.analysis.results_view import ResultsView
 
 Answer = Callable[[ResultsView], list[str]]
@@ -79,7 +85,7 @@ DELIVERABLES = (
     Deliverable("001", "Problem 10", "no_baseline vs reinforce_with_baseline: curves and trends", "s001-p10",
                 _fam("baselines"), family("baselines")),
     Deliverable("002", "Problem 11", "replay buffer: aging and sampling, against the standard run", "s002-p11",
-                _fig("replay"), _sections("replay")),
+                _fig("replay"), replay_answer),
     Deliverable("003", "toy sorting", "delta modes x losses on the toy sorting task", "s003-sort",
                 f"toy_sort/{contract.TOY_SORT_FILES['curves']}", toy_sort_answer),
     Deliverable("004", "think_about_length_normalization", "masked_mean vs masked_normalize: pros, cons, where "

@@ -44,7 +44,7 @@ def _fmt(x, spec: str = ".3f") -> str:
 
 def _final(v: dict) -> str:
     ci = v.get("val_reward_final_ci")
-    tail = f" ± {_fmt(ci)}" if isinstance(ci, (int, float)) and math.isfinite(ci) else " (one seed)"
+    tail = f" ± {_fmt(ci)}" if isinstance(ci, (int, float)) and math.isfinite(ci) else ", one seed"
     return _fmt(v.get("val_reward_final_mean")) + tail
 
 

@@ -329,7 +329,9 @@ def render_html(disc: dict) -> str:
              ("<p><i>Every number on this page is computed by rlpipe.analysis.report_text from results/summary "
              f"(reference variant: {html.escape(str(disc.get('reference')))}); none is typed by hand. Each "
              "variant here is one run, so a gap between variants is a measurement, not a finding: findings need "
-             "replicates, and the experiment family pages give them with their 95% intervals.</i></p>")]
+             "replicates, and the experiment family pages give them with their 95% intervals. The answers to the "
+             "seed questions, question by question, open the report (its first section) and results/RESULTS.md."
+             "</i></p>")]
     for sec in disc["sections"]:
         parts.append(f"<h3>{html.escape(sec['title'])}</h3>")
         parts += [f"<p>{html.escape(s)}</p>" for s in sec["sentences"]]

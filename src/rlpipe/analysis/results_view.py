@@ -10,7 +10,8 @@ has only some of them):
 - ``math/report/math.json``: the MATH track's learning numbers (``rlpipe.analysis.math_report``);
 - ``math/runs/*/config.yaml`` and ``math/base/model.log.json``: what data and model the MATH track
   used, so the answers name the task and model truthfully;
-- ``toy_sort/table.csv``: seed 003's grid (``rlpipe.analysis.toy_sort``).
+- ``toy_sort/table.csv``: seed 003's grid (``rlpipe.analysis.toy_sort``);
+- ``runs/*/config.yaml``: the replay run's ``train.replay`` settings (its aging and sampling).
 
 A file that exists but cannot be parsed raises ``ValueError`` naming it. Not in the seeds: they
 have one writeup per student; ours is assembled from the stages' outputs.
@@ -54,6 +55,7 @@ class ResultsView:
     math_config: dict = field(default_factory=dict)
     math_model: dict = field(default_factory=dict)
     toy_sort: pd.DataFrame = field(default_factory=pd.DataFrame)
+    replay: dict = field(default_factory=dict)  # the replay run's train.replay settings, with its variant
 
     @classmethod
     def load(cls, results: str | Path) -> ResultsView:
@@ -74,7 +76,12 @@ class ResultsView:
                 _json(path), pd.read_parquet(examples) if examples.is_file() else pd.DataFrame())
         math_json = root / "math" / "report" / contract.MATH_REPORT_FILES["math_json"]
         view.math = _json(math_json) if math_json.is_file() else {}
-        view.math_config = _math_section(root)
+        view.math_config = (_config(root / "math" / "runs", lambda c: isinstance(c.get("math"), dict)) or {}).get(
+            "math", {})
+        replay = _config(root / "runs", lambda c: ((c.get("train") or {}).get("replay") or {}).get("enabled"))
+        if replay:
+            view.replay = {**replay["train"]["replay"], "variant": replay.get("variant") or replay["train"].get(
+                "variant")}
         log = root / "math" / "base" / "model.log.json"
         view.math_model = _json(log) if log.is_file() else {}
         toy = root / "toy_sort" / contract.TOY_SORT_FILES["table_csv"]
@@ -85,13 +92,13 @@ class ResultsView:
         return self.sections.get(sid)
 
 
-def _math_section(root: Path) -> dict:
-    """The ``math`` section of the first MATH run's resolved config ({} when none ran)."""
-    for path in sorted((root / "math" / "runs").glob(f"*/{contract.RUN_CONFIG_FILE}")):
+def _config(runs: Path, wanted) -> dict | None:
+    """The first resolved run config (``<run>/config.yaml``) under ``runs`` for which ``wanted`` holds."""
+    for path in sorted(runs.glob(f"*/{contract.RUN_CONFIG_FILE}")):
         try:
             data = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as e:
             raise ValueError(f"{path} is unreadable: {e}") from None
-        if isinstance(data, dict) and isinstance(data.get("math"), dict):
-            return data["math"]
-    return {}
+        if isinstance(data, dict) and wanted(data):
+            return data
+    return None

@@ -203,3 +203,12 @@ def test_replay_answer_describes_aging_and_sampling(results):
     assert "Aging and sampling in 'replay': the buffer holds up to 16 scored prompt groups" in text
     assert "more than 2 policy versions ago" in text and "most recent first" in text
     assert "No data: no variant with train.replay.enabled ran." in text  # the fixture's runs have no replay run
+
+
+def test_family_answer_reads_a_sweep_along_its_axis():
+    numbers = family_numbers("lr_sweep", replicates=3)
+    numbers["x"] = "learning_rate"
+    numbers["variants"]["a"]["x"], numbers["variants"]["b"]["x"] = 1e-4, 1e-2
+    text = family_answer.trend_sentence(numbers)
+    assert text == ("Along learning_rate, the final validation reward is 0.0001: 0.810 ± 0.020, 0.01: 0.780 ± 0.020; "
+                    "it peaks at the smallest (learning_rate = 0.0001).")

@@ -116,7 +116,9 @@ def test_math_json_numbers(tmp_path, inputs):
     assert "legacy: no reward/format_mean" in notes  # the format panel says what it lacks
 
 
-def test_eval_html_tables_and_examples(tmp_path, inputs):
+def test_eval_html_tables_and_examples(tmp_path, inputs, monkeypatch):
+    assert math_report.EXAMPLES_PER_CATEGORY >= 10  # seed 001 Problem 1(b): at least 10 cases
+    monkeypatch.setattr(math_report, "EXAMPLES_PER_CATEGORY", 3)  # the fixture has 5 per category
     _main(tmp_path, *inputs)
     page = (tmp_path / "report" / MATH_REPORT_FILES["eval_html"]).read_text()
     assert page.count("<h2>") == 2 and "onpolicy (final)" in page

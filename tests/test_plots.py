@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import aggregate, contract, plots
+from rlpipe.analysis import aggregate, contract, figure_kit, plots, plots_systems
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -124,8 +124,33 @@ def test_throughput_bills_gpu_runs_in_gpu_hours(tmp_path, monkeypatch, device_ty
 
     s = plots.load_summary(summary_dir(make_runs, tmp_path, ("onpolicy", "disagg"), set_device))
     titles = []
-    bars = plots._bars
-    monkeypatch.setattr(plots, "_bars", lambda ax, r, column, title, *a: (titles.append(title),
-                                                                          bars(ax, r, column, title, *a)))
+    bars = plots_systems._bars
+    monkeypatch.setattr(plots_systems, "_bars", lambda ax, r, column, title, *a, **k: (titles.append(title),
+                                                                               bars(ax, r, column, title, *a, **k)))
     assert plots.plot_throughput(s, tmp_path / "t.png") == []
     assert titles[-1] == f"{unit} (wall x devices)"
+
+
+BUSY = {"load_avg_start": 3.0, "load_avg_end": 3.1, "cpus": 2, "run_cores": 2.0, "wall_s": 40.0, "own_cpu_s": 70.0,
+        "other_cpu_s": 28.0, "other_cpu_frac": 0.35, "contended": True, "note": ""}
+
+
+def test_throughput_marks_contended_and_unreplicated_bars(tmp_path, make_runs, monkeypatch):
+    """The honesty rule in the figure: a single run's bar is marked n=1, a contended one hatched; none
+    is left unmarked as if it were a finding (the reference alone has nothing to compare)."""
+    def busy_disagg(runs):
+        p = runs / "disagg" / contract.RUN_INFO_FILE
+        p.write_text(json.dumps({**json.loads(p.read_text()), "conditions": BUSY}))
+
+    s = plots.load_summary(summary_dir(make_runs, tmp_path, ("onpolicy", "k2", "disagg"), busy_disagg))
+    assert list(s.runs["variant"]) == ["disagg", "k2", "onpolicy"]
+    assert plots.bar_marks(s.runs, "onpolicy") == [plots.MARK_CONTENDED, plots.MARK_UNREPLICATED, ""]
+    hatches, texts = [], []
+    save = figure_kit.save  # the @figure wrapper saves through the kit
+    monkeypatch.setattr(figure_kit, "save", lambda fig, out: (
+        hatches.append([[b.get_hatch() for b in ax.patches] for ax in fig.axes]),
+        texts.extend(t.get_text() for ax in fig.axes for t in ax.texts), save(fig, out)))
+    assert plots.plot_throughput(s, tmp_path / "t.png") == []
+    assert hatches[0][1] == ["//", "..", None]  # the speedup panel: disagg (contended), k2 (n=1), reference
+    assert "1.60\ncontended" in texts and "1.25\nn=1" in texts and "1.00" in texts
+    assert_png_not_blank(tmp_path / "t.png")

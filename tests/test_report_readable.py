@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from rlpipe.analysis import aggregate, kl_text, plots
+from rlpipe.analysis import aggregate, figure_kit, kl_text, plots
 
 WORKFLOW_RST = Path(__file__).parents[1] / "workflow" / "report" / "workflow.rst"
 
@@ -29,8 +29,8 @@ def test_replay_panel_never_titled_none(tmp_path, make_runs, monkeypatch):
     runs = make_runs(tmp_path / "runs", ("onpolicy", "disagg"))  # a disaggregated run, no replay run
     aggregate.main(["--runs", str(runs), "--out", str(tmp_path / "summary")])
     titles: list[str] = []
-    save = plots.save
-    monkeypatch.setattr(plots, "save", lambda fig, out: (titles.extend(a.get_title() for a in fig.axes),
+    save = figure_kit.save  # the @figure wrapper saves through the kit
+    monkeypatch.setattr(figure_kit, "save", lambda fig, out: (titles.extend(a.get_title() for a in fig.axes),
                                                           save(fig, out)))
     plots.plot_replay(plots.load_summary(tmp_path / "summary"), tmp_path / "r.png")
     assert "disagg: reward" in titles

@@ -8,7 +8,9 @@ rule aggregate_metrics:
         runs=expand(res("runs", "{variant}", "run_info.json"), variant=VARIANTS),
         metrics=expand(res("runs", "{variant}", "metrics.parquet"), variant=VARIANTS),
         bench=[res("bench", f"{b}.json") for b in ("weight_sync", "sampler", "update", "trl")],
-        code=[module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "bench_text")],
+        code=[module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "bench_text",
+                                                             "optimization_text", "rdt_text", "bench_read",
+                                                             "summary_table")],
     output:
         **{k: res("summary", f) for k, f in SUMMARY_FILES.items()},
         table_html=report(
@@ -35,18 +37,28 @@ rule aggregate_metrics:
         "--reference {params.reference} --bench {input.bench} > {log} 2>&1"
 
 
-# results/RESULTS.md: the headline numbers of this run with the date, machine, CPU capability and
-# package versions they came from (rlpipe.analysis.results_page); the docs' Results page includes it.
+# results/RESULTS.md: the answers to the seed questions (the deliverables manifest as a table of
+# contents, each answer computed), then the headline numbers of this run with the date, machine, CPU
+# capability and package versions they came from (rlpipe.analysis.results_page); the docs' Results
+# page includes it. answers.html is the same answers as the report's first page.
 # lint: conda (no environment on purpose, see common.smk)
 rule write_results_page:
     input:
-        data=results_page_inputs(),
-        code=module_file("rlpipe.analysis.results_page"),
+        data=results_page_inputs(),  # the page's tables and what the answers read (common.smk)
+        code=[module_file(f"rlpipe.analysis.{m}") for m in ("results_page", "deliverables", "answers_systems",
+                                                             "answers_math", "family_answer", "results_view")],
     output:
-        res("RESULTS.md"),
+        page=res("RESULTS.md"),
+        answers=report(
+            res("answers.html"),
+            caption="../report/answers.rst",
+            category="0 Answers to the seed questions",
+            labels={"item": "every seed question and its computed answer"},
+        ),
     params:
-        results=lambda w, output: os.path.dirname(output[0]),
+        results=lambda w, output: os.path.dirname(output.page),
     log:
         "logs/write_results_page/write_results_page.log",
     shell:
-        "rlpipe results-page --results {params.results} --out {output} > {log} 2>&1"
+        "rlpipe results-page --results {params.results} --out {output.page} --answers-html {output.answers} "
+        "> {log} 2>&1"

@@ -438,6 +438,11 @@ def results_page_inputs() -> list:
     inputs += [track_eval_outputs(t.name, m)["summary"] for t in TRACKS.values() if t.evaluate
                for m in ["base", *t.pipeline.variants]]
     inputs += [family_res(f, FAMILY_REPORT_DIR, FAMILY_REPORT_FILES["table"]) for f in FAMILIES]
+    # what the answers read beyond the tables (rlpipe.analysis.results_view): the main discussion,
+    # the math track's report and seed 003's grid, for the parts this run has
+    inputs += [res("summary", SUMMARY_FILES["discussion_json"])] if KEYWORD_ON else []
+    inputs += [track_res(MATH_TRACK, "report", MATH_REPORT_FILES["math_json"])] if MATH_TRACK in TRACKS else []
+    inputs += [res("toy_sort", TOY_SORT_FILES["table_csv"])] if CFG.workflow.toy_sort_seeds else []
     return inputs
 
 

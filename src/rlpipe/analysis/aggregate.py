@@ -5,8 +5,10 @@
 
 - ``metrics.parquet``, ``events.parquet``, ``versions.parquet``, ``rollouts.parquet``: the runs'
   files stacked, with a ``variant`` column first;
-- ``runs.parquet`` / ``summary.csv`` / ``summary.html``: one row per variant (``summarize``);
-- ``weight_sync.parquet``: median sync latency per transport, from the runs and the bench JSON;
+- ``runs.parquet`` / ``summary.csv`` / ``summary.html``: one row per variant (``summarize``; the HTML
+  table is ``rlpipe.analysis.summary_table``'s);
+- ``weight_sync.parquet``: median sync latency per transport, from the runs and the bench JSON
+  (read by ``rlpipe.analysis.bench_read``);
 - ``discussion.json`` / ``discussion.html``: the report's sentences, numbers computed from the
   above (``rlpipe.analysis.report_text``).
 
@@ -44,11 +46,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from rlpipe import io
 from rlpipe.analysis import contract, report_text
+from rlpipe.analysis.bench_read import read_bench_any, read_bench_weight_sync, sync_label
 from rlpipe.analysis.contract import (
     EVENT_COLUMNS,
     GEN_PHASES,
@@ -63,6 +65,7 @@ from rlpipe.analysis.contract import (
 )
 from rlpipe.analysis.frames import col, last_valid
 from rlpipe.analysis.provenance import provenance_stats
+from rlpipe.analysis.summary_table import table_html
 
 # summary-table column -> the metrics column whose last value it reports
 KL_FINAL_COLUMNS = {
@@ -172,12 +175,6 @@ def wall_and_samples(run: RunData) -> tuple[float, float]:
     if samples is None:
         samples = last_valid(col(run.metrics, "samples"))
     return float(wall), float(samples)
-
-
-def sync_label(info: dict) -> str:
-    transport = info.get("transport") or "unknown"
-    backend = info.get("backend")
-    return f"{transport}/{backend}" if backend else str(transport)  # rdt/gloo, object_store/channel
 
 
 def sync_stats(run: RunData) -> dict:
@@ -311,84 +308,6 @@ def rollouts_frame(runs: list[RunData]) -> pd.DataFrame:
 # --------------------------------------------------------------------------- weight sync
 
 
-_MEDIAN_KEYS = ("median_s", "seconds_median", "median_seconds", "median", "p50_s")
-_SAMPLES_KEYS = ("all_s", "seconds", "times_s", "times", "samples_s")
-
-
-def _bench_seconds(rec: dict) -> tuple[float, int]:
-    """(median seconds, repeats) of one bench record, whatever reasonable shape it has."""
-    for key in _MEDIAN_KEYS:
-        val = rec.get(key)
-        if isinstance(val, (int, float)) and not isinstance(val, bool):
-            reps = rec.get("all_s")
-            return float(val), len(reps) if isinstance(reps, list) else int(rec.get("repeats", 1) or 1)
-    for key in _SAMPLES_KEYS:
-        val = rec.get(key)
-        if isinstance(val, list) and val:
-            xs = [float(x) for x in val if x is not None]
-            return (float(np.median(xs)), len(xs)) if xs else (math.nan, 0)
-        if isinstance(val, (int, float)) and not isinstance(val, bool):
-            return float(val), 1
-    return math.nan, 0
-
-
-def _bench_records(data) -> list[dict]:
-    """Flat records from the shapes we accept (see ``read_bench_weight_sync``)."""
-    if isinstance(data, list):
-        return [r for r in data if isinstance(r, dict)]
-    if not isinstance(data, dict):
-        return []
-    if isinstance(data.get("payloads"), dict):  # rlpipe bench weight-sync
-        out = []
-        for payload, body in data["payloads"].items():
-            body = body if isinstance(body, dict) else {}
-            for rec in _bench_records(body.get("transports") or {}):
-                out.append({"payload": payload, "bytes": body.get("bytes"), **rec})
-            # the in-run memcpy bound, a row per placement that the report divides by
-            for place, key in (("cpu", "memcpy_cpu"), ("gpu", "memcpy_gpu"), ("gpu-shared", "memcpy_gpu")):
-                bound = body.get(key)
-                if isinstance(bound, dict) and "seconds" in bound:
-                    out.append({"payload": payload, "bytes": body.get("bytes"),
-                                "label": f"{report_text.MEMCPY_LABEL}@{place}", "median_s": bound["seconds"],
-                                "gbps": bound.get("gbps"), "repeats": bound.get("repeats", 1)})
-        return out
-    for key in ("results", "transports", "rows", "records"):
-        if isinstance(data.get(key), list):
-            return [r for r in data[key] if isinstance(r, dict)]
-    if data and all(isinstance(v, dict) for v in data.values()):  # {label: record}
-        return [{"label": k, **v} for k, v in data.items()]
-    return []
-
-
-def read_bench_weight_sync(path: str | Path) -> pd.DataFrame:
-    """Rows ``source=bench`` from a weight-sync bench JSON. Accepted: ``rlpipe bench weight-sync``'s
-    ``{"payloads": {name: {"bytes", "memcpy_cpu": {"seconds", "gbps", ...}, "transports":
-    {"object_store@cpu": {"median_s", "all_s", "gbps", ...} | {"skipped": why}}}}}`` (each
-    ``memcpy_cpu`` / ``memcpy_gpu`` bound becomes a row ``memcpy@cpu`` / ``memcpy@gpu`` and ``@gpu-shared``),
-    and simpler shapes: a list of records, ``{"results": [...]}`` or ``{label: record}``, a record
-    naming ``transport`` [+ ``backend``] or ``label`` with ``median_s`` or a list of ``seconds``.
-    Skipped/failed runs are kept with NaN latency and the reason in ``note``, so the report can say
-    why a number is missing."""
-    data = json.loads(Path(path).read_text())
-    rows = []
-    for rec in _bench_records(data):
-        info = {"transport": rec.get("transport"), "backend": rec.get("backend")}
-        label = rec.get("label") or (sync_label(info) if info["transport"] else None)
-        if label is None:
-            continue
-        seconds, n = _bench_seconds(rec)
-        nbytes = rec.get("bytes", rec.get("nbytes"))
-        gbps = rec.get("gbps")
-        if gbps is None and nbytes and seconds > 0:
-            gbps = float(nbytes) / seconds / 1e9
-        note = rec.get("error") or rec.get("skipped") or ""
-        rows.append({"source": "bench", "variant": "", "payload": str(rec.get("payload", "")),
-                     "label": str(label), "median_s": seconds, "n": n,
-                     "bytes": float(nbytes) if nbytes is not None else math.nan,
-                     "gbps": float(gbps) if gbps is not None else math.nan, "note": str(note)})
-    return pd.DataFrame(rows, columns=list(WEIGHT_SYNC_COLUMNS))
-
-
 def weight_sync_frame(runs: list[RunData], bench_files: list[str | Path]) -> pd.DataFrame:
     rows = []
     for r in runs:
@@ -407,67 +326,7 @@ def weight_sync_frame(runs: list[RunData], bench_files: list[str | Path]) -> pd.
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(WEIGHT_SYNC_COLUMNS))
 
 
-def read_bench_any(files: list[str | Path]) -> dict:
-    """Every bench JSON file as loaded (the discussion quotes them; unreadable ones are noted)."""
-    out = {}
-    for f in files:
-        p = Path(f)
-        try:
-            out[p.stem] = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            out[p.stem] = {"error": f"{p}: {e}"}
-    return out
-
-
 # --------------------------------------------------------------------------- output
-
-
-TABLE_COLUMNS = {  # column -> (header, format)
-    "variant": ("variant", "{}"), "mode": ("mode", "{}"),
-    "val_reward_initial": ("val reward (step 0)", "{:.3f}"), "val_reward_final": ("val reward (final)", "{:.3f}"),
-    "val_reward_best": ("val reward (best)", "{:.3f}"), "best_step": ("best step", "{:d}"),
-    "wall_time_s": ("wall time (s)", "{:.1f}"), "total_samples": ("samples", "{:.0f}"),
-    "samples_per_s": ("samples/s", "{:.2f}"), "speedup_vs_ref": ("speedup vs ref", "{:.2f}x"),
-    "devices": ("devices", "{:.0f}"), "device_hours": ("device-hours", "{:.4f}"),
-    "share_generate": ("generate %", "{:.0%}"), "share_update": ("update %", "{:.0%}"),
-    "share_ref_logprobs": ("ref logprobs %", "{:.0%}"), "share_score": ("score %", "{:.0%}"),
-    "share_weight_sync": ("weight sync %", "{:.0%}"), "share_validate": ("validate %", "{:.0%}"),
-    "share_other": ("other %", "{:.0%}"),
-    "kl_ref_final": ("KL ref (end)", "{:.4f}"), "kl_ref_k3_final": ("KL ref k3 (end)", "{:.4f}"),
-    "kl_prev_final": ("KL prev (end)", "{:.5f}"), "kl_prev_k3_final": ("KL prev k3 (end)", "{:.5f}"),
-    "sync_label": ("sync transport", "{}"), "sync_median_s": ("sync median (s)", "{:.4f}"),
-    "overlap_bound": ("overlap bound", "{:.2f}x"), "overlap_achieved": ("overlap achieved", "{:.2f}x"),
-    "bound_fraction": ("speedup / bound", "{:.0%}"),
-    "load_avg_max": ("load avg (max)", "{:.2f}"), "other_cpu_frac": ("other processes' CPU %", "{:.0%}"),
-    "contended": ("contended", "{}"),
-    "prov_cpu_capability": ("CPU kernels", "{}"), "prov_torch": ("torch", "{}"), "prov_lock": ("lock", "{}"),
-}
-
-
-def _fmt(value, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    try:
-        return fmt.format(int(value) if fmt == "{:d}" else value)
-    except (ValueError, TypeError):
-        return str(value)
-
-
-def table_html(table: pd.DataFrame) -> str:
-    """Formatted HTML summary table; missing values read 'n/a', never 'nan'."""
-    headers = {c: h for c, (h, _) in TABLE_COLUMNS.items()}
-    headers["device_hours"] = contract.device_hours_unit(table.get("device_type", ()))
-    cols = [c for c in TABLE_COLUMNS if c in table.columns]
-    shown = pd.DataFrame({headers[c]: [_fmt(v, TABLE_COLUMNS[c][1]) for v in table[c]] for c in cols})
-    ref = table.attrs.get("reference", "onpolicy")
-    body = shown.to_html(index=False, escape=True, border=0, classes="summary")
-    note = (f"<p>Speedup = samples/s relative to <b>{ref}</b> (= its wall time / this wall time when both "
-            "consumed the same samples). Device-hours = wall time x devices (GPU-hours on GPU runs). "
-            "Shares are of the stacked phase time; 'n/a' = not measured for this variant. Contended: other "
-            "processes took the run's CPU while it was timed (its timing comparisons are no finding).</p>")
-    style = ("<style>table.summary{border-collapse:collapse;font:13px sans-serif}"
-             "table.summary td,table.summary th{border:1px solid #ccc;padding:3px 6px;text-align:right}</style>")
-    return f"<!doctype html><html><head><meta charset='utf-8'>{style}</head><body>{body}{note}</body></html>\n"
 
 
 def write_summary(runs: list[RunData], out: str | Path, reference: str, bench_files: list) -> pd.DataFrame:

@@ -293,9 +293,11 @@ FAMILY_TABLE_COLUMNS = ("variant", "x", "replicates", "diverged", "contended",
 #: family.json top-level keys: ``family``, ``question``, ``reference``, ``x``, ``replicates``
 #: (configured), ``variants`` (per variant: every FAMILY_STATS mean/ci/n, x, diverged, contended),
 #: ``comparisons`` (per non-reference variant: final-reward and samples/s differences with their
-#: intervals and verdicts), ``sentences`` (the discussion), ``notes`` (missing data).
+#: intervals and verdicts), ``sentences`` (the discussion), ``notes`` (missing data), ``health``
+#: (per variant, each HEALTH_COLUMNS signal's [first fifth, last fifth] seed mean), ``answer`` (the
+#: written answer, ``rlpipe.analysis.family_answer``).
 FAMILY_JSON_KEYS = ("family", "question", "reference", "x", "replicates", "variants", "comparisons",
-                    "sentences", "notes")
+                    "sentences", "notes", "health", "answer")
 #: The GRPO health signals the family figure draws (seeds 001/004 ask for comments on them).
 HEALTH_COLUMNS = MappingProxyType({
     "policy/entropy": "entropy (nats/token)",

@@ -51,13 +51,16 @@ import pandas as pd
 from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.analysis.aggregate import AggregateError
+from rlpipe.analysis.family_answer import answer
 from rlpipe.analysis.family_data import (
     SMOOTH_STEPS,
     VAL,
     Family,
     comparison,
     diverged,
+    health_numbers,
     load_family,
+    start_end,
     stat,
     variant_numbers,
 )
@@ -110,25 +113,13 @@ def final_values(fam: Family, variant: str) -> list[float]:
     return [r.row.get("val_reward_final", math.nan) for r in fam.of(variant)]
 
 
-def _start_end(fam: Family, variant: str, column: str) -> tuple[float, float]:
-    """Seed-mean of a signal over the first and the last fifth of the run's steps."""
-    starts, ends = [], []
-    for r in fam.of(variant):
-        s = col(r.run.metrics[r.run.metrics["step"] >= 1], column).dropna()
-        if len(s):
-            k = max(1, len(s) // 5)
-            starts.append(float(s.iloc[:k].mean()))
-            ends.append(float(s.iloc[-k:].mean()))
-    return mean_ci(starts).mean, mean_ci(ends).mean
-
-
 def health_sentences(fam: Family) -> list[str]:
     out = []
     for column, label in (("policy/entropy", "Entropy"), ("response/length_mean", "Response length"),
                           ("loss/clip_frac", "Clip fraction"), ("optim/grad_norm", "Grad norm")):
         parts = []
         for v in fam.variants:
-            a, b = _start_end(fam, v, column)
+            a, b = start_end(fam, v, column)
             if math.isfinite(a) and math.isfinite(b):
                 parts.append(f"{v} {a:.3g}→{b:.3g}")
         if parts:
@@ -262,7 +253,7 @@ def _cell(row: pd.Series, key: str, spec: str) -> str:
     return MeanCI(row[f"{key}_mean"], row[f"{key}_ci"], int(row[f"{key}_n"])).fmt(spec)
 
 
-def page(fam: Family, tab: pd.DataFrame, sentences: list[str], notes: list[str]) -> str:
+def page(fam: Family, tab: pd.DataFrame, sentences: list[str], notes: list[str], prose: list[str] = ()) -> str:
     head = ["variant", *([fam.x] if fam.x else []), "seeds", "final val reward", "best val reward",
             "samples/s", "generate share", "update share", "diverged", "contended"]
     body = []
@@ -278,6 +269,7 @@ def page(fam: Family, tab: pd.DataFrame, sentences: list[str], notes: list[str])
              "<table border=1 cellpadding=4 style='border-collapse:collapse'><tr>"
              + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(body) + "</table>",
              "<p>Intervals: Student t 95% over seeds; differences: Welch 95%.</p>",
+             "<h3>Answer (computed)</h3><p>" + html.escape(" ".join(prose)) + "</p>",
              "<h3>Discussion (computed)</h3><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in sentences) + "</ul>"]
     if notes:
         parts.append("<p><i>Missing data: " + html.escape("; ".join(notes)) + "</i></p>")
@@ -293,11 +285,12 @@ def build(fam: Family, out_dir: str | Path) -> dict:
     tab = table(fam)
     comps, sentences = discussion(fam)
     io.write_text(out / files["table"], tab.to_csv(index=False))
-    io.write_text(out / files["discussion"], page(fam, tab, sentences, notes))
     numbers = {"family": fam.name, "question": fam.question, "reference": fam.reference, "x": fam.x,
                "replicates": fam.replicates,
                "variants": {r["variant"]: {k: r[k] for k in tab.columns if k != "variant"} for r in table_rows(tab)},
-               "comparisons": comps, "sentences": sentences, "notes": notes}
+               "comparisons": comps, "sentences": sentences, "notes": notes, "health": health_numbers(fam)}
+    numbers["answer"] = answer(numbers)
+    io.write_text(out / files["discussion"], page(fam, tab, sentences, notes, numbers["answer"]))
     io.write_json(out / files["numbers"], numbers)
     return numbers
 

@@ -127,3 +127,25 @@ def comparison(fam: Family, variant: str) -> dict:
             "speed_diff": speed.diff, "speed_ci": speed.half,
             # decided on the ratio's interval, the one the sentence prints
             "speed_verdict": is_finding(ratio, contended, null=1.0).reason}
+
+
+def start_end(fam: Family, variant: str, column: str) -> tuple[float, float]:
+    """Seed-mean of a signal over the first and the last fifth of the run's steps."""
+    starts, ends = [], []
+    for r in fam.of(variant):
+        s = col(r.run.metrics[r.run.metrics["step"] >= 1], column).dropna()
+        if len(s):
+            k = max(1, len(s) // 5)
+            starts.append(float(s.iloc[:k].mean()))
+            ends.append(float(s.iloc[-k:].mean()))
+    return mean_ci(starts).mean, mean_ci(ends).mean
+
+
+def health_numbers(fam: Family) -> dict[str, dict[str, list[float]]]:
+    """Per variant, each health signal's [first fifth, last fifth] seed mean (family.json ``health``;
+    a signal a variant never logged is left out)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for v in fam.variants:
+        pairs = {c: start_end(fam, v, c) for c in contract.HEALTH_COLUMNS}
+        out[v] = {c: [a, b] for c, (a, b) in pairs.items() if math.isfinite(a) and math.isfinite(b)}
+    return out

@@ -45,6 +45,7 @@ from matplotlib.ticker import MaxNLocator
 
 from rlpipe import io
 from rlpipe.analysis.aggregate import AggregateError, load_run
+from rlpipe.analysis.answers_math import EXAMPLES
 from rlpipe.analysis.contract import (
     EVAL_CATEGORIES,
     EVAL_COLUMNS,
@@ -54,7 +55,7 @@ from rlpipe.analysis.contract import (
     MATH_REPORT_FILES,
 )
 
-EXAMPLES_PER_CATEGORY = 3
+EXAMPLES_PER_CATEGORY = EXAMPLES  # seed 001 Problem 1(b) asks for at least 10 cases
 PROMPT_TAIL_CHARS = 300
 RESPONSE_CHARS = 800
 CATEGORY_TEXT = {  # EVAL_CATEGORIES key -> how the page names it (seed 001 Problem 1(b)'s numbering)

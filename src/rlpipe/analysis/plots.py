@@ -3,8 +3,10 @@
 ``rlpipe plot KIND --summary results/summary --out results/figures/KIND.png``; ``KINDS`` maps each
 kind of ``rlpipe.analysis.contract.FIGURES`` (exactly those, checked at import) to its function
 ``f(summary, out) -> list[str]``, which writes the file and returns the "no data" notes it drew.
-Figure functions are registered with ``@figure(kind, ...)``, which owns the prologue and the
-epilogue (new matplotlib figure, atomic PNG save, notes list); the function only draws its axes.
+Figure functions are registered with ``@figure(kind, ...)`` (``rlpipe.analysis.figure_kit``, which
+owns the prologue and the epilogue: new matplotlib figure, atomic PNG save, notes list); the function
+only draws its axes. This module holds the reward, KL, async and rollout figures; the timing figures
+are ``rlpipe.analysis.plots_systems``'s, imported here so that ``KINDS`` is complete.
 A panel whose data is missing (variant not run, column all NaN) is never left blank: it carries a
 grey "no data: <why>" annotation, so a figure always says what it lacks.
 
@@ -16,155 +18,46 @@ Gantt timeline of the first steps (a whole run is too dense to read), and rollou
 from __future__ import annotations
 
 import argparse
-import functools
 import html
-import json
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on workers; must precede pyplot
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from rlpipe import io
-from rlpipe.analysis import contract
-from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES, phase_seconds_column
+from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES
+from rlpipe.analysis.figure_kit import (
+    KINDS,
+    PHASE_COLORS,
+    Summary,
+    _disagg_variant,
+    _replay_variant,
+    colors,
+    figure,
+    line_per_variant,
+    load_summary,
+    no_data,
+    plt,
+    register,
+    save,
+)
 from rlpipe.analysis.frames import col
 from rlpipe.analysis.kl_text import fit_growth
+from rlpipe.analysis.plots_systems import (
+    MARK_CONTENDED,
+    MARK_UNREPLICATED,
+    bar_marks,
+    plot_phase_breakdown,
+    plot_phase_steps,
+    plot_throughput,
+    plot_timeline,
+    plot_weight_sync,
+)
 
-STACK = (*contract.STACK_PHASES, contract.OTHER)
-STEP_PHASES = contract.STEP_STACK_PHASES
-PHASE_COLORS = {"generate": "#4c72b0", "score": "#8172b2", "ref_logprobs": "#ccb974", "old_logprobs": "#937860",
-                "update": "#dd8452",
-                "weight_sync": "#c44e52", "validate": "#55a868", "wait": "#bbbbbb", contract.OTHER: "#dddddd"}
-TIMELINE_STEPS = 8
-
-PlotFn = Callable[["Summary", "str | Path"], list[str]]
-KINDS: dict[str, PlotFn] = {}  # kind -> function, filled by @figure / @register; == contract.FIGURES
-
-
-@dataclass
-class Summary:
-    runs: pd.DataFrame
-    metrics: pd.DataFrame
-    events: pd.DataFrame
-    versions: pd.DataFrame
-    rollouts: pd.DataFrame
-    weight_sync: pd.DataFrame
-
-    @property
-    def reference(self) -> str:
-        ref = self.runs.attrs.get("reference") if len(self.runs) else None
-        if ref:
-            return ref
-        names = list(self.runs["variant"]) if len(self.runs) else []
-        return "onpolicy" if "onpolicy" in names or not names else names[0]
-
-    def variants(self) -> list[str]:
-        return list(self.runs["variant"]) if len(self.runs) else []
-
-    def of(self, frame: str, variant: str) -> pd.DataFrame:
-        df = getattr(self, frame)
-        return df[df["variant"] == variant] if len(df) and "variant" in df.columns else df.iloc[0:0]
-
-
-def load_summary(summary_dir: str | Path) -> Summary:
-    d = Path(summary_dir)
-
-    def read(key: str) -> pd.DataFrame:
-        p = d / SUMMARY_FILES[key]
-        return pd.read_parquet(p) if p.exists() else pd.DataFrame(columns=[contract.VARIANT_COLUMN])
-
-    runs = read("runs")
-    disc = d / SUMMARY_FILES["discussion_json"]
-    if disc.exists():
-        runs.attrs["reference"] = json.loads(disc.read_text()).get("reference")
-    return Summary(runs, read("metrics"), read("events"), read("versions"), read("rollouts"), read("weight_sync"))
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def no_data(ax, why: str, notes: list[str]) -> None:
-    """Mark a panel as empty on purpose: grey background and the reason, in the figure itself."""
-    ax.set_facecolor("#f2f2f2")
-    ax.text(0.5, 0.5, f"no data:\n{why}", ha="center", va="center", transform=ax.transAxes,
-            fontsize=10, color="#555555", wrap=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    notes.append(why)
-
-
-def colors(variants: list[str]) -> dict[str, tuple]:
-    cmap = plt.get_cmap("tab10")
-    return {v: cmap(i % 10) for i, v in enumerate(variants)}
-
-
-def save(fig, out: str | Path) -> None:
-    fig.tight_layout()
-    with io.atomic_path(out, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-
-
-def register(kind: str) -> Callable[[PlotFn], PlotFn]:
-    """Register ``fn(summary, out) -> notes`` as the function drawing ``kind`` (a contract figure)."""
-    if kind not in FIGURES:
-        raise KeyError(f"figure kind {kind!r} is not in rlpipe.analysis.contract.FIGURES")
-
-    def deco(fn: PlotFn) -> PlotFn:
-        if kind in KINDS:
-            raise ValueError(f"figure kind {kind!r} registered twice")
-        KINDS[kind] = fn
-        return fn
-
-    return deco
-
-
-Layout = dict | Callable[["Summary"], dict]
-
-
-def figure(kind: str, layout: Layout) -> Callable[[Callable], PlotFn]:
-    """Register a matplotlib figure: ``draw(summary, axes, notes)`` draws into the axes of
-    ``plt.subplots(**layout)`` (``layout`` may depend on the summary) and appends its "no data"
-    notes; the wrapper makes the figure, saves it atomically as PNG and returns the notes."""
-    if FIGURES[kind].ext != "png":
-        raise ValueError(f"figure {kind!r} is declared .{FIGURES[kind].ext}, @figure draws PNG")
-
-    def deco(draw: Callable) -> PlotFn:
-        @functools.wraps(draw)
-        def plot(s: Summary, out: str | Path) -> list[str]:
-            notes: list[str] = []
-            fig, axes = plt.subplots(**(layout(s) if callable(layout) else layout))
-            try:
-                draw(s, axes, notes)
-                save(fig, out)
-            finally:
-                plt.close(fig)
-            return notes
-
-        return register(kind)(plot)
-
-    return deco
-
-
-def line_per_variant(ax, s: Summary, x: str, y: str, notes: list[str], what: str, **kw) -> int:
-    """One line per variant of ``y`` against ``x`` (NaN rows dropped); returns lines drawn."""
-    c = colors(s.variants())
-    drawn = 0
-    for v in s.variants():
-        m = s.of("metrics", v)
-        d = pd.DataFrame({"x": col(m, x), "y": col(m, y)}).dropna().sort_values("x")
-        if len(d):
-            ax.plot(d["x"], d["y"], marker="o" if len(d) < 30 else None, ms=3, color=c[v], label=v, **kw)
-            drawn += 1
-    if not drawn:
-        no_data(ax, f"no variant has {what} ({y})", notes)
-    return drawn
+__all__ = ["KINDS", "MARK_CONTENDED", "MARK_UNREPLICATED", "PHASE_COLORS", "Summary", "bar_marks", "colors",
+           "line_per_variant", "load_summary", "main", "no_data", "plot_kl", "plot_phase_breakdown",
+           "plot_phase_steps", "plot_replay", "plot_reward_vs_step", "plot_reward_vs_time", "plot_rollouts",
+           "plot_throughput", "plot_timeline", "plot_versions", "plot_weight_sync", "plt", "rollouts_html", "save"]
 
 
 # --------------------------------------------------------------------------- reward and KL
@@ -226,172 +119,6 @@ def _overlay_fit(ax, s: Summary) -> None:
         yhat = a * feature + b
     ax.plot(d["t"], yhat, "k--", lw=1, label=f"{s.reference}: {fit['best']} fit (R²={fit['r2'][fit['best']]:.2f})")
     ax.legend(fontsize=8)
-
-
-# --------------------------------------------------------------------------- profiling
-
-
-@figure("phase_breakdown", lambda s: {"figsize": (9, 0.5 * max(len(s.variants()), 3) + 1.5)})
-def plot_phase_breakdown(s: Summary, ax, notes: list[str]) -> None:
-    """Stacked phase seconds per variant, with each run's wall time as a black tick: a stack
-    longer than the tick is overlap (disaggregated runs), a shorter one is driver overhead."""
-    r = s.runs
-    cols = [phase_seconds_column(p) for p in STACK]
-    if not len(r) or all(col(r, c).isna().all() for c in cols):
-        no_data(ax, f"no phase timings in results/summary/{SUMMARY_FILES['runs']}", notes)
-        return
-    y = np.arange(len(r))
-    left = np.zeros(len(r))
-    for p, c in zip(STACK, cols, strict=True):
-        w = col(r, c).fillna(0.0).to_numpy()
-        if w.any():
-            ax.barh(y, w, left=left, color=PHASE_COLORS[p], label=p)
-            left += w
-    ax.scatter(col(r, "wall_time_s"), y, marker="|", s=400, color="k", label="wall time", zorder=3)
-    ax.set_yticks(y, r["variant"])
-    ax.invert_yaxis()
-    ax.set(xlabel="seconds", title="Time per phase (stacked) vs wall time")
-    ax.legend(fontsize=8, ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(r) < 5 else -0.15))
-    ax.grid(axis="x", alpha=0.3)
-
-
-def _disagg_variant(s: Summary) -> str | None:
-    r = s.runs
-    if not len(r) or "mode" not in r.columns:
-        return None
-    dis = r[r["mode"] == "disaggregated"]
-    plain = dis[~dis["replay"].astype(bool)] if "replay" in dis.columns else dis  # the plain one-behind run first
-    names = list(plain["variant"]) + list(dis["variant"])
-    return names[0] if names else None
-
-
-def _replay_variant(s: Summary) -> str | None:
-    r = s.runs
-    if not len(r) or "replay" not in r.columns:
-        return None
-    names = list(r[r["replay"].astype(bool)]["variant"])
-    return names[0] if names else None
-
-
-@figure("phase_steps", {"ncols": 2, "figsize": (13, 4.2), "sharey": True})
-def plot_phase_steps(s: Summary, axes, notes: list[str]) -> None:
-    """Per-step phase seconds (stacked areas) for the reference and the disaggregated run."""
-    for ax, v in zip(axes, [s.reference, _disagg_variant(s)], strict=True):
-        m = s.of("metrics", v) if v else s.metrics.iloc[0:0]
-        m = m[col(m, "step") > 0] if len(m) else m
-        series = {p: col(m, contract.metric_time_column(p)).fillna(0.0) for p in STEP_PHASES}
-        if v is None or not len(m) or all(not x.any() for x in series.values()):
-            no_data(ax, f"no per-step phase times for {v or 'a disaggregated variant'}", notes)
-            continue
-        ax.stackplot(col(m, "step"), *series.values(), labels=STEP_PHASES,
-                     colors=[PHASE_COLORS[p] for p in STEP_PHASES])
-        ax.set(xlabel="optimizer step", ylabel="seconds in step", title=f"{v}: phase time per step")
-        ax.legend(fontsize=8, loc="upper right")
-        ax.grid(alpha=0.3)
-
-
-@figure("timeline", {"nrows": 2, "figsize": (12, 6.5)})
-def plot_timeline(s: Summary, axes, notes: list[str]) -> None:
-    """Gantt chart of the first TIMELINE_STEPS steps' events: one lane per actor."""
-    for ax, v in zip(axes, [s.reference, _disagg_variant(s)], strict=True):
-        ev = s.of("events", v) if v else s.events.iloc[0:0]
-        if len(ev):
-            ev = ev[(col(ev, "step") >= 1) & (col(ev, "step") <= TIMELINE_STEPS)]
-        if v is None or not len(ev):
-            no_data(ax, f"no profiling events for {v or 'a disaggregated variant'}", notes)
-            continue
-        lanes = sorted(ev["actor"].astype(str).unique())
-        for phase, g in ev.groupby("phase"):
-            lane = g["actor"].astype(str).map(lanes.index)
-            ax.barh(lane, col(g, "end") - col(g, "start"), left=col(g, "start"), height=0.6,
-                    color=PHASE_COLORS.get(str(phase), "#999999"), label=str(phase), edgecolor="white", lw=0.3)
-        ax.set_yticks(range(len(lanes)), lanes)
-        ax.set(xlabel="seconds since training start",
-               title=f"{v}: generation, training and weight sync, steps 1-{TIMELINE_STEPS}")
-        ax.legend(fontsize=8, ncol=7, loc="upper right")
-        ax.grid(axis="x", alpha=0.3)
-
-
-# --------------------------------------------------------------------------- throughput and sync
-
-
-def _bars(ax, r: pd.DataFrame, column: str, title: str, notes: list[str], fmt: str = "{:.2f}") -> None:
-    vals = col(r, column)
-    if not len(r) or vals.isna().all():
-        no_data(ax, f"{column} not measured", notes)
-        return
-    c = colors(list(r["variant"]))
-    ax.bar(r["variant"], vals.fillna(0.0), color=[c[v] for v in r["variant"]])
-    for i, val in enumerate(vals):
-        ax.annotate("n/a" if math.isnan(val) else fmt.format(val), (i, 0 if math.isnan(val) else val),
-                    ha="center", va="bottom", fontsize=8)
-    ax.set_title(title)
-    ax.tick_params(axis="x", rotation=45)
-    ax.grid(axis="y", alpha=0.3)
-
-
-@figure("throughput", {"ncols": 3, "figsize": (15, 4.5)})
-def plot_throughput(s: Summary, axes, notes: list[str]) -> None:
-    r = s.runs
-    _bars(axes[0], r, "samples_per_s", "samples / s", notes)
-    _bars(axes[1], r, "speedup_vs_ref", f"speedup vs {s.reference} (x)", notes)
-    if len(r) and col(r, "speedup_vs_ref").notna().any():
-        axes[1].axhline(1.0, color="k", lw=0.8)
-        bound = col(r, "overlap_bound")
-        if bound.notna().any():
-            axes[1].scatter(r["variant"][bound.notna()], bound.dropna(), marker="_", s=500, color="k",
-                            label="overlap bound", zorder=3)
-            axes[1].legend(fontsize=8)
-    unit = contract.device_hours_unit(r["device_type"] if "device_type" in r.columns else ())
-    _bars(axes[2], r, "device_hours", f"{unit} (wall x devices)", notes, "{:.3g}")
-
-
-@figure("weight_sync", {"ncols": 2, "figsize": (12, 4.2)})
-def plot_weight_sync(s: Summary, axes, notes: list[str]) -> None:
-    """Left: median sync latency per transport in the training runs (bars). Right: the benchmark's
-    latency against payload size per transport, memcpy included (log-log lines: the sweep's slope
-    and each transport's distance from the memcpy bound are what matter, not single bars)."""
-    w = s.weight_sync
-    for ax, source, title in zip(axes, ("run", "bench"), ("measured in training runs", "benchmark, by payload"),
-                                 strict=True):
-        has = len(w) and "source" in w.columns
-        sub = w[(w["source"] == source) & col(w, "median_s").notna()] if has else w.iloc[0:0]
-        if not len(sub):
-            no_data(ax, f"no weight-sync latency {title}", notes)
-            continue
-        if source == "run":
-            by = sub["median_s"].groupby(sub["label"].astype(str)).median().sort_values()  # one bar per transport
-            ax.bar(by.index, by.to_numpy() * 1e3, color=[_sync_color(k) for k in by.index])
-            for i, val in enumerate(by.to_numpy()):
-                ax.annotate(f"{val * 1e3:.3g} ms", (i, val * 1e3), ha="center", va="bottom", fontsize=8)
-            ax.tick_params(axis="x", rotation=30)
-        else:
-            _latency_vs_payload(ax, sub)
-        ax.set(ylabel="median sync latency (ms)", title=f"Weight sync: {title}")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-
-
-# object-store paths the weight-sync bench measures only for comparison (the trainer never uses them)
-BASELINE_SYNC_PATHS = ("object_store/packed", "object_store/tensors")
-
-
-def _sync_color(label: str) -> str:
-    return "#7f7f7f" if "memcpy" in label else "#c44e52" if "rdt" in label else "#4c72b0"
-
-
-def _latency_vs_payload(ax, bench: pd.DataFrame) -> None:
-    """One line per transport label: median latency (ms) against payload bytes, log-log."""
-    bench = bench[col(bench, "bytes") > 0]
-    markers = "osD^vx*"
-    for i, (label, g) in enumerate(bench.groupby(bench["label"].astype(str))):
-        g = g.sort_values("bytes")
-        baseline = label.split("@")[0] in BASELINE_SYNC_PATHS  # dashed: the bench's comparison paths
-        style = {"linestyle": ":" if "memcpy" in label else "--" if baseline else "-", "color": _sync_color(label)}
-        ax.plot(g["bytes"] / 1e6, g["median_s"] * 1e3, marker=markers[i % len(markers)], label=label, **style)
-    ax.set_xscale("log")
-    ax.set_xlabel("payload (MB)")
-    ax.legend(fontsize=7)
 
 
 # --------------------------------------------------------------------------- async: versions and replay

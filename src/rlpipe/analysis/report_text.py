@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import html
 import math
-from typing import NamedTuple
 
 import pandas as pd
 
@@ -32,7 +31,9 @@ from rlpipe.analysis.bench_text import bench_section, limits_section, trl_sectio
 from rlpipe.analysis.contract import phase_seconds_column, phase_share_column
 from rlpipe.analysis.findings import single_runs
 from rlpipe.analysis.kl_text import kl_section
+from rlpipe.analysis.optimization_text import optimization_section
 from rlpipe.analysis.provenance import provenance_section
+from rlpipe.analysis.rdt_text import rdt_section
 from rlpipe.analysis.summary_rows import (
     contended,
     contention_caveat,
@@ -246,138 +247,6 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
     return section("disagg", title, s, nums)
 
 
-MEMCPY_LABEL = "memcpy"  # bench rows of the in-run memcpy bound, "memcpy@cpu" (aggregate.read_bench_weight_sync)
-
-
-def _transport_groups(sync: pd.DataFrame):
-    """(source, description, payload, placement, bytes, {transport: median s}, variants) per
-    comparable group: same source, payload and placement (the bench labels runs
-    ``transport@placement``); variants are the training runs of a ``run`` group."""
-    rows = sync[sync["median_s"].notna()].copy() if len(sync) else sync
-    if not len(rows):
-        return []
-    rows["transport"] = [str(x).split("@")[0] for x in rows["label"]]
-    rows["placement"] = [str(x).split("@")[1] if "@" in str(x) else "" for x in rows["label"]]
-    payload = rows["payload"].astype(str) if "payload" in rows.columns else ""
-    rows["payload"] = payload
-    out = []
-    for (source, pay, place), g in rows.groupby(["source", "payload", "placement"], sort=False):
-        what = "in the training runs" if source == "run" else f"in the benchmark ({pay or 'payload'}"
-        what += f", {place})" if source != "run" and place else (")" if source != "run" else "")
-        nbytes = g["bytes"].max() if "bytes" in g.columns else math.nan
-        variants = [v for v in g["variant"].astype(str).unique() if v] if "variant" in g.columns else []
-        out.append((source, what, pay, place, nbytes, g.groupby("transport")["median_s"].median(), variants))
-    return out
-
-
-def _latencies(lat: pd.Series, nbytes: float, bound: float) -> str:
-    """``label 50 ms (2.0 GB/s, 0.3 of memcpy), ...; in-run memcpy bound 15 ms (6.7 GB/s)``."""
-    def rate(sec) -> list[str]:
-        return [f"{fnum(nbytes / sec / 1e9)} GB/s"] if not nan(nbytes) and sec > 0 else []
-
-    def one(label, sec) -> str:
-        extra = rate(sec) + ([f"{fnum(bound / sec, 2)} of memcpy"] if not nan(bound) and sec > 0 else [])
-        return f"{label} {fsec(sec)}" + (f" ({', '.join(extra)})" if extra else "")
-    text = ", ".join(one(k, v) for k, v in lat.items())
-    if not nan(bound):
-        text += f"; in-run memcpy bound {fsec(bound)}" + (f" ({rate(bound)[0]})" if rate(bound) else "")
-    return text
-
-
-class _Pair(NamedTuple):
-    """The best object-store path and the best RDT backend of one CPU bench payload."""
-
-    nbytes: float
-    payload: str
-    obj: str
-    obj_s: float
-    rdt: str
-    rdt_s: float
-    memcpy_s: float
-
-
-def _cpu_verdict(cpu: list[_Pair]) -> list[str]:
-    """Which path wins on CPU across the bench's payloads, and why, from the measured latencies."""
-    cpu = sorted(cpu, key=lambda c: 0 if nan(c.nbytes) else c.nbytes)
-    obj_wins = [c for c in cpu if c.obj_s < c.rdt_s]
-    rdt_wins = [c for c in cpu if c not in obj_wins]
-    names = lambda cs: ", ".join(c.payload for c in cs)  # noqa: E731 - local formatting helper
-    if not rdt_wins:
-        ratios = [c.rdt_s / c.obj_s for c in cpu]
-        s = [f"On CPU the object store wins at every benchmarked payload ({names(cpu)}): RDT's best latency is "
-             f"{fx(min(ratios))} to {fx(max(ratios))} the best object-store path's."]
-    elif not obj_wins:
-        ratios = [c.obj_s / c.rdt_s for c in cpu]
-        s = [f"On CPU RDT wins at every benchmarked payload ({names(cpu)}): the best object-store path's latency "
-             f"is {fx(min(ratios))} to {fx(max(ratios))} RDT's."]
-    else:
-        s = [f"On CPU the winner depends on the payload: the object store wins at {names(obj_wins)}, RDT at "
-             f"{names(rdt_wins)}."]
-    big, small = cpu[-1], cpu[0]
-    if nan(big.memcpy_s):
-        return s
-    units = (f"At {big.payload} the best object-store path ({big.obj}) costs {fnum(big.obj_s / big.memcpy_s, 2)} "
-             f"memcpys of the payload and {big.rdt} {fnum(big.rdt_s / big.memcpy_s, 2)}.")
-    if big.obj_s < big.rdt_s:
-        why = (" Why: on one host both move the bytes through the same memory, and the shared-memory path copies "
-               "them least -- once into shared memory (a fresh object-store object when the sender's task returns, "
-               "or the reused buffer of a Ray channel), once from a zero-copy view into the receiver's tensors -- "
-               "while RDT over gloo packs the weights, pushes them through a loopback "
-               "TCP socket (a copy into and one out of the kernel) into a receive buffer Ray allocates, and "
-               "page-faults, for every transfer, unpacks them, and takes more Ray round trips per sync. RDT pays off "
-               "where it skips host memory: GPU to GPU (NCCL, CUDA IPC, NIXL).")
-    else:
-        why = (" Why: RDT sends the tensors straight from the sender's process to the receiver's, without the "
-               "object store's serialisation and its copy into shared memory, which outweighs its extra round "
-               "trips here.")
-    fixed = (f" The smallest payload ({small.payload}) shows the fixed cost per sync: {small.obj} "
-             f"{fsec(small.obj_s)}, {small.rdt} {fsec(small.rdt_s)}.") if len(cpu) > 1 else ""
-    return s + [units + why + fixed]
-
-
-def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None) -> dict:
-    """Every group's latencies (with GB/s and fraction of the memcpy bound where known), the best
-    RDT backend against the best object-store path per group, and a CPU verdict over the bench.
-    A comparison between training runs draws no conclusion when one of them was contended
-    (``table``: the summary table holding their conditions)."""
-    title = "Weight-sync latency: object store vs RDT (seed 000 Problem 9, seed 002 Problem 12)"
-    s, nums, cpu = [], {}, []
-    for source, what, pay, place, nbytes, by, variants in _transport_groups(sync):
-        bound = by.get(MEMCPY_LABEL, math.nan)
-        lat = by.drop(MEMCPY_LABEL, errors="ignore")
-        if not len(lat):
-            continue
-        s.append(f"Median sync latency {what}: {_latencies(lat, nbytes, bound)}.")
-        rdt = {k: v for k, v in lat.items() if str(k).startswith("rdt")}
-        obj = {k: v for k, v in lat.items() if str(k).startswith("object_store")}
-        if obj and rdt:
-            bo, br = min(obj, key=obj.get), min(rdt, key=rdt.get)
-            ratio = obj[bo] / rdt[br]
-            (win, lose) = (br, bo) if ratio > 1 else (bo, br)
-            caveat = contention_caveat(*(row_of(table, v) for v in variants)) if table is not None else ""
-            if caveat:
-                s.append(f"{bo} vs {br} {what}: {caveat}.")
-                nums[f"contended_{source}"] = True
-            else:
-                one = f" ({single_runs(1.0, ratio).clause()})" if source == "run" else ""  # one run per side
-                s.append(f"{win} is {fx(ratio if ratio > 1 else 1 / ratio)} faster than {lose} {what}{one}.")
-            nums.setdefault(f"rdt_gain_{source}", ratio)
-            if source == "bench" and place == "cpu":
-                cpu.append(_Pair(nbytes, pay, bo, obj[bo], br, rdt[br], bound))
-    if not s:
-        return section("rdt", title, [("No data: no weight-sync latency was measured (no disaggregated run "
-                                      "and no readable results/bench/weight_sync.json).")])
-    if cpu:
-        s += _cpu_verdict(cpu)
-        big = max(cpu, key=lambda c: 0 if nan(c.nbytes) else c.nbytes)
-        nums["cpu_rdt_over_object_store"] = float(big.rdt_s / big.obj_s)  # at the largest payload; < 1: RDT faster
-        nums["cpu_best_fraction_of_memcpy"] = float(big.memcpy_s / min(big.obj_s, big.rdt_s))
-    skipped = sync[sync["note"].astype(str) != ""] if len(sync) else sync
-    for _, r in skipped.iterrows():
-        s.append(f"Benchmark {r['label']} not measured: {r['note']}.")
-    return section("rdt", title, s, nums)
-
-
 def versions_section(table: pd.DataFrame, versions: pd.DataFrame) -> dict:
     title = "Version logging: one-version-behind (seed 002 Problem 10)"
     dis = table[table["mode"] == "disaggregated"] if len(table) else table
@@ -434,48 +303,6 @@ def replay_section(table: pd.DataFrame) -> dict:
 # --------------------------------------------------------------------------- assembly
 
 
-#: Seed 000 Problem 10 candidates: name -> seconds saved, from the reference run's phase seconds
-#: (``g`` generate + score, ``u`` update, ``r`` ref log-probs, ``o`` old log-probs, ``w`` weight
-#: sync, ``t`` wall). Amdahl estimates: each assumes the rest of the step is unchanged.
-OPTIMIZATIONS = {
-    "overlap generation with training (disaggregated, one version behind; ideal bound)":
-        lambda g, u, r, o, w, t: t - max(g, u + r + o + w) - max(t - g - u - r - o - w, 0.0),
-    "a 2x faster sampler (e.g. batched KV-cache decoding on GPU, or vLLM)": lambda g, u, r, o, w, t: g / 2,
-    "a 2x faster update (fused AdamW, bf16 autocast on GPU)": lambda g, u, r, o, w, t: u / 2,
-    "drop the reference forward pass (kl_coef 0 and kl_monitor off)": lambda g, u, r, o, w, t: r,
-    "sync weights every 4th step instead of every step (k=4)": lambda g, u, r, o, w, t: 0.75 * w,
-}
-
-
-def optimization_section(table: pd.DataFrame, ref: str) -> dict:
-    """Seed 000 Problem 10: what each candidate optimization would gain, estimated from the
-    reference run's measured phase times, and the one to build first."""
-    title = "Optimization idea: estimated gains (seed 000 Problem 10)"
-    r = row_of(table, ref)
-    if r is None:
-        return section("optimization", title, [missing(ref)])
-
-    def sec(*phases: str) -> float:
-        return sum(0.0 if nan(r.get(phase_seconds_column(p))) else r[phase_seconds_column(p)] for p in phases)
-
-    args = (sec(*contract.GEN_PHASES), sec("update"), sec("ref_logprobs"), sec("old_logprobs"),
-            sec("weight_sync"), r["wall_time_s"])
-    if nan(args[-1]) or args[-1] <= 0:
-        return section("optimization", title, [f"No data: '{ref}' has no wall time."])
-    gains = {name: max(f(*args), 0.0) for name, f in OPTIMIZATIONS.items()}
-    speedup = {name: args[-1] / (args[-1] - g) if g < args[-1] else math.inf for name, g in gains.items()}
-    best = max(gains, key=gains.get)
-    s = [f"From '{ref}' ({fsec(args[-1])}: generation {fsec(args[0])}, update {fsec(args[1])}, reference "
-         f"{fsec(args[2])}, old log-probs {fsec(args[3])}, weight sync {fsec(args[4])}), each candidate's estimated "
-         "saving (Amdahl: the rest unchanged): " + "; ".join(f"{n}: {fsec(g)} ({fx(speedup[n])})"
-                                                            for n, g in gains.items()) + ".",
-         f"Recommended first: {best}, the largest estimated saving ({fx(speedup[best])})."]
-    if contended(r):
-        s.append(f"'{ref}' was timed under contention, so these estimates inherit its skew.")
-    return section("optimization", title, s, {"recommended": best, **{f"speedup_{i}": speedup[n]
-                                                                        for i, n in enumerate(gains)}})
-
-
 def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFrame, sync: pd.DataFrame,
                reference: str, bench: dict | None = None, rollouts: pd.DataFrame | None = None) -> dict:
     rollouts = rollouts if rollouts is not None else pd.DataFrame(columns=["variant", "step", "reward"])
@@ -502,7 +329,9 @@ def render_html(disc: dict) -> str:
              ("<p><i>Every number on this page is computed by rlpipe.analysis.report_text from results/summary "
              f"(reference variant: {html.escape(str(disc.get('reference')))}); none is typed by hand. Each "
              "variant here is one run, so a gap between variants is a measurement, not a finding: findings need "
-             "replicates, and the experiment family pages give them with their 95% intervals.</i></p>")]
+             "replicates, and the experiment family pages give them with their 95% intervals. The answers to the "
+             "seed questions, question by question, open the report (its first section) and results/RESULTS.md."
+             "</i></p>")]
     for sec in disc["sections"]:
         parts.append(f"<h3>{html.escape(sec['title'])}</h3>")
         parts += [f"<p>{html.escape(s)}</p>" for s in sec["sentences"]]

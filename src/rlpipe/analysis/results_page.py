@@ -3,6 +3,8 @@
 Numbers come from runs, never from typing: this page is the short, shareable companion of the report,
 written by the workflow (rule ``write_results_page``) from what a run left in ``results/``:
 
+- the answers to the seed questions, opening the page: the deliverables manifest as a table of
+  contents, then each question's computed answer (``rlpipe.analysis.deliverables``);
 - the date it was written, and the machine and software the numbers came from: every
   ``run_info.json`` ``provenance`` record under the results directory (CPU model, the CPU capability
   torch used, cores, Python, platform, package versions, the lock's hash; several values are listed
@@ -30,6 +32,9 @@ from typing import Any
 import pandas as pd
 
 from rlpipe.analysis import contract
+from rlpipe.analysis.deliverables import render_html as answers_html
+from rlpipe.analysis.deliverables import render_markdown as answers_markdown
+from rlpipe.analysis.results_view import ResultsView
 from rlpipe.io import write_text
 
 PAGE = "RESULTS.md"
@@ -164,7 +169,8 @@ def render(results: str | Path, date: str | None = None) -> str:
     body = systems_section(results) + math_section(results) + families_section(results)
     if not body:
         body = ["No finished run was found under this directory.", ""]
-    return "\n".join(head + machine_section(provenance_records(results)) + body)
+    toc = answers_markdown(ResultsView.load(results))
+    return "\n".join(head + toc + machine_section(provenance_records(results)) + body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", required=True, type=Path, help="a finished run's results directory")
     ap.add_argument("--out", type=Path, help=f"file to write (default: <results>/{PAGE})")
     ap.add_argument("--date", help="date to print (default: now, UTC)")
+    ap.add_argument("--answers-html", type=Path, help="also write the answers to the seed questions as HTML here")
     args = ap.parse_args(argv)
     write_text(args.out or args.results / PAGE, render(args.results, args.date))
+    if args.answers_html:
+        write_text(args.answers_html, answers_html(ResultsView.load(args.results)))
     return 0

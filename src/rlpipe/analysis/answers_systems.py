@@ -1,0 +1,112 @@
+"""Written answers of the systems questions (seed 000 Problems 5-10, seed 002 Problem 11), the
+experiment families (seeds 001/004), seed 003's toy sorting and seed 004's written-only question.
+
+The systems answers are the main discussion's computed sections (``rlpipe.analysis.report_text``,
+read back from ``summary/discussion.json``), followed by the replicated verdict of the ``systems``
+family when it ran; the family answers are ``rlpipe.analysis.family_answer``'s. Every answer says
+plainly what did not run instead of being empty.
+
+Departure from the seeds: seed 004's length-normalisation question is answered without an
+experiment, as asked, but closes with what this run's response lengths imply for its own
+comparison.
+"""
+
+from __future__ import annotations
+
+from rlpipe.analysis.answers_math import not_run_note, track_name
+from rlpipe.analysis.family_answer import answer as family_answer
+from rlpipe.analysis.results_view import ResultsView
+
+
+def _not_run(what: str) -> list[str]:
+    return [f"Not run: {what} is not in these results."]
+
+
+def sections_answer(view: ResultsView, *ids: str) -> list[str]:
+    """The sentences of the main discussion's sections ``ids``, then the systems family's answer."""
+    out = [s for sid in ids for s in (view.section(sid) or {}).get("sentences", [])]
+    if not out:
+        return _not_run("the keyword track's runs (results/summary/discussion.json)")
+    fam = view.families.get("systems")
+    if fam:
+        out.append("Replicated in the systems family: " + " ".join(fam.get("answer") or family_answer(fam)))
+    return out
+
+
+STRATEGY = {"uniform": "uniformly at random", "recency": "most recent first (recency-weighted)"}
+
+
+def replay_answer(view: ResultsView) -> list[str]:
+    """Seed 002 Problem 11: the aging and sampling strategy from the replay run's settings, then the
+    comparison with the standard disaggregated run."""
+    r = view.replay
+    strategy = ([f"Aging and sampling in '{r.get('variant')}': the buffer holds up to {r.get('capacity_groups')} "
+                 f"scored prompt groups, evicts the oldest first (FIFO) and drops any group generated more than "
+                 f"{r.get('max_age')} policy versions ago; the learner samples its batches "
+                 f"{STRATEGY.get(r.get('strategy'), r.get('strategy'))} from what remains."] if r else [])
+    return strategy + sections_answer(view, "replay")
+
+
+def family(name: str):
+    """The answer function of family ``name`` (its family.json ``answer``, else computed from it)."""
+    def answer(view: ResultsView) -> list[str]:
+        fam = view.families.get(name)
+        if fam is None:
+            return _not_run(f"the {name} family (results/families/{name}, see workflow.families)")
+        out = list(fam.get("answer") or family_answer(fam))
+        if view.evals or view.math:  # a math-track family: say what it trained on
+            out.insert(0, f"Trained on {track_name(view)}.")
+            note = not_run_note(view)
+            out += [note] if note else []
+        return out
+    answer.__name__ = f"family_{name}"
+    return answer
+
+
+def toy_sort_answer(view: ResultsView) -> list[str]:
+    tab = view.toy_sort
+    if not len(tab):
+        return _not_run("seed 003's toy-sorting grid (results/toy_sort, workflow.toy_sort_seeds)")
+    best = tab.loc[tab["final_mean"].idxmax()]
+    below = tab[tab["below_best"].astype(bool)]
+    same = tab[~tab["below_best"].astype(bool) & ((tab["loss"] != best["loss"]) | (tab["delta"] != best["delta"]))]
+    by_loss = tab.groupby("loss")["final_mean"].mean().sort_values(ascending=False)
+    out = [f"Seed 003's toy sorting (non-autoregressive toy model, exact expected reward, maximum 5): the best cell is "
+           f"{best['loss']} with {best['delta']} deltas ({best['final_mean']:.3f} ± {best['final_ci']:.3f}, "
+           f"{int(best['seeds'])} seeds).",
+           "Averaged over delta modes, the losses rank " + ", ".join(f"{k} {v:.3f}" for k, v in by_loss.items()) + "."]
+    if len(below):
+        out.append(f"{len(below)} of {len(tab)} cells end below the best beyond the Welch 95% interval (findings): "
+                   + ", ".join(f"{r.loss}/{r.delta}" for r in below.itertuples()) + ".")
+    if len(same):
+        out.append(f"{len(same)} cells are within replicate noise of the best, so their differences from it are not "
+                   "findings.")
+    return out
+
+
+def length_norm_written(view: ResultsView) -> list[str]:
+    """Seed 004 think_about_length_normalization: pros and cons without an experiment."""
+    short, long_, c = 4, 7, 7  # the seed's example: responses of 4 and 7 tokens, constant = max length
+    out = [f"masked_mean averages each response's per-token losses, so every response carries the same total "
+           f"weight and each token of a {short}-token response gets 1/{short} = {1 / short:.3f} of it against "
+           f"1/{long_} = {1 / long_:.3f} in a {long_}-token one; masked_normalize sums and divides by a constant "
+           f"(here {c}), so every token gets 1/{c} = {1 / c:.3f} whatever its response's length.",
+           "Pros of masked_mean: the loss scale does not depend on how long responses are, so the step size is "
+           "steady as lengths change. Cons: per token it pushes short responses harder, so with a negative "
+           "advantage a long wrong response is penalised less per token than a short one, a bias towards long "
+           "wrong answers (Liu et al.'s length bias), and a token's credit depends on its neighbours' count.",
+           "Pros of masked_normalize: every token is weighted alike, so there is no length bias and long correct "
+           "reasoning earns credit in proportion to its length. Cons: the gradient grows with response length, so "
+           "long responses dominate a batch and the gradient norm moves with the length distribution; the constant "
+           "rescales the learning rate and must be chosen.",
+           "Where each is better: masked_normalize where lengths vary widely and the length itself is at stake "
+           "(chain-of-thought on MATH); the two coincide up to a step size of L / C when every response has about "
+           "the same length L."]
+    health = (view.families.get("length_norm") or {}).get("health") or {}
+    lengths = [v[1] for h in health.values() for k, v in h.items() if k == "response/length_mean"]
+    if lengths:
+        lo, hi = min(lengths), max(lengths)
+        out.append(f"In this run the length_norm family's responses ended at {lo:.3g} to {hi:.3g} tokens on average"
+                   + (", nearly one length, so its comparison can hardly separate the two." if
+                      hi > 0 and (hi - lo) / hi < 0.1 else ", so the weighting differs between responses."))
+    return out

@@ -1,0 +1,147 @@
+"""The deliverables manifest: every seed question the report answers, declared once.
+
+``DELIVERABLES`` maps each seed question (seed, problem, what is asked) to its report section
+(``anchor``), its figure (a file under ``results/``, named through ``rlpipe.analysis.contract``; None
+for a written-only question) and the function that writes its answer from the run's results
+(``answer(view) -> list[str]``, ``view`` a ``rlpipe.analysis.results_view.ResultsView``).
+``render_markdown`` opens the results page with the manifest as a table of contents followed by
+every answer; ``render_html`` is the same for the Snakemake report. A question whose stage did not
+run is answered with one sentence saying so, never left empty (``tests/test_deliverables.py``).
+
+Departure from the seeds: they list deliverables in prose across five documents; one table makes
+"is every question answered" a test.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlpipe.analysis import contract
+from rlpipe.analysis.answers_math import train_loop_answer, zero_shot_answer, zero_shot_metrics_answer
+from rlpipe.analysis.answers_systems import (
+    family,
+    length_norm_written,
+    replay_answer,
+    sections_answer,
+    toy_sort_answer,
+)
+from rlpipe.analysis.results_view import ResultsView
+
+Answer = Callable[[ResultsView], list[str]]
+
+
+@dataclass(frozen=True)
+class Deliverable:
+    seed: str
+    problem: str
+    asked: str
+    anchor: str
+    figure: str | None
+    answer: Answer
+
+
+def _fig(kind: str) -> str:
+    return f"figures/{contract.figure_file(kind)}"
+
+
+def _fam(name: str) -> str:
+    return f"families/{name}/{contract.FAMILY_REPORT_DIR}/{contract.FAMILY_REPORT_FILES['curves']}"
+
+
+def _math(key: str) -> str:
+    return f"math/report/{contract.MATH_REPORT_FILES[key]}"
+
+
+def _sections(*ids: str) -> Answer:
+    def answer(view: ResultsView) -> list[str]:
+        return sections_answer(view, *ids)
+    answer.__name__ = "sections_" + "_".join(ids)
+    return answer
+
+
+DELIVERABLES = (
+    Deliverable("000", "Problem 5", "profile generation, learning and weight sync; which stage dominates and why; "
+                "example rollouts", "s000-p5", _fig("phase_breakdown"), _sections("profiling", "rollouts")),
+    Deliverable("000", "Problem 6", "KL to the reference and to the previous step: its growth shape and its relation "
+                "to validation reward", "s000-p6", _fig("kl"), _sections("kl")),
+    Deliverable("000", "Problem 7", "k steps per rollout batch: samples/s and the speedup, explained", "s000-p7",
+                _fig("throughput"), _sections("kstep")),
+    Deliverable("000", "Problem 8", "colocated vs disaggregated: wall time and GPU-hours, explained", "s000-p8",
+                _fig("timeline"), _sections("disagg", "versions")),
+    Deliverable("000", "Problem 9", "weight-transfer latency with RDT on and off", "s000-p9", _fig("weight_sync"),
+                _sections("rdt")),
+    Deliverable("000", "Problem 10", "one optimisation to add next: idea, justification, design", "s000-p10",
+                _fig("phase_breakdown"), _sections("optimization")),
+    Deliverable("001", "Problem 1(b)", "zero-shot categories, >= 10 examples each: model or parser at fault?",
+                "s001-p1b", _math("eval_html"), zero_shot_answer),
+    Deliverable("001", "Problem 1(c)", "zero-shot performance in 1-2 sentences with metrics", "s001-p1c",
+                _math("eval_html"), zero_shot_metrics_answer),
+    Deliverable("001", "Problem 8", "a GRPO train loop whose validation reward rises", "s001-p8",
+                _math("learning_png"), train_loop_answer),
+    Deliverable("001", "Problem 9", "learning-rate sweep: curves and 2 sentences on other metrics", "s001-p9",
+                _fam("lr_sweep"), family("lr_sweep")),
+    Deliverable("001", "Problem 10", "no_baseline vs reinforce_with_baseline: curves and trends", "s001-p10",
+                _fam("baselines"), family("baselines")),
+    Deliverable("002", "Problem 11", "replay buffer: aging and sampling, against the standard run", "s002-p11",
+                _fig("replay"), replay_answer),
+    Deliverable("003", "toy sorting", "delta modes x losses on the toy sorting task", "s003-sort",
+                f"toy_sort/{contract.TOY_SORT_FILES['curves']}", toy_sort_answer),
+    Deliverable("004", "think_about_length_normalization", "masked_mean vs masked_normalize: pros, cons, where "
+                "each is better (no experiment)", "s004-lenthink", None, length_norm_written),
+    Deliverable("004", "grpo_length_normalization", "masked_mean vs masked_normalize end to end", "s004-len",
+                _fam("length_norm"), family("length_norm")),
+    Deliverable("004", "grpo_group_standard_deviation", "std normalisation on and off", "s004-std",
+                _fam("std_norm"), family("std_norm")),
+    Deliverable("004", "grpo_off_policy_sweep", "epochs per rollout batch x train batch size", "s004-offpolicy",
+                _fam("offpolicy_sweep"), family("offpolicy_sweep")),
+    Deliverable("004", "grpo_off_policy_clip_ablation", "GRPO-Clip vs GRPO-No-Clip off-policy", "s004-clip",
+                _fam("clip_ablation"), family("clip_ablation")),
+    Deliverable("004", "grpo_prompt_ablation", "r1_zero vs question_only prompt", "s004-prompt",
+                _fam("prompt_ablation"), family("prompt_ablation")),
+)
+
+
+def answers(view: ResultsView) -> list[tuple[Deliverable, list[str]]]:
+    """Every deliverable with its written answer."""
+    return [(d, d.answer(view)) for d in DELIVERABLES]
+
+
+def problems(done: list[tuple[Deliverable, list[str]]], page: str) -> list[str]:
+    """What is wrong with a rendered answers page: a deliverable with an empty answer, or whose
+    section (its anchor) the page lacks; [] when every deliverable is answered."""
+    out = [f"{d.anchor}: empty answer" for d, text in done if not text or not all(t.strip() for t in text)]
+    return out + [f"{d.anchor}: no section" for d, _ in done if f'id="{d.anchor}"' not in page
+                  and f"id='{d.anchor}'" not in page]
+
+
+def _title(d: Deliverable) -> str:
+    return f"Seed {d.seed} {d.problem}: {d.asked}"
+
+
+def render_markdown(view: ResultsView) -> list[str]:
+    """The manifest as a table of contents, then each answer under its anchor."""
+    done = answers(view)
+    lines = ["## Answers to the seed questions", "", "| seed | problem | asked | figure |", "| --- | --- | --- | --- |"]
+    lines += [f"| {d.seed} | [{d.problem}](#{d.anchor}) | {d.asked} | {f'`{d.figure}`' if d.figure else 'written'} |"
+              for d, _ in done]
+    lines.append("")
+    for d, text in done:
+        lines += [f'<a id="{d.anchor}"></a>', f"### {_title(d)}", "", " ".join(text), ""]
+    return lines
+
+
+def render_html(view: ResultsView) -> str:
+    done = answers(view)
+    rows = "".join(f"<tr><td>{d.seed}</td><td><a href='#{d.anchor}'>{html.escape(d.problem)}</a></td>"
+                   f"<td>{html.escape(d.asked)}</td><td>{html.escape(d.figure or 'written')}</td></tr>"
+                   for d, _ in done)
+    body = "".join(f"<h3 id='{d.anchor}'>{html.escape(_title(d))}</h3><p>{html.escape(' '.join(text))}</p>"
+                   for d, text in done)
+    return ("<!doctype html><html><head><meta charset='utf-8'><style>body{font:14px sans-serif;max-width:60em}"
+            "td,th{border:1px solid #ccc;padding:3px 6px}table{border-collapse:collapse}</style></head><body>"
+            "<h2>Answers to the seed questions</h2><p><i>Every sentence is computed from this run's results "
+            "(rlpipe.analysis.deliverables); a gap is a finding only when replicated, beyond its 95% interval "
+            "and not contended.</i></p><table><tr><th>seed</th><th>problem</th><th>asked</th><th>figure</th></tr>"
+            f"{rows}</table>{body}</body></html>\n")

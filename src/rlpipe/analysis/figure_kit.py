@@ -1,0 +1,170 @@
+"""The figure kit of the report's plots: the summary they read (``Summary``, ``load_summary``), the
+registry of figure kinds (``KINDS``, ``register``, ``@figure``: new figure, atomic PNG save, notes
+list) and the helpers every figure shares (``no_data``, ``colors``, ``line_per_variant``, which runs
+a panel draws). ``rlpipe.analysis.plots`` and ``rlpipe.analysis.plots_systems`` hold the figures."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on workers; must precede pyplot
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from rlpipe import io
+from rlpipe.analysis import contract
+from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES
+from rlpipe.analysis.frames import col
+
+STACK = (*contract.STACK_PHASES, contract.OTHER)
+STEP_PHASES = contract.STEP_STACK_PHASES
+PHASE_COLORS = {"generate": "#4c72b0", "score": "#8172b2", "ref_logprobs": "#ccb974", "old_logprobs": "#937860",
+                "update": "#dd8452",
+                "weight_sync": "#c44e52", "validate": "#55a868", "wait": "#bbbbbb", contract.OTHER: "#dddddd"}
+TIMELINE_STEPS = 8
+
+PlotFn = Callable[["Summary", "str | Path"], list[str]]
+KINDS: dict[str, PlotFn] = {}  # kind -> function, filled by @figure / @register; == contract.FIGURES
+
+
+@dataclass
+class Summary:
+    runs: pd.DataFrame
+    metrics: pd.DataFrame
+    events: pd.DataFrame
+    versions: pd.DataFrame
+    rollouts: pd.DataFrame
+    weight_sync: pd.DataFrame
+
+    @property
+    def reference(self) -> str:
+        ref = self.runs.attrs.get("reference") if len(self.runs) else None
+        if ref:
+            return ref
+        names = list(self.runs["variant"]) if len(self.runs) else []
+        return "onpolicy" if "onpolicy" in names or not names else names[0]
+
+    def variants(self) -> list[str]:
+        return list(self.runs["variant"]) if len(self.runs) else []
+
+    def of(self, frame: str, variant: str) -> pd.DataFrame:
+        df = getattr(self, frame)
+        return df[df["variant"] == variant] if len(df) and "variant" in df.columns else df.iloc[0:0]
+
+
+def load_summary(summary_dir: str | Path) -> Summary:
+    d = Path(summary_dir)
+
+    def read(key: str) -> pd.DataFrame:
+        p = d / SUMMARY_FILES[key]
+        return pd.read_parquet(p) if p.exists() else pd.DataFrame(columns=[contract.VARIANT_COLUMN])
+
+    runs = read("runs")
+    disc = d / SUMMARY_FILES["discussion_json"]
+    if disc.exists():
+        runs.attrs["reference"] = json.loads(disc.read_text()).get("reference")
+    return Summary(runs, read("metrics"), read("events"), read("versions"), read("rollouts"), read("weight_sync"))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def no_data(ax, why: str, notes: list[str]) -> None:
+    """Mark a panel as empty on purpose: grey background and the reason, in the figure itself."""
+    ax.set_facecolor("#f2f2f2")
+    ax.text(0.5, 0.5, f"no data:\n{why}", ha="center", va="center", transform=ax.transAxes,
+            fontsize=10, color="#555555", wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    notes.append(why)
+
+
+def colors(variants: list[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10")
+    return {v: cmap(i % 10) for i, v in enumerate(variants)}
+
+
+def save(fig, out: str | Path) -> None:
+    fig.tight_layout()
+    with io.atomic_path(out, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
+def register(kind: str) -> Callable[[PlotFn], PlotFn]:
+    """Register ``fn(summary, out) -> notes`` as the function drawing ``kind`` (a contract figure)."""
+    if kind not in FIGURES:
+        raise KeyError(f"figure kind {kind!r} is not in rlpipe.analysis.contract.FIGURES")
+
+    def deco(fn: PlotFn) -> PlotFn:
+        if kind in KINDS:
+            raise ValueError(f"figure kind {kind!r} registered twice")
+        KINDS[kind] = fn
+        return fn
+
+    return deco
+
+
+Layout = dict | Callable[["Summary"], dict]
+
+
+def figure(kind: str, layout: Layout) -> Callable[[Callable], PlotFn]:
+    """Register a matplotlib figure: ``draw(summary, axes, notes)`` draws into the axes of
+    ``plt.subplots(**layout)`` (``layout`` may depend on the summary) and appends its "no data"
+    notes; the wrapper makes the figure, saves it atomically as PNG and returns the notes."""
+    if FIGURES[kind].ext != "png":
+        raise ValueError(f"figure {kind!r} is declared .{FIGURES[kind].ext}, @figure draws PNG")
+
+    def deco(draw: Callable) -> PlotFn:
+        @functools.wraps(draw)
+        def plot(s: Summary, out: str | Path) -> list[str]:
+            notes: list[str] = []
+            fig, axes = plt.subplots(**(layout(s) if callable(layout) else layout))
+            try:
+                draw(s, axes, notes)
+                save(fig, out)
+            finally:
+                plt.close(fig)
+            return notes
+
+        return register(kind)(plot)
+
+    return deco
+
+
+def line_per_variant(ax, s: Summary, x: str, y: str, notes: list[str], what: str, **kw) -> int:
+    """One line per variant of ``y`` against ``x`` (NaN rows dropped); returns lines drawn."""
+    c = colors(s.variants())
+    drawn = 0
+    for v in s.variants():
+        m = s.of("metrics", v)
+        d = pd.DataFrame({"x": col(m, x), "y": col(m, y)}).dropna().sort_values("x")
+        if len(d):
+            ax.plot(d["x"], d["y"], marker="o" if len(d) < 30 else None, ms=3, color=c[v], label=v, **kw)
+            drawn += 1
+    if not drawn:
+        no_data(ax, f"no variant has {what} ({y})", notes)
+    return drawn
+
+
+def _disagg_variant(s: Summary) -> str | None:
+    r = s.runs
+    if not len(r) or "mode" not in r.columns:
+        return None
+    dis = r[r["mode"] == "disaggregated"]
+    plain = dis[~dis["replay"].astype(bool)] if "replay" in dis.columns else dis  # the plain one-behind run first
+    names = list(plain["variant"]) + list(dis["variant"])
+    return names[0] if names else None
+
+
+def _replay_variant(s: Summary) -> str | None:
+    r = s.runs
+    if not len(r) or "replay" not in r.columns:
+        return None
+    names = list(r[r["replay"].astype(bool)]["variant"])
+    return names[0] if names else None

@@ -1,0 +1,214 @@
+"""The deliverables manifest (rlpipe.analysis.deliverables) and the written answers behind it: every
+listed seed question has a section and a non-empty answer computed from a synthetic results
+directory; the zero-shot commentary reads >= 10 examples per category and names the task and model
+truthfully; Problem 10 follows the measured overlap, not its estimate."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from rlpipe.analysis import aggregate, answers_math, contract, deliverables, family_answer, results_page
+from rlpipe.analysis.optimization_text import optimization_section
+from rlpipe.analysis.results_view import ResultsView
+
+FAMILIES = ("lr_sweep", "baselines", "length_norm", "std_norm", "offpolicy_sweep", "clip_ablation",
+            "prompt_ablation")
+CLIP_CHECK = ("Mechanism check: the clip bound on few response tokens (loss/clip_frac, mean over steps and seeds: "
+              "clip 0.3%; at most 1% in any step), below the 1% at which it would change the update noticeably. "
+              "What would: more epochs.")
+
+
+def family_numbers(name: str, replicates: int = 1, diverged: int = 0) -> dict:
+    """A family.json: reference 'a' (grad norm 0.10 at the end), 'b' (grad norm 0.24, and a collapse when
+    ``diverged``), one seed each unless ``replicates``."""
+    def row(mean, ci):
+        return {"x": None, "replicates": replicates, "diverged": 0, "contended": 0, "val_reward_final_mean": mean,
+                "val_reward_final_ci": ci, "val_reward_final_n": replicates}
+    b = row(0.0 if diverged else 0.78, None if replicates < 2 else 0.02) | {"diverged": diverged}
+    verdict = "unreplicated" if replicates < 2 else "exceeds the 95% interval"
+    return {"family": name, "question": "q", "reference": "a", "x": None, "replicates": replicates,
+            "variants": {"a": row(0.81, None if replicates < 2 else 0.02), "b": b},
+            "comparisons": [{"variant": "b", "reward_diff": b["val_reward_final_mean"] - 0.81,
+                             "reward_ci": None if replicates < 2 else 0.02, "reward_verdict": verdict,
+                             "val_noise": 0.05}],
+            "sentences": [CLIP_CHECK], "notes": [],
+            "health": {"a": {"optim/grad_norm": [0.2, 0.10], "policy/entropy": [0.59, 0.5],
+                             "response/length_mean": [26.0, 26.2]},
+                       "b": {"optim/grad_norm": [0.3, 0.24], "policy/entropy": [0.59, 2.62],
+                             "response/length_mean": [26.0, 26.5]}}}
+
+
+def examples() -> pd.DataFrame:
+    rows = []
+    for i in range(12):  # 12 per category: the commentary reads 10
+        rows.append(("format1_answer1", "<think>x</think> <answer>4</answer>", "4", "stop"))
+        # 8 of the format-0 cases ran out of tokens (model), 4 put a newline where the grader wants a space
+        resp = "<think>2+2 is" if i < 8 else "<think>x</think>\n<answer>4</answer>"
+        rows.append(("format0_answer0", resp, "4", "length" if i < 8 else "stop"))
+        # format 1, answer 0: 3 say the right answer in \\boxed{} with spaces (grader), the rest are wrong
+        rows.append(("format1_answer0", "<think>x</think> <answer>$\\boxed{ 4 }$</answer>" if i < 3
+                     else "<think>x</think> <answer>5</answer>", "4", "stop"))
+    return pd.DataFrame([{"index": i, "prompt": "p", "response": r, "ground_truth": g, "format_reward": 0.0,
+                          "answer_reward": 0.0, "reward": 0.0, "category": c, "finish_reason": f}
+                         for i, (c, r, g, f) in enumerate(rows)])
+
+
+def write_math(root, math_cfg: dict | None = None) -> None:
+    ev = root / "math" / "eval" / "base"
+    ev.mkdir(parents=True)
+    (ev / contract.EVAL_FILES["summary"]).write_text(json.dumps(
+        {"n": 36, "accuracy": 0.333, "format_rate": 0.667,
+         "categories": {"format1_answer1": 12, "format1_answer0": 12, "format0_answer0": 12, "format0_answer1": 0}}))
+    examples().to_parquet(ev / contract.EVAL_FILES["examples"], index=False)
+    rep = root / "math" / "report"
+    rep.mkdir(parents=True)
+    (rep / contract.MATH_REPORT_FILES["math_json"]).write_text(json.dumps({"runs": {"onpolicy": {
+        "initial_val_answer": 0.1, "final_val_answer": 0.4, "best_val_answer": 0.45, "best_step": 40,
+        "final_step": 48}}}))
+    run = root / "math" / "runs" / "onpolicy"
+    run.mkdir(parents=True)
+    (run / contract.RUN_CONFIG_FILE).write_text(yaml.safe_dump(
+        {"math": math_cfg or {"dataset_dir": None, "base_model_dir": None}}))
+    (root / "math" / "base").mkdir(parents=True)
+    (root / "math" / "base" / "model.log.json").write_text(json.dumps({"parameters": 1259904}))
+
+
+@pytest.fixture
+def results(tmp_path, make_runs):
+    root = tmp_path / "results"
+    runs = make_runs(root / "runs", ("onpolicy", "k2", "disagg"))
+    aggregate.main(["--runs", str(runs), "--out", str(root / "summary")])
+    for name in FAMILIES:
+        d = root / "families" / name / contract.FAMILY_REPORT_DIR
+        d.mkdir(parents=True)
+        (d / contract.FAMILY_REPORT_FILES["numbers"]).write_text(json.dumps(family_numbers(name, diverged=1)))
+    write_math(root)
+    (root / "toy_sort").mkdir()
+    pd.DataFrame([{"loss": "grpo_clip", "delta": "normalized", "seeds": 3, "final_mean": 4.6, "final_ci": 0.1,
+                   "vs_best": 0.0, "below_best": False},
+                  {"loss": "no_baseline", "delta": "rewards", "seeds": 3, "final_mean": 3.1, "final_ci": 0.2,
+                   "vs_best": 1.5, "below_best": True}]).to_csv(root / "toy_sort" / "table.csv", index=False)
+    return root
+
+
+def test_manifest_covers_every_question_the_report_must_answer():
+    asked = {(d.seed, d.problem) for d in deliverables.DELIVERABLES}
+    for seed, problem in [("000", f"Problem {n}") for n in range(5, 11)] + [
+            ("001", "Problem 1(b)"), ("001", "Problem 1(c)"), ("001", "Problem 8"), ("001", "Problem 9"),
+            ("001", "Problem 10"), ("002", "Problem 11"), ("003", "toy sorting"),
+            ("004", "think_about_length_normalization"), ("004", "grpo_length_normalization"),
+            ("004", "grpo_off_policy_clip_ablation"), ("004", "grpo_group_standard_deviation")]:
+        assert (seed, problem) in asked
+    anchors = [d.anchor for d in deliverables.DELIVERABLES]
+    assert len(set(anchors)) == len(anchors)
+    for d in deliverables.DELIVERABLES:  # a figure is a contract file
+        if d.figure and d.figure.startswith("figures/"):
+            assert d.figure.removeprefix("figures/") in {contract.figure_file(k) for k in contract.FIGURES}
+
+
+def test_every_deliverable_has_a_section_and_an_answer(results):
+    view = ResultsView.load(results)
+    done = deliverables.answers(view)
+    page = "\n".join(deliverables.render_markdown(view))
+    assert deliverables.problems(done, page) == []
+    assert deliverables.problems(done, deliverables.render_html(view)) == []
+    assert not any(t.startswith("Not run") for _, text in done for t in text)  # every stage's data was read
+    # the check itself fails on an empty answer and on a missing section
+    first = deliverables.DELIVERABLES[0]
+    assert deliverables.problems([(first, [])], page) == [f"{first.anchor}: empty answer"]
+    assert deliverables.problems([(first, ["x"])], "") == [f"{first.anchor}: no section"]
+
+
+def test_results_page_opens_with_the_manifest(results, tmp_path):
+    page = results_page.render(results, date="d")
+    assert page.index("## Answers to the seed questions") < page.index("## Machine and software")
+    assert "[Problem 10](#s000-p10)" in page
+    out = tmp_path / "answers.html"
+    assert results_page.main(["--results", str(results), "--answers-html", str(out), "--date", "d"]) == 0
+    assert "id='s004-lenthink'" in out.read_text()
+
+
+def test_an_empty_results_directory_answers_not_run(tmp_path):
+    (tmp_path / "r").mkdir()
+    view = ResultsView.load(tmp_path / "r")
+    for d, text in deliverables.answers(view):
+        assert text and all(t.strip() for t in text), d.anchor
+        if d.figure:
+            assert text[0].startswith("Not run"), d.anchor
+
+
+def test_zero_shot_reads_ten_examples_and_attributes_faults(results):
+    text = answers_math.zero_shot_answer(ResultsView.load(results))
+    assert "(1) 12, (2) 12, (3) 12" in text[0]
+    assert "Of 10 format-0 examples read, 8 are the model's fault and 2 the parser's, so the issue is mostly " \
+           "the model." in text[1]
+    assert "Of 10 format-1, answer-0 examples read, 7 are the model's fault and 3 the parser's" in text[2]
+
+
+def test_track_is_named_truthfully(results, tmp_path):
+    text = " ".join(answers_math.zero_shot_answer(ResultsView.load(results)))
+    assert "synthetic arithmetic task with a ~1.3M-parameter model of our own" in text
+    assert "Qwen2.5-Math-1.5B on MATH was not run" in text and "on MATH:" not in text
+    real = tmp_path / "real"
+    write_math(real, {"dataset_dir": "/data/MATH", "base_model_dir": "/models/qwen"})
+    text = " ".join(answers_math.zero_shot_answer(ResultsView.load(real)))
+    assert "MATH-format data from math.dataset_dir with the local HuggingFace model in /models/qwen" in text
+    assert "was not run" not in text
+
+
+def test_family_answer_one_seed_collapse_is_no_finding_and_names_the_mechanism():
+    text = " ".join(family_answer.answer(family_numbers("lr_sweep", diverged=1)))
+    assert "b diverged in 1 of 1 seeds (final reward 0.000, one seed, entropy 0.59 → 2.62)" in text
+    assert "not a finding" in text and "a finding (replicated" not in text
+    assert "entropy (nats/token): b 2.62 vs a 0.5 (5.2x)" in text
+    assert "cannot fully answer its question at this scale, because the clip bound on few response tokens" in text
+
+
+def test_family_answer_replicated_gap_states_its_interval():
+    text = " ".join(family_answer.answer(family_numbers("baselines", replicates=3)))
+    assert "b's -0.030 [-0.050, -0.010], a finding (replicated" in text
+    assert "grad norm (before clipping): b 0.24 vs a 0.1" in text
+
+
+def test_problem_10_follows_the_measurement(tmp_path, make_runs):
+    runs = aggregate.load_runs(make_runs(tmp_path / "runs"))
+    table = aggregate.summarize(runs, "onpolicy")
+    sec = optimization_section(table, "onpolicy")  # disagg measured 1.60x against an estimate of 1.33x
+    assert sec["numbers"]["recommended"].startswith("overlap") and sec["numbers"]["basis"] == "measured"
+    assert "Design: a Generator and a Learner actor" in sec["sentences"][-1]
+    slow = table.copy()
+    slow.loc[slow["variant"] == "disagg", "speedup_vs_ref"] = 0.96
+    sec = optimization_section(slow, "onpolicy")
+    text = " ".join(sec["sentences"])
+    assert "measured 0.96x" in text and "The measurement contradicts the estimate" in text
+    assert sec["numbers"]["recommended"].startswith("a 2x faster sampler") and sec["numbers"]["basis"] == "estimated"
+
+
+def test_length_normalisation_pros_and_cons(results):
+    text = " ".join(deliverables.length_norm_written(ResultsView.load(results)))
+    assert "Pros of masked_mean" in text and "Cons:" in text and "Pros of masked_normalize" in text
+    assert "1/4 = 0.250" in text and "1/7 = 0.143" in text
+    assert "26.2 to 26.5 tokens" in text and "hardly separate" in text
+
+
+def test_replay_answer_describes_aging_and_sampling(results):
+    (results / "runs" / "replay").mkdir()
+    (results / "runs" / "replay" / contract.RUN_CONFIG_FILE).write_text(yaml.safe_dump({"train": {
+        "variant": "replay", "replay": {"enabled": True, "capacity_groups": 16, "max_age": 2, "strategy": "recency"}}}))
+    text = " ".join(deliverables.replay_answer(ResultsView.load(results)))
+    assert "Aging and sampling in 'replay': the buffer holds up to 16 scored prompt groups" in text
+    assert "more than 2 policy versions ago" in text and "most recent first" in text
+    assert "No data: no variant with train.replay.enabled ran." in text  # the fixture's runs have no replay run
+
+
+def test_family_answer_reads_a_sweep_along_its_axis():
+    numbers = family_numbers("lr_sweep", replicates=3)
+    numbers["x"] = "learning_rate"
+    numbers["variants"]["a"]["x"], numbers["variants"]["b"]["x"] = 1e-4, 1e-2
+    text = family_answer.trend_sentence(numbers)
+    assert text == ("Along learning_rate, the final validation reward is 0.0001: 0.810 ± 0.020, 0.01: 0.780 ± 0.020; "
+                    "it peaks at the smallest (learning_rate = 0.0001).")

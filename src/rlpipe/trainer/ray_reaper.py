@@ -1,10 +1,11 @@
 """The watchdog that stops a local Ray instance when its ``rlpipe train`` driver is killed.
 
 Why: ``ray.shutdown`` stops the Ray processes a driver started, but a driver killed with SIGKILL
-(``kill -9``, the OOM killer, a pre-emption) runs no Python at all. Its GCS, raylet, log monitor,
-dashboard and runtime-env agents and workers then live on with their sockets open until Ray's own
-health checks notice the missing driver, which takes on the order of a minute, and Ray has no setting
-that shortens it. The course seeds call ``ray.init()`` and leave this to Ray.
+(``kill -9``, the OOM killer, a pre-emption) runs no Python at all. Ray then stops its processes by
+itself, but not all at once: on Ray 2.60 the dashboard and runtime-env agents (and sometimes more)
+live on with their sockets open until Ray's own timeout reaps them, a minute or more later, and Ray
+has no setting that shortens it. The course seeds call ``ray.init()`` and leave this to Ray.
+Linux only (it reads /proc); elsewhere no watchdog starts and Ray's own timeout applies.
 
 How: when ``rlpipe train`` starts its own Ray instance (never when it attaches to a cluster with
 ``ray.address``), it starts this module as a child process in a session of its own, with the
@@ -101,7 +102,7 @@ def reap(session_dir: str, grace_s: float = GRACE_S) -> list[int]:
     deadline = time.monotonic() + grace_s
     left = found
     while left and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.25)  # a scan reads every process's open files: keep it rare on a busy machine
         left = session_pids(scan(), session_dir, exclude=me)
     for _ in range(3):  # a process may have started (a worker) while the others stopped
         if not left:
@@ -120,9 +121,12 @@ def watch(driver_pid: int, session_dir: str, poll_s: float = POLL_S) -> list[int
     return reap(session_dir)
 
 
-def start(session_dir: str) -> subprocess.Popen:
-    """The watchdog for this process (the driver) and the Ray session in ``session_dir``. Its own
-    session: a signal to the driver's process group (Ctrl-C, ``kill -- -PGID``) does not reach it."""
+def start(session_dir: str) -> subprocess.Popen | None:
+    """The watchdog for this process (the driver) and the Ray session in ``session_dir``; None where
+    there is no /proc to read (not Linux). Its own session: a signal to the driver's process group
+    (Ctrl-C, ``kill -- -PGID``) does not reach it."""
+    if not os.path.isdir(PROC):
+        return None
     return subprocess.Popen([sys.executable, "-m", __name__, "--pid", str(os.getpid()), "--session", session_dir],
                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if os.getppid() != a.pid and _alive(a.pid):
         p.error(f"--pid {a.pid} is not this process's parent ({os.getppid()}): start it from the driver")
-    watch(a.pid, a.session)
+    watch(a.pid, os.path.realpath(a.session))  # open files read back resolved: /tmp may be a link
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -238,6 +239,77 @@ def test_a_local_run_listens_on_loopback_only(env, tmp_path, write_config):
     names = {name for _, _, name in sockets}
     assert {"gcs_server", "raylet"} <= names and any(n.startswith("ray::") for n in names), names
     assert [s for s in sockets if not _loopback(s[0])] == []
+
+
+def _session_name(procs) -> str:
+    """The Ray session that the GCS among ``procs`` serves (``--session-name=session_...``)."""
+    for p in procs:
+        with contextlib.suppress(Exception):
+            if p.name() == "gcs_server":
+                return next(a.split("=", 1)[1] for a in p.cmdline() if a.startswith("--session-name="))
+    return ""
+
+
+def _running(procs) -> list:
+    import psutil
+
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
+def _carrying(session: str) -> list:
+    """Every live process on the machine whose command line names ``session``."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE and any(session in a for a in p.cmdline()):
+                out.append(p)
+    return out
+
+
+def test_kill_9_of_a_local_run_stops_its_ray_processes_and_no_others(env, tmp_path, write_config):
+    """``kill -9`` of ``rlpipe train`` (no ``ray.shutdown``): within seconds no process of its Ray
+    session is left (GCS, raylet, agents, workers; Ray alone leaves the agents running for a while),
+    and this test session's own Ray instance (``ray_session``) is untouched."""
+    import psutil
+
+    cfg = write_config(tmp_path / "c.yaml", train={"n_grpo_steps": 40, "checkpoint_every": 1})
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlpipe.cli", "train", "--config", str(cfg), "--variant", "disagg",
+           "--out", str(out), "--base", env["base"], "--dataset", env["data"], "--threads", "2"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ours = [p for p in psutil.Process().children(recursive=True) if p.name() in ("gcs_server", "raylet")]
+    theirs = []
+    try:
+        deadline = time.time() + 180
+        while not (out / "checkpoints" / "last.pt").exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read()[-3000:]  # still training: its Ray is up
+        theirs = psutil.Process(proc.pid).children(recursive=True)
+        session = _session_name(theirs)
+        names = sorted(p.name() for p in theirs)
+        assert session and {"raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= set(names), names
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only, as the OOM killer would
+        proc.wait()
+        deadline = time.time() + 10
+        while (_running(theirs) or _carrying(session)) and time.time() < deadline:
+            time.sleep(0.2)
+        left = {(p.pid, p.name()) for p in _running(theirs) + _carrying(session)}
+        assert not left, f"still running 10 s after the driver was killed: {sorted(left)}"
+        assert len(ours) == 2 and len(_running(ours)) == 2, "this test session's Ray instance was touched"
+    finally:
+        for p in _running(theirs):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.learning

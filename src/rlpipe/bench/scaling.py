@@ -50,6 +50,7 @@ from rlpipe.bench import stamp
 from rlpipe.config import ConfigError, load_config, to_dict
 from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
 from rlpipe.lm.model import TransformerLM
+from rlpipe.trainer import ray_reaper
 from rlpipe.trainer import run as train_run
 
 
@@ -149,7 +150,7 @@ def run_bench(config, base, dataset, modes, threads) -> dict:
     start = time.time()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        train_run._init_ray(cfg, num_cpus=2 * threads + 1)
+        watchdog = train_run._init_ray(cfg, num_cpus=2 * threads + 1)  # stops Ray if we are killed
         try:
             done: dict[tuple, dict] = {}  # the centre point is on every axis: run it once per mode
             for mode in modes:
@@ -160,6 +161,8 @@ def run_bench(config, base, dataset, modes, threads) -> dict:
                     results.append({**done[key], "axis": p["axis"]})
         finally:
             ray.shutdown()
+            if watchdog is not None:
+                ray_reaper.stop(watchdog)
     return {"bench": "scaling", "steps": steps, "threads": threads, "center": center, "modes": list(modes),
             "load_avg_1m_end": round(os.getloadavg()[0], 2), "seconds": round(time.time() - start, 1),
             "points": results}

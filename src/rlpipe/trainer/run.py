@@ -38,7 +38,9 @@ lists the listening sockets of a run's processes). Other users of the same machi
 loopback: what protects the servers from them is Ray's token authentication, on by default since
 2.5x (every RPC needs the session's token), so ``_init_ray`` refuses to start a local instance with
 ``RAY_AUTH_MODE=disabled``. It always starts its own (``address="local"``): a plain ``ray.init()``
-would attach to a cluster that ``ray start`` registered on this machine.
+would attach to a cluster that ``ray start`` registered on this machine. Beside it runs a watchdog
+(``rlpipe.trainer.ray_reaper``) that stops that instance's processes at once if this process is
+killed with no chance to call ``ray.shutdown``; Ray alone would leave them running for a while.
 
 ``ray.address`` attaches to an existing (possibly multi-node) cluster instead, which rlpipe does not
 start or configure: its GCS, raylets, object managers, agents and workers listen where ``ray start``
@@ -75,7 +77,7 @@ from rlpipe.provenance import provenance
 from rlpipe.tasks import check_task
 from rlpipe.tasks.base import DatasetError
 from rlpipe.tasks.registry import TaskLoadError
-from rlpipe.trainer import conditions, tensorboard
+from rlpipe.trainer import conditions, ray_reaper, tensorboard
 from rlpipe.trainer import resume as resume_policy
 from rlpipe.trainer.actors.learner import REQUIRED_EXTRA
 from rlpipe.trainer.drivers.colocated import run_colocated
@@ -155,7 +157,9 @@ def _check_resumable(out_dir: str) -> None:
         raise ResumeError(f"cannot resume {out_dir}: {e}; {fix}") from None
 
 
-def _init_ray(cfg, num_cpus: float) -> None:
+def _init_ray(cfg, num_cpus: float):
+    """Start a local Ray instance, or attach to ``ray.address``. For a local one, the watchdog that
+    stops it if this process is killed (``rlpipe.trainer.ray_reaper``); None when attached."""
     import ray
 
     # Ray starts worker processes at niceness 15 by default: on a shared machine any other process
@@ -165,7 +169,7 @@ def _init_ray(cfg, num_cpus: float) -> None:
     quiet = "ignore::DeprecationWarning"
     if cfg.ray.address:  # the cluster's workers do not inherit our environment: pass it along
         ray.init(address=cfg.ray.address, runtime_env={"env_vars": {"PYTHONWARNINGS": quiet}}, log_to_driver=True)
-        return
+        return None
     if os.environ.get("RAY_AUTH_MODE", "token") != "token":
         # every user of this machine can reach the local servers on loopback (see the module
         # docstring): the token is their lock. (Setting the variable here would not help: Ray reads
@@ -183,6 +187,7 @@ def _init_ray(cfg, num_cpus: float) -> None:
         ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
                  dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
                  logging_level=logging.WARNING, configure_logging=True)
+    return ray_reaper.start(ray._private.worker.global_worker.node.get_session_dir_path())
 
 
 @contextlib.contextmanager
@@ -264,8 +269,9 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
 
     with _gpu_slots(cfg, gpus):
         owns_ray = not ray.is_initialized()  # a caller (e.g. a test session) may have started one
+        watchdog = None
         if owns_ray:
-            _init_ray(cfg, num_cpus=(2 * actor_threads + 1) if disagg else actor_threads)
+            watchdog = _init_ray(cfg, num_cpus=(2 * actor_threads + 1) if disagg else actor_threads)
         try:
             # what else the machine does while the run is timed (rlpipe.trainer.conditions): an
             # attached cluster's actors are not our descendants, so their CPU time is not ours to count
@@ -279,7 +285,11 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
             resume_policy.mark_finished(ctx.out_dir)
         finally:
             if owns_ray:
-                ray.shutdown()
+                try:
+                    ray.shutdown()
+                finally:
+                    if watchdog is not None:
+                        ray_reaper.stop(watchdog)
             else:
                 _kill_run_actors(ctx.variant)
     return info

@@ -92,12 +92,15 @@ class RunWriter:
         return t - self.t0
 
     # -- resume ---------------------------------------------------------------------------------
-    def resume_from(self, step: int) -> None:
-        """Reload outputs of a killed run, dropping everything after optimizer step ``step``."""
+    def resume_from(self, step: int, since: float | None = None) -> None:
+        """Reload outputs of a killed run, dropping everything after optimizer step ``step``. The
+        clock continues from the snapshot's last wall time at ``since`` (default: now): the time the
+        restore began, so that what the actors log while restoring comes after the killed run's rows."""
         snap = read_snapshot(self.dir, step)
         self.rows = [{c: math.nan for c in contract.METRIC_COLUMNS} | r for r in snap["metrics"]]
         self.events, self.versions, self.rollouts = snap["events"], snap["versions"], snap["rollouts"]
-        self.t0 = time.time() - max([r["wall_time"] for r in self.rows] or [0.0])
+        since = time.time() if since is None else since
+        self.t0 = since - max([r["wall_time"] for r in self.rows] or [0.0])
         if self._tb is not None:
             self._tb.last_step = min(self._tb.last_step, step)
         self._resumed_at = step

@@ -302,9 +302,10 @@ class RunContext:
         """(next rollout batch, last optimizer step) to continue from; (0, 0) on a fresh run."""
         if not (self.resume and self.checkpoint_path.exists()):
             return 0, 0
+        since = time.time()  # the restore logs version events (load_weights): they belong after it
         extra = self.get(learner.restore.remote(str(self.checkpoint_path)), f"restore {self.checkpoint_path}")
         step = int(extra["step"])
-        self.writer.resume_from(step)
+        self.writer.resume_from(step, since)
         self.samples = int(extra["samples"])
         self.step = self.checkpoint_step = step
         self.progress.started(step, self.writer.rel(time.time()))

@@ -117,6 +117,15 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run):
     page = (results / "RESULTS.md").read_text()  # rule write_results_page: numbers with their provenance
     assert "## Machine and software" in page and "| torch |" in page and "| onpolicy |" in page
     assert "## The MATH track" in page and "## Experiment families" in page
+    # the deliverables manifest on a real run: every seed question has its section and a written
+    # answer; only the families the smoke config leaves out read "Not run"
+    from rlpipe.analysis import deliverables
+    from rlpipe.analysis.results_view import ResultsView
+
+    done = deliverables.answers(ResultsView.load(results))
+    assert deliverables.problems(done, page) == []
+    not_run = [" ".join(text) for _, text in done if any(t.startswith("Not run") for t in text)]
+    assert all("results/families/" in t for t in not_run), not_run
 
     run(tmp_path, "--report", "report.html")
     report = (tmp_path / "report.html").read_text()

@@ -275,3 +275,20 @@ def test_phase_clock_times_wrapped_calls_per_step():
     assert 0.05 <= split["generate"] < 0.09 and 0.02 <= split["score"] < 0.06
     assert split["other"] >= 0.03 and split["step"] == pytest.approx(
         split["generate"] + split["score"] + split["other"], abs=2e-3)
+
+
+def test_a_side_summary_never_reports_one_pairs_value_as_the_sides():
+    """Fields every pair shares stay; a field that differs is a median (numbers) and a per-pair list."""
+    from rlpipe.bench.trl import _summary
+
+    def run(sps, tokens, run_dir):
+        return {"samples": 8, "tokens": tokens, "run_dir": run_dir, "samples_per_s": sps,
+                "step_samples_per_s_median": sps, "tokens_per_s": sps * 2, "wall_s": 8 / sps,
+                "phases_s_per_step": {"generate": 1 / sps}, "val_reward_final": sps / 10,
+                "load_avg_before": 1.0, "load_avg_after": 2.0}
+
+    s = _summary([run(1.0, 40, "a"), run(4.0, 60, "b"), run(2.0, 50, "c")])
+    assert s["samples"] == 8 and s["samples_per_s"] == 2.0 and s["tokens"] == 50
+    assert s["tokens_per_pair"] == [40, 60, 50] and s["run_dir_per_pair"] == ["a", "b", "c"]
+    assert "run_dir" not in s and s["val_reward_final"] == 0.2 and s["phases_s_per_step"] == {"generate": 0.5}
+    assert s["load_avg_before"] == 1.0 and s["load_avg_per_pair"] == [[1.0, 2.0]] * 3

@@ -309,13 +309,21 @@ THROUGHPUT_KEYS = ("step_samples_per_s_median", "samples_per_s", "tokens_per_s")
 
 
 def _summary(runs: list[dict]) -> dict:
-    """One side over the pairs: medians of its throughput, wall and per-step phases; the rest as lists."""
+    """One side over the pairs: medians of its throughput, wall and per-step phases. Every other field
+    that all pairs share is kept as is; one that differs between pairs is given per pair
+    (``<key>_per_pair``) and, when numeric, as its median (``<key>``), never as one pair's value."""
     med = {k: round(statistics.median(r[k] for r in runs), 3) for k in (*THROUGHPUT_KEYS, "wall_s")}
     phases = {k: round(statistics.median(r["phases_s_per_step"][k] for r in runs), 4)
               for k in runs[0]["phases_s_per_step"]}
-    return {**runs[-1], **med, "phases_s_per_step": phases,
-            "val_reward_final": round(statistics.median(r["val_reward_final"] for r in runs), 4),
-            "val_reward_final_per_pair": [r["val_reward_final"] for r in runs],
+    out = {k: v for k, v in runs[0].items() if all(r.get(k) == v for r in runs)}
+    for k in runs[0]:
+        if k in out or k in med or k == "phases_s_per_step":
+            continue
+        values = [r.get(k) for r in runs]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[k] = round(statistics.median(values), 4)
+        out[f"{k}_per_pair"] = values
+    return {**out, **med, "phases_s_per_step": phases,
             "load_avg_per_pair": [[r["load_avg_before"], r["load_avg_after"]] for r in runs]}
 
 

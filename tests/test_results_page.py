@@ -60,6 +60,15 @@ def test_page_holds_machine_versions_and_headline_numbers(results):
     assert "| lr_sweep | lr1e-2 | 1 | 0.000 | 1 |" in page  # one replicate: no interval
 
 
+def test_a_run_of_a_users_track_only_leaves_the_seed_answers_out(tmp_path):
+    ev = tmp_path / "r" / "tracks" / "wordrev" / "eval" / "base"
+    ev.mkdir(parents=True)
+    (ev / "summary.json").write_text(json.dumps({"n": 8, "accuracy": 0.5, "format_rate": 1.0}))
+    page = render(tmp_path / "r", date="d")
+    assert "## Track wordrev" in page and "## Answers to the seed questions" not in page
+    assert "answers to the seed questions are left out" in page
+
+
 def test_missing_parts_are_left_out(tmp_path):
     (tmp_path / "r").mkdir()
     page = render(tmp_path / "r", date="d")

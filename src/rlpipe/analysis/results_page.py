@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from rlpipe.analysis import contract
+from rlpipe.analysis.deliverables import answers
 from rlpipe.analysis.deliverables import render_html as answers_html
 from rlpipe.analysis.deliverables import render_markdown as answers_markdown
 from rlpipe.analysis.results_view import ResultsView
@@ -169,8 +170,16 @@ def render(results: str | Path, date: str | None = None) -> str:
     body = systems_section(results) + math_section(results) + families_section(results)
     if not body:
         body = ["No finished run was found under this directory.", ""]
-    toc = answers_markdown(ResultsView.load(results))
+    view = ResultsView.load(results)
+    toc = answers_markdown(view) if seed_stages_ran(view) else [
+        "No stage of the seeds' own experiments ran here (a run of your own tracks only), so the answers to "
+        "the seed questions are left out; a default run's page has them.", ""]
     return "\n".join(head + toc + machine_section(provenance_records(results)) + body)
+
+
+def seed_stages_ran(view: ResultsView) -> bool:
+    """Whether any deliverable of the seeds has something to answer from (not every one 'Not run')."""
+    return any(not (text and text[0].startswith("Not run")) for d, text in answers(view) if d.figure)
 
 
 def main(argv: list[str] | None = None) -> int:

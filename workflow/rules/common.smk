@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import re
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -336,11 +337,17 @@ def run_outputs(variant: str) -> dict:
 
 
 def track_variant(wildcards):
-    t = track_of(wildcards)
-    if wildcards.variant not in t.pipeline.variants:
-        raise WorkflowError(f"track {t.name} has no variant '{wildcards.variant}' "
-                            f"({', '.join(t.pipeline.variants) or 'none'})")
-    return t, resolve_variant(t.pipeline, wildcards.variant)
+    """(Track, resolved train settings) of a train_variant job; resolved once per job, not per
+    input and param function that asks."""
+    return _track_variant(wildcards.tdir, wildcards.variant)
+
+
+@cache
+def _track_variant(tdir: str, variant: str):
+    t = TRACK_BY_DIR[tdir]
+    if variant not in t.pipeline.variants:
+        raise WorkflowError(f"track {t.name} has no variant '{variant}' ({', '.join(t.pipeline.variants) or 'none'})")
+    return t, resolve_variant(t.pipeline, variant)
 
 
 def train_inputs(wildcards) -> dict:
@@ -378,8 +385,14 @@ def eval_inputs(wildcards) -> dict:
 
 
 def eval_params(wildcards) -> dict:
-    t = track_of(wildcards)
-    policy = track_base(t) if wildcards.model == "base" else track_res(t.name, "runs", wildcards.model, CHECKPOINT_FILE)
+    """params of evaluate_model, computed once per job (each param reads one key)."""
+    return _eval_params(wildcards.tdir, wildcards.model)
+
+
+@cache
+def _eval_params(tdir: str, model: str) -> dict:
+    t = TRACK_BY_DIR[tdir]
+    policy = track_base(t) if model == "base" else track_res(t.name, "runs", model, CHECKPOINT_FILE)
     size = f"--n {t.eval_size}" + (f" --max-tokens {t.eval_max_tokens}" if t.eval_max_tokens else "")
     return {"cfg": canonical({"eval": [t.eval_size, t.eval_max_tokens], "train": to_dict(t.pipeline.train)}),
             "checkpoint": policy, "dataset": track_dataset_dir(t), "size": size}

@@ -120,9 +120,10 @@ def _title(d: Deliverable) -> str:
     return f"Seed {d.seed} {d.problem}: {d.asked}"
 
 
-def render_markdown(view: ResultsView) -> list[str]:
-    """The manifest as a table of contents, then each answer under its anchor."""
-    done = answers(view)
+def render_markdown(view: ResultsView, done: list[tuple[Deliverable, list[str]]] | None = None) -> list[str]:
+    """The manifest as a table of contents, then each answer under its anchor (``done``: the answers
+    when the caller has them already)."""
+    done = answers(view) if done is None else done
     lines = ["## Answers to the seed questions", "", "| seed | problem | asked | figure |", "| --- | --- | --- | --- |"]
     lines += [f"| {d.seed} | [{d.problem}](#{d.anchor}) | {d.asked} | {f'`{d.figure}`' if d.figure else 'written'} |"
               for d, _ in done]

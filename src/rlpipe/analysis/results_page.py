@@ -171,15 +171,17 @@ def render(results: str | Path, date: str | None = None) -> str:
     if not body:
         body = ["No finished run was found under this directory.", ""]
     view = ResultsView.load(results)
-    toc = answers_markdown(view) if seed_stages_ran(view) else [
+    done = answers(view)
+    toc = answers_markdown(view, done) if seed_stages_ran(done) else [
         "No stage of the seeds' own experiments ran here (a run of your own tracks only), so the answers to "
         "the seed questions are left out; a default run's page has them.", ""]
     return "\n".join(head + toc + machine_section(provenance_records(results)) + body)
 
 
-def seed_stages_ran(view: ResultsView) -> bool:
-    """Whether any deliverable of the seeds has something to answer from (not every one 'Not run')."""
-    return any(not (text and text[0].startswith("Not run")) for d, text in answers(view) if d.figure)
+def seed_stages_ran(done: list) -> bool:
+    """Whether any deliverable of the seeds has something to answer from (not every one 'Not run');
+    ``done``: ``deliverables.answers`` of the results."""
+    return any(not (text and text[0].startswith("Not run")) for d, text in done if d.figure)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,7 +151,7 @@ def test_grpo_config_and_rlpipe_overrides_agree():
     assert kw["weight_decay"] == ov["weight_decay"] == 0.01
     assert kw["max_grad_norm"] == ov["max_grad_norm"] == 0.5
     assert kw["epsilon"] == ov["cliprange"] == 0.3
-    assert kw["beta"] == ov["kl_coef"] == 0.0 and ov["kl_monitor"] is False
+    assert kw["beta"] == ov["kl_coef"] == 0.0 and ov["kl_monitor"] is False and ov["kl_monitor_every"] == 5
     assert kw["seed"] == ov["seed"] == 5 and ov["threads"] == 1
     assert kw["loss_type"] == "grpo" and ov["length_normalization"] == "masked_mean"
     assert kw["lr_scheduler_type"] == "constant" and kw["shuffle_dataset"] is False
@@ -223,7 +223,7 @@ def test_end_to_end_two_steps(tmp_path, make_base, make_dataset):
         assert r["samples"] == 2 * 2 * 2 and 0 < r["tokens"] <= r["samples"] * 8
         assert r["samples_per_s"] > 0 and r["step_samples_per_s_median"] > 0
         assert 0 <= r["val_reward_initial"] <= 1 and 0 <= r["val_reward_final"] <= 1
-    assert res["rlpipe"]["base"] in ("hf_dir", "checkpoint")
+    assert res["rlpipe"]["base"] == "checkpoint"  # --rlpipe-model native, the default
     assert set(res["ratios_rlpipe_over_trl"]) >= {"samples_per_s", "tokens_per_s", "step_samples_per_s_median"}
     assert res["versions"]["trl"] and res["notes"]
     q = res["ratios_rlpipe_over_trl"]
@@ -292,3 +292,23 @@ def test_a_side_summary_never_reports_one_pairs_value_as_the_sides():
     assert s["tokens_per_pair"] == [40, 60, 50] and s["run_dir_per_pair"] == ["a", "b", "c"]
     assert "run_dir" not in s and s["val_reward_final"] == 0.2 and s["phases_s_per_step"] == {"generate": 0.5}
     assert s["load_avg_before"] == 1.0 and s["load_avg_per_pair"] == [[1.0, 2.0]] * 3
+
+
+# --------------------------------------------------------------------------- the larger preset
+
+
+def test_preset_checkpoint_keeps_the_tokenizer_and_vocabulary(inputs, tmp_path):
+    from rlpipe.lm.checkpoint import load_checkpoint
+    from rlpipe.lm.model import ModelConfig
+
+    base = load_checkpoint(inputs[0])
+    path = bench.preset_checkpoint(inputs[0], "assignment", tmp_path / "big.pt")
+    big = load_checkpoint(path)
+    assert big.tokenizer == base.tokenizer
+    assert big.model_config == ModelConfig.from_preset("assignment", vocab_size=base.model_config.vocab_size)
+    assert big.model_config.num_parameters() >= 10 * base.model_config.num_parameters()
+
+
+def test_unknown_preset_is_named(inputs, tmp_path):
+    with pytest.raises(bench.BenchInputError, match="--preset: unknown model preset 'huge'"):
+        bench.preset_checkpoint(inputs[0], "huge", tmp_path / "x.pt")

@@ -55,7 +55,7 @@ def _rollout(base: str, task_name: str, data: str, recompute: bool) -> tuple[Lea
 def _ratio_error(learner: Learner, batch: RolloutBatch) -> float:
     """max |exp(new - old) - 1| over response tokens, new = the learner's forward."""
     t = build_train_tensors(batch, learner.pad_id)
-    new = response_log_probs(learner.model, t, learner.cfg.sampling_temperature)["log_probs"]  # (B, T)
+    new = response_log_probs(learner.model, t, learner.cfg)["log_probs"]  # (B, T)
     ratio = torch.exp(new - t.old_log_probs)[t.response_mask]  # (N,)
     assert ratio.numel() == batch.response_tokens() > 0
     return float((ratio - 1).abs().max())

@@ -99,9 +99,11 @@ def test_bench_sampler_smoke(tmp_path, capsys):
     from rlpipe.bench.sampler import main
 
     out = tmp_path / "bench.json"
-    result = main(["--batch", "2", "--new-tokens", "3", "--repeats", "1", "--out", str(out)])
+    result = main(["--batch", "2", "--new-tokens", "3", "--repeats", "1", "--no-compiled", "--out", str(out)])
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed == result == json.loads(out.read_text())
     for key in ("kv_tokens_per_s", "naive_tokens_per_s", "kv_over_naive", "hf_ours_tokens_per_s",
-                "hf_generate_tokens_per_s", "ours_over_hf_generate"):
+                "hf_generate_tokens_per_s", "ours_over_hf_generate", "best_over_hf_generate"):
         assert result[key] > 0
+    assert "compiled_tokens_per_s" not in result  # --no-compiled
+    assert set(result["goals"]) >= {"fraction_of_peak", "fraction_of_peak_met", "over_hf_generate"}

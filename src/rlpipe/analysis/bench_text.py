@@ -90,6 +90,15 @@ def _phase_sentence(side: str, phases: dict) -> str:
     return f"{side}: a step takes {fnum(step, 3)} s (median): " + ", ".join(parts) + "."
 
 
+def _model_sentence(base: str | None) -> str:
+    if base == "hf_dir":
+        return ("Both sides ran the exported model with transformers' Llama code, so the ratio is what the "
+                "pipeline alone gains.")
+    return ("TRL ran the exported model with transformers' Llama code; rlpipe ran the same weights in its own "
+            "TransformerLM (logits equal within 1e-4), so the ratio includes what that model code gains "
+            "(`rlpipe bench trl --rlpipe-model hf` separates the two).")
+
+
 def trl_section(bench: dict) -> dict:
     """rlpipe against TRL on the same model, prompts and settings: the ratios over interleaved
     pairs, the rewards at equal samples, and where each side's step time goes."""
@@ -102,6 +111,7 @@ def trl_section(bench: dict) -> dict:
     s = [f"{q.get('pairs', 1)} interleaved pairs of runs, {t['settings']['steps']} optimizer steps of "
          f"{t['settings']['prompts_per_step']} prompts x G {t['settings']['group_size']} each, "
          f"{t.get('threads')} thread(s) per side, CPU fp32.",
+         _model_sentence(rl.get("base")),
          _ratio_sentence("Samples/s of the median step", q, "step_samples_per_s_median"),
          _ratio_sentence("Samples/s over the whole run", q, "samples_per_s")]
     n = int(t["settings"].get("val_size", 0))

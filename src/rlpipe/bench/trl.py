@@ -4,8 +4,11 @@ One invocation trains the same model on the same task twice and writes the ratio
 
 - the model: ``--checkpoint`` (our pretrained ``TransformerLM``) exported once to a HuggingFace
   ``LlamaForCausalLM`` folder (``rlpipe.lm.hf_export.export_hf``); TRL trains that folder. rlpipe
-  trains the same folder when ``rlpipe train --base`` accepts an HF directory, else the .pt it was
-  exported from (logits equal within 1e-4); ``rlpipe.base`` in the JSON says which.
+  trains, by ``--rlpipe-model``, the same weights in its own ``TransformerLM`` (``native``, the
+  default: the .pt the folder was exported from, logits equal within 1e-4; what ``rlpipe train``
+  runs for its own models) or the HF folder itself through transformers' Llama code (``hf``: the
+  same modelling code as TRL, which isolates what the pipeline alone gains). ``rlpipe.base`` in
+  the JSON says which.
 - the task: the keyword-inclusion dataset (``--dataset``: train.jsonl / val.jsonl) and its reward
   ``keyword_inclusion_reward_fn``, wrapped as a TRL reward function (``KeywordReward``: TRL passes the
   completions and the dataset's ``keywords`` column).
@@ -43,6 +46,8 @@ What cannot be made equal, and how it is handled (also written to the JSON's ``n
   exactly 1); rlpipe uses the sampler's behaviour log-probs (ratio 1 up to KV-cache rounding).
   ``recompute_old_log_probs`` is off, so neither side runs an extra old-log-prob forward.
 - KL: TRL ``beta=0.0`` loads no reference model; rlpipe ``kl_coef=0`` and ``kl_monitor=false``.
+  rlpipe's post-update forward for KL(pi_t || pi_{t-1}), which TRL has no counterpart of, runs on
+  the first and last step only (``kl_monitor_every`` = steps), as a user who wants speed sets it.
 - generation: TRL samples with HF ``generate`` (its own RNG stream, HF cache); rlpipe with its
   KV-cache sampler (per-step seeds). Same distribution (temperature, top-p, top_k off, EOS stop,
   no min tokens), different samples, so rewards agree statistically, not sample for sample.
@@ -54,6 +59,12 @@ What cannot be made equal, and how it is handled (also written to the JSON's ``n
   copies; TRL generates with the training model itself).
 - threads: TRL runs in this process with ``torch.set_num_threads(threads)``; rlpipe's colocated
   actor gets ``train.threads = --threads`` (its driver and Ray's daemons are extra processes).
+
+``--preset NAME`` (e.g. ``assignment``: about 10x the default model's parameters at the same
+vocabulary) replaces the checkpoint's weights by an untrained ``TransformerLM`` of that preset with
+the checkpoint's tokenizer and vocabulary (``preset_checkpoint``), so the same comparison runs where
+compute outweighs per-call overhead. Its rewards stay near the initial ones (nothing pretrained it
+to the task): that run measures speed only.
 
 Departure from the seeds: the seeds define no comparison with TRL (it answers whether rlpipe is faster
 than the library users already know). The bench runs TRL's loss type ``grpo`` with the seed's
@@ -199,19 +210,20 @@ def _train(base: str, cfg_path: Path, dataset: str, out: Path, s: BenchSettings,
         return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, check=False).returncode
 
 
+RLPIPE_MODELS = {"native": "checkpoint", "hf": "hf_dir"}  # --rlpipe-model -> the base rlpipe trains
+
+
 def run_rlpipe(checkpoint: str, hf_dir: str, config: str | None, dataset: str, s: BenchSettings,
-               work: Path) -> dict:
-    """``rlpipe train`` on ``hf_dir`` (or, when the trainer refuses an HF directory as ``--base``, on
-    ``checkpoint``); throughput from its metrics.parquet, final reward from its last.pt."""
+               work: Path, model: str = "native") -> dict:
+    """``rlpipe train`` on ``checkpoint`` (``model`` native) or ``hf_dir`` (hf); throughput from its
+    metrics.parquet, final reward from its last.pt."""
 
     cfg_path = work / "rlpipe_config.yaml"
     _write_run_config(config, s, cfg_path)
     load_before = _load()
-    used, out, log = "hf_dir", work / "rlpipe_run_hf", work / "rlpipe_train_hf.log"
-    rc = _train(hf_dir, cfg_path, dataset, out, s, log)
-    if rc == 2 and "--base" in log.read_text():  # usage error before anything started: no HF support yet
-        used, out, log = "checkpoint", work / "rlpipe_run_pt", work / "rlpipe_train_pt.log"
-        rc = _train(checkpoint, cfg_path, dataset, out, s, log)
+    used = RLPIPE_MODELS[model]
+    out, log = work / f"rlpipe_run_{model}", work / f"rlpipe_train_{model}.log"
+    rc = _train(checkpoint if used == "checkpoint" else hf_dir, cfg_path, dataset, out, s, log)
     load_after = _load()
     if rc != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
@@ -253,6 +265,31 @@ def read_rlpipe_run(run_dir: Path, s: BenchSettings) -> dict:
 # --------------------------------------------------------------------------- the bench
 
 
+def preset_checkpoint(checkpoint: str, preset: str, out: Path, seed: int = 0) -> str:
+    """An untrained ``TransformerLM`` of model preset ``preset`` with ``checkpoint``'s tokenizer and
+    vocabulary size, saved at ``out``; returns its path. An unknown preset raises BenchInputError."""
+    import torch
+
+    from rlpipe.lm.checkpoint import open_base_checkpoint, save_checkpoint
+    from rlpipe.lm.model import PRESETS, ModelConfig, TransformerLM
+
+    if preset not in PRESETS:
+        raise BenchInputError(f"--preset: unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
+    ckpt, tok_ref = open_base_checkpoint(checkpoint, "--checkpoint")
+    base = ckpt.model_config
+    cfg = ModelConfig.from_preset(preset, vocab_size=base.vocab_size,
+                                  context_length=max(base.context_length, PRESETS[preset].context_length))
+    torch.manual_seed(seed)
+    save_checkpoint(out, TransformerLM(cfg), tokenizer=tok_ref)
+    return str(out)
+
+
+def _parameters(checkpoint: str) -> int:
+    from rlpipe.lm.checkpoint import load_checkpoint
+
+    return load_checkpoint(checkpoint).model_config.num_parameters()
+
+
 def _versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -269,10 +306,11 @@ def _ratio(a, b):
 
 def notes(s: BenchSettings, rlpipe_base: str) -> list[str]:
     """The settings that could not be made equal and how each was handled (see module docstring)."""
-    model = ("the exported HF LlamaForCausalLM directory (same weights and modeling code as TRL)"
-             if rlpipe_base == "hf_dir" else
-             "the rlpipe .pt checkpoint the HF directory was exported from (its TransformerLM; logits equal "
-             "within 1e-4): this trainer does not accept an HF directory as --base")
+    model = ("the exported HF LlamaForCausalLM directory (same weights and modeling code as TRL; "
+             "--rlpipe-model hf)" if rlpipe_base == "hf_dir" else
+             "the rlpipe .pt checkpoint the HF directory was exported from, in rlpipe's own TransformerLM (same "
+             "weights, logits equal within 1e-4; --rlpipe-model native). Run --rlpipe-model hf to see the "
+             "pipeline's gain with TRL's modelling code")
     out = [
         f"rlpipe trained {model}",
         f"advantage eps: rlpipe {s.advantage_eps:g} (train.advantage_eps), TRL hard-coded 1e-4; both divide by the "
@@ -281,7 +319,8 @@ def notes(s: BenchSettings, rlpipe_base: str) -> list[str]:
         f"epsilon {s.cliprange} both; TRL's default 'dapo' not used",
         "importance ratio: TRL on-policy uses detached current log-probs (ratio exactly 1), rlpipe the sampler's "
         "behaviour log-probs (ratio 1 up to rounding); recompute_old_log_probs off, no extra forward either side",
-        "KL: TRL beta=0.0 (no reference model); rlpipe kl_coef=0, kl_monitor=false (no reference model)",
+        "KL: TRL beta=0.0 (no reference model); rlpipe kl_coef=0, kl_monitor=false (no reference model), and "
+        "its post-update KL-to-previous-step forward (TRL has none) on the first and last step only",
         "generation: TRL uses HF generate, rlpipe its KV-cache sampler: same temperature/top-p/top_k off/EOS stop/"
         "max tokens, different random streams, so samples differ (rewards compare statistically)",
         "prompts: TRL gets rlpipe's prompt sequence (prompts_for_batch per step) with shuffle_dataset=False",
@@ -340,7 +379,7 @@ def _pair_ratios(pairs: list[dict]) -> dict:
 
 
 def run_bench(checkpoint: str, dataset: str, config: str | None, s: BenchSettings, work: Path,
-              pairs: int = 3) -> dict:
+              pairs: int = 3, rlpipe_model: str = "native") -> dict:
     """Export, initial rewards, then ``pairs`` interleaved (rlpipe, TRL) runs and their ratios;
     torch's thread count is restored. Interleaving spreads a change of the machine's load over both
     sides; the spread of the per-pair ratios shows how much it moved them."""
@@ -360,7 +399,7 @@ def run_bench(checkpoint: str, dataset: str, config: str | None, s: BenchSetting
                        "hf_dir": _policy_reward(hf_dir, dataset, s)}
             for i in range(pairs):
                 (work / f"pair{i}").mkdir(parents=True, exist_ok=True)
-                rl = run_rlpipe(checkpoint, hf_dir, config, dataset, s, work / f"pair{i}")
+                rl = run_rlpipe(checkpoint, hf_dir, config, dataset, s, work / f"pair{i}", rlpipe_model)
                 tr = run_trl(hf_dir, dataset, s, work / f"pair{i}" / "trl_out")
                 ratios = {k: _ratio(rl[k], tr[k]) for k in THROUGHPUT_KEYS}
                 ratios["wall_trl_over_rlpipe"] = _ratio(tr["wall_s"], rl["wall_s"])
@@ -393,6 +432,9 @@ def table(result: dict) -> str:
     lines.append(f"{q['pairs']} interleaved pairs (ratio: median [min, max] over pairs); load avg "
                  f"{result['load_avg_start']} -> {result['load_avg_end']}, threads {result['threads']}, "
                  f"rlpipe base: {r['base']}")
+    if result.get("model_parameters"):
+        lines.append(f"model: {result['model_parameters'] / 1e6:.2f}M parameters"
+                     + (f" (untrained preset {result['preset']}: speed only)" if result.get("preset") else ""))
     return "\n".join(lines)
 
 
@@ -405,6 +447,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--pairs", type=int, default=3, help="interleaved (rlpipe, TRL) runs; ratios are medians over them")
     ap.add_argument("--prompts-per-step", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each side")
+    ap.add_argument("--preset", default=None,
+                    help="bench an untrained model of this preset (e.g. assignment: ~10x the default's parameters) "
+                         "with the checkpoint's tokenizer, instead of the checkpoint's own weights")
+    ap.add_argument("--rlpipe-model", choices=sorted(RLPIPE_MODELS), default="native",
+                    help="rlpipe's side trains the weights in its own TransformerLM (native) or the exported HF "
+                         "folder with transformers' Llama code, as TRL does (hf)")
     ap.add_argument("--val-size", type=int, default=None, help="validation prompts (default: train.val_size)")
     ap.add_argument("--work-dir", default=None, help="keep the export, runs and logs here (default: a temp dir)")
     ap.add_argument("--out", default=None, help="write the JSON here (atomically)")
@@ -431,7 +479,16 @@ def main(argv=None) -> int:
         with (contextlib.nullcontext(a.work_dir) if a.work_dir else tempfile.TemporaryDirectory(
                 prefix="rlpipe-bench-trl-")) as work:
             Path(work).mkdir(parents=True, exist_ok=True)
-            result = run_bench(a.checkpoint, a.dataset, a.config, s, Path(work).resolve(), pairs=a.pairs)
+            checkpoint = a.checkpoint
+            if a.preset:
+                try:
+                    checkpoint = preset_checkpoint(a.checkpoint, a.preset, Path(work).resolve() / f"{a.preset}.pt",
+                                                   seed=s.seed)
+                except BenchInputError as e:
+                    ap.error(str(e))
+            result = run_bench(checkpoint, a.dataset, a.config, s, Path(work).resolve(), pairs=a.pairs,
+                               rlpipe_model=a.rlpipe_model)
+            result.update(preset=a.preset, model_parameters=_parameters(checkpoint))
         print(table(result), flush=True)
     if a.out:
         write_json(a.out, stamp(result))

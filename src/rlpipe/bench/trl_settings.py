@@ -90,8 +90,9 @@ def grpo_config_kwargs(s: BenchSettings, output_dir: str) -> dict:
 
 def rlpipe_train_overrides(s: BenchSettings) -> dict:
     """``train`` section overrides for ``rlpipe train`` (variant colocated_sync) with the settings:
-    the same batch, sampling, optimizer and loss; no reference model; validation and checkpoint
-    only at step 0 and the end (outside the timed steps)."""
+    the same batch, sampling, optimizer and loss; no reference model; the post-update KL forward
+    (KL to the previous step, which TRL does not compute) on the first and last step only;
+    validation and checkpoint only at step 0 and the end (outside the timed steps)."""
     return {
         "task": "keyword_inclusion", "mode": "colocated_sync", "k": 1, "n_grpo_steps": s.steps,
         "group_size": s.group_size, "rollout_batch_size": s.samples_per_step,
@@ -101,7 +102,8 @@ def rlpipe_train_overrides(s: BenchSettings) -> dict:
         "weight_decay": s.weight_decay, "max_grad_norm": s.max_grad_norm, "cliprange": s.cliprange,
         "loss_type": "grpo_clip", "advantage_mode": "normalized_rewards", "use_std_normalization": True,
         "advantage_eps": s.advantage_eps, "length_normalization": "masked_mean", "kl_coef": 0.0,
-        "kl_monitor": False, "recompute_old_log_probs": False, "gradient_checkpointing": False,
+        "kl_monitor": False, "kl_monitor_every": s.steps, "recompute_old_log_probs": False,
+        "gradient_checkpointing": False,
         "val_every": s.steps, "val_size": s.val_size, "val_seed": s.val_seed, "checkpoint_every": s.steps,
         "log_rollouts_every": s.steps, "device": "cpu", "dtype": "float32", "threads": s.threads, "seed": s.seed,
     }

@@ -100,6 +100,10 @@ class LoggingConfig(_Section):
     tensorboard: bool = Field(
         False, description="Also write every metric row as TensorBoard scalars to <run>/tensorboard/ "
                            "(live curves: tensorboard --logdir results/runs); needs pip install -e '.[tb]'.")
+    flush_every_s: float = Field(
+        5.0, ge=0, description="Seconds between rewrites of a running job's metrics, events and TensorBoard files "
+                               "(each rewrite stalls the actors for tens of milliseconds); checkpoints and the end "
+                               "of the run always write them. 0 writes after every round.")
 
 
 KEYWORD_TRACK, MATH_TRACK = "keyword", "math"

@@ -188,6 +188,15 @@ class TrainConfig(_Section):
         None, description="Recompute old log-probs with the learner's policy under inference_mode after each "
         "rollout (seed 001 Problem 13) instead of using the sampler's. null: on whenever the sampler's numerics "
         "can differ from the learner's (a HuggingFace policy, or dtype bfloat16), off otherwise.")
+    decode: Literal["eager", "static", "compiled"] = Field(
+        "eager", description="How the sampler decodes our TransformerLM (HF policies always decode eagerly): 'eager' "
+        "grows the KV cache and drops finished rows; 'static' steps over a fixed-shape cache; 'compiled' runs that "
+        "step through torch.compile (a C++ compiler on CPU; tens of seconds of compilation per batch shape, then "
+        "reused). Tokens and log-probs agree across the three to float rounding.")
+    response_only_head: bool = Field(
+        True, description="Learner, reference and old-log-prob passes run the LM head, log-softmax and entropy on "
+        "response tokens only instead of every padded position (same values up to float rounding). false: the "
+        "seeds' get_response_log_probs over the whole batch.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (HuggingFace policies): less memory, "
         "more update time.")

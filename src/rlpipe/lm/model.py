@@ -324,6 +324,22 @@ class TransformerLM(nn.Module):
         kv_cache: appended to in place at [past, past + T); ``past = kv_cache.length``.
         logits_to_keep: if > 0, compute the LM head only for the last that-many positions.
         """
+        x = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask, kv_cache=kv_cache)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        return self.lm_head(x)  # (B, T, V)
+
+    def hidden_states(
+        self,
+        input_ids: Tensor,
+        *,
+        positions: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> Tensor:
+        """``input_ids`` (B, T) -> the final-normed hidden states (B, T, D) that ``lm_head`` maps to
+        logits; ``forward`` is ``lm_head(hidden_states(...))``. The learner applies the head to the
+        response positions only (``rlpipe.lm.heads``)."""
         B, T = input_ids.shape
         past = 0 if kv_cache is None else kv_cache.length
         limit = self.config.context_length
@@ -350,6 +366,4 @@ class TransformerLM(nn.Module):
                 x = layer(x, rot, mask, is_causal, kv_cache, i)
         if kv_cache is not None:
             kv_cache.length = past + T
-        if logits_to_keep:
-            x = x[:, -logits_to_keep:]
-        return self.lm_head(self.ln_final(x))  # (B, T, V)
+        return self.ln_final(x)  # (B, T, D)

@@ -61,6 +61,7 @@ import torch
 from torch import Tensor
 
 from rlpipe.lm.model import TransformerLM
+from rlpipe.lm.static_decode import StaticDecodeAdapter
 
 FINISH_REASONS = ("length", "eos", "stop")  # code 0, 1, 2 in the decode loop
 _LENGTH, _EOS, _STOP = 0, 1, 2
@@ -240,11 +241,18 @@ class _NaiveAdapter:
         self.seq, self.pos, self.keys = (t.index_select(0, idx) for t in (self.seq, self.pos, self.keys))
 
 
-def _make_adapter(model, use_kv_cache: bool):
+DECODES = ("eager", "static", "compiled")  # generate(decode=...): see rlpipe.lm.static_decode
+
+
+def _make_adapter(model, use_kv_cache: bool, decode: str = "eager"):
     base = getattr(model, "_orig_mod", model)
+    if decode not in DECODES:
+        raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
     if not use_kv_cache:
         return _NaiveAdapter(model)
     if isinstance(base, TransformerLM):
+        if decode != "eager":
+            return StaticDecodeAdapter(base, compiled=decode == "compiled")
         return _OwnAdapter(model)
     if hasattr(base, "config") and hasattr(base, "get_output_embeddings"):
         return _HFAdapter(model)
@@ -450,7 +458,7 @@ def _decode_loop(
         n_active = int(st.active.sum())
         if n_active == 0:
             break
-        if step + 1 < M and n_active <= st.active.shape[0] // 2:
+        if step + 1 < M and n_active <= st.active.shape[0] // 2 and getattr(adapter, "compacts", True):
             tok, full = st.compact(adapter, tok), False
     st.flush()
 
@@ -488,19 +496,23 @@ def _cut_at_stop(text: str, params: SamplingParams) -> str:
 
 
 def generate(
-    model, tokenizer, prompts, params: SamplingParams, device=None, *, use_kv_cache: bool = True
+    model, tokenizer, prompts, params: SamplingParams, device=None, *, use_kv_cache: bool = True,
+    decode: str = "eager",
 ) -> Generation:
     """Sample ``params.n`` responses for each prompt (a string or a list of token ids).
 
     Returns a ``Generation`` with N = len(prompts) * n rows, prompt-major. ``device`` defaults to
     the model's device. ``use_kv_cache=False`` runs the naive full-recomputation decoder.
+    ``decode`` (our ``TransformerLM`` only; HF models always decode eagerly): ``"eager"`` grows the
+    cache and compacts finished rows; ``"static"`` and ``"compiled"`` run the fixed-shape step of
+    ``rlpipe.lm.static_decode``, the latter through ``torch.compile``.
     """
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     prompt_ids = _prompt_ids(tokenizer, prompts)
     if not prompt_ids:
         return Generation([], [], [], [], [], params)
-    adapter = _make_adapter(model, use_kv_cache)
+    adapter = _make_adapter(model, use_kv_cache, decode)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     P, M = max(len(p) for p in prompt_ids), params.max_tokens
     total = P + M - 1  # the last sampled token is never fed back

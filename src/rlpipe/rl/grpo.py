@@ -21,7 +21,8 @@ module                         what lives there
                                ``kl_importance_weights``
 ``rlpipe.rl.train_step``       ``grpo_microbatch_train_step``, ``LENGTH_NORMALIZATIONS``
 ``rlpipe.rl.logprobs``         ``compute_entropy``, ``get_response_log_probs``, ``pack_token_ids``,
-                               ``pack_response_values``, ``tokenize_prompt_and_output``
+                               ``pack_response_values``, ``tokenize_prompt_and_output``,
+                               ``response_only_log_probs`` (the LM head on response tokens only)
 =============================  ========================================================================
 
 Imports point one way: ``kl`` imports ``masked``; ``train_step`` imports ``masked``, ``losses`` and
@@ -47,6 +48,7 @@ from rlpipe.rl.logprobs import (
     get_response_log_probs,
     pack_response_values,
     pack_token_ids,
+    response_only_log_probs,
     tokenize_prompt_and_output,
 )
 from rlpipe.rl.losses import (
@@ -92,6 +94,7 @@ __all__ = [  # every public name of the modules above (the table in the docstrin
     "masked_normalize",
     "pack_response_values",
     "pack_token_ids",
+    "response_only_log_probs",
     "reward_stats",
     "tokenize_prompt_and_output",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "get_response_log_probs",
     "pack_response_values",
     "pack_token_ids",
+    "response_only_log_probs",
     "tokenize_prompt_and_output",
 ]
 
@@ -109,6 +110,54 @@ def get_response_log_probs(
     if return_token_entropy:
         with torch.no_grad():
             out["token_entropy"] = entropy_from_log_probs(log_p.detach())  # (B, T, V) -> (B, T)
+    return out
+
+
+def response_only_log_probs(
+    body: Callable[[Tensor], Tensor],
+    head: Callable[[Tensor], Tensor],
+    input_ids: Tensor,
+    labels: Tensor,
+    response_mask: Tensor,
+    return_token_entropy: bool = False,
+    temperature: float = 1.0,
+) -> dict[str, Tensor]:
+    """``get_response_log_probs`` at the ``response_mask`` positions (0 elsewhere), with the LM head,
+    log-softmax, gather and entropy run on the response tokens' hidden states only.
+
+    Args:
+        body: input_ids (B, T) -> final hidden states (B, T, D) (``rlpipe.lm.heads.SplitLM.body``).
+        head: (N, D) -> logits (N, V).
+        input_ids, labels: (B, T) as for ``get_response_log_probs``.
+        response_mask: (B, T) bool, the positions whose log-probs are wanted (labels >= 0 there).
+        return_token_entropy, temperature: as for ``get_response_log_probs``.
+
+    Returns:
+        ``{"log_probs": (B, T)}`` float32 (0 off the mask), plus ``"token_entropy": (B, T)``
+        (detached, 0 off the mask) if asked. Equal to ``get_response_log_probs`` on the mask up to
+        float rounding (the head's matmul runs over N rows instead of B * T).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if input_ids.shape != labels.shape or labels.shape != response_mask.shape:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)}, labels {tuple(labels.shape)} and response_mask "
+                         f"{tuple(response_mask.shape)} must have one shape")
+    mask = response_mask.bool()
+    if bool((labels[mask] < 0).any()):
+        raise ValueError("response_mask selects a position whose label is negative (masked)")
+    hidden = body(input_ids)[mask]  # (B, T, D) -> (N, D)
+    logits = head(hidden)  # (N, V)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_p = F.log_softmax(logits, dim=-1)  # (N, V)
+    picked = log_p.gather(dim=-1, index=labels[mask].unsqueeze(-1)).squeeze(-1)  # (N,)
+    zeros = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)  # (B, T)
+    out = {"log_probs": zeros.masked_scatter(mask, picked)}  # (B, T)
+    if return_token_entropy:
+        with torch.no_grad():
+            out["token_entropy"] = zeros.masked_scatter(mask, entropy_from_log_probs(log_p.detach()))  # (B, T)
     return out
 
 

@@ -277,7 +277,12 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
             # attached cluster's actors are not our descendants, so their CPU time is not ours to count
             own_tree = not cfg.ray.address
             start = conditions.sample(own_tree)
-            info = _drive(ctx, gpus)
+            try:
+                info = _drive(ctx, gpus)
+            except BaseException:  # the rows since the last (throttled) flush show how far the run got
+                with contextlib.suppress(Exception):
+                    ctx.writer.flush()
+                raise
             run_cores = actor_threads * (2 if disagg else 1) + 1  # + the driver and Ray's processes
             info["conditions"] = conditions.measure(start, own_tree, run_cores).to_json()
             info["provenance"] = provenance()

@@ -1,7 +1,11 @@
 """Writes a run's outputs (``rlpipe.analysis.contract``; CONTRIBUTING.md "Run outputs"), atomically.
 
 Metrics, events and version logs are kept in memory and rewritten as whole parquet files at every
-flush (a few hundred rows: cheaper than appending, and a crash can never leave a torn file). Each
+flush (a few hundred rows: cheaper than appending, and a crash can never leave a torn file). A
+round's flush is throttled (``flush_if_due``, ``logging.flush_every_s``): a flush costs tens of
+milliseconds of pandas and pyarrow work in the driver while the actors wait for their next call,
+which on the CPU default was about a tenth of a step. Checkpoints and the end of the run always
+flush, so resume and the finished run's outputs are unaffected. Each
 checkpoint also snapshots them into ``checkpoints/`` (Snakemake deletes a failed job's declared
 outputs, so the run directory's copies may be gone by the time the job is rerun). On ``--resume``
 the snapshot is read back and cut at the checkpoint's step, so the resumed run's steps continue
@@ -76,10 +80,12 @@ def read_snapshot(run_dir: str | Path, step: int) -> dict[str, list[dict]]:
 
 
 class RunWriter:
-    def __init__(self, out_dir: str | Path, tensorboard: bool = False):
+    def __init__(self, out_dir: str | Path, tensorboard: bool = False, flush_every_s: float = 0.0):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time()
+        self.flush_every_s = flush_every_s  # flush_if_due writes at most this often (0: every call)
+        self._flushed_at = -math.inf
         self.rows: list[dict] = []
         self.events: list[dict] = []
         self.versions: list[dict] = []
@@ -145,8 +151,16 @@ class RunWriter:
             self.rollouts.append({"step": step, "version": version, **it})
 
     # -- output ---------------------------------------------------------------------------------
+    def flush_if_due(self) -> bool:
+        """``flush()`` unless the last one was under ``flush_every_s`` seconds ago; True if it wrote."""
+        if time.monotonic() - self._flushed_at < self.flush_every_s:
+            return False
+        self.flush()
+        return True
+
     def flush(self, snapshot: bool = False) -> None:
         """Write every output; ``snapshot`` also writes the copy that ``resume_from`` reads."""
+        self._flushed_at = time.monotonic()
         for d in (self.dir, self.dir / contract.CHECKPOINT_DIR) if snapshot else (self.dir,):
             self._write(d)
         if self.tensorboard:

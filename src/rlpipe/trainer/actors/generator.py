@@ -81,7 +81,7 @@ class Generator:
     def _sample(self, examples: list[Example], n: int, seed: int, model=None):
         with autocast(self.device, self.cfg.dtype):
             return generate(self.model if model is None else model, self.tokenizer, [e.prompt for e in examples],
-                            self._sampling_params(n, seed), device=self.device)
+                            self._sampling_params(n, seed), device=self.device, decode=self.cfg.decode)
 
     def _rollout_policy(self):
         """``(model, version)`` that rollouts sample with: the newest weights, or with

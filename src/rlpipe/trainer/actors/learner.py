@@ -56,7 +56,6 @@ from rlpipe.lm.checkpoint import CheckpointError, load_training_state, non_finit
 from rlpipe.lm.device import autocast, resolve_device, setup_process
 from rlpipe.lm.policy import for_training, load_policy
 from rlpipe.rl.grpo import (
-    get_response_log_probs,
     grpo_microbatch_train_step,
     kl_importance_weights,
     masked_kl,
@@ -65,7 +64,7 @@ from rlpipe.rl.grpo import (
     pack_token_ids,
 )
 from rlpipe.rl.records import RolloutBatch, UpdateResult, VersionEvent
-from rlpipe.trainer.actors.reference import policy_log_probs
+from rlpipe.trainer.actors.reference import policy_log_probs, token_log_probs
 from rlpipe.trainer.profiling import Profiler
 
 SAMPLER_GAP_METRIC = "logprob/sampler_gap"
@@ -108,9 +107,8 @@ def build_train_tensors(batch: RolloutBatch, pad_id: int) -> TrainTensors:
                         batch.rewards.float()[:, None], batch.advantages.float()[:, None], behaviour)
 
 
-def response_log_probs(model, t: TrainTensors, temperature: float, entropy: bool = False) -> dict:
-    return get_response_log_probs(model, t.input_ids, t.labels, return_token_entropy=entropy,
-                                  temperature=temperature)
+def response_log_probs(model, t: TrainTensors, train_cfg, entropy: bool = False) -> dict:
+    return token_log_probs(model, t.input_ids, t.labels, t.response_mask, train_cfg, entropy=entropy)
 
 
 class Learner:
@@ -191,7 +189,7 @@ class Learner:
         for s in range(0, t.input_ids.shape[0], mb):
             sl, m = slice(s, s + mb), t.rows(slice(s, s + mb))
             with autocast(self.device, c.dtype):
-                out = response_log_probs(self.model, m, c.sampling_temperature, entropy=True)
+                out = response_log_probs(self.model, m, c, entropy=True)
             lp = out["log_probs"].float()  # (mb, T)
             loss, md = grpo_microbatch_train_step(
                 lp, m.response_mask, gas, c.loss_type, raw_rewards=m.raw_rewards, advantages=m.advantages,
@@ -226,7 +224,7 @@ class Learner:
                     step: int) -> dict[str, float]:
         self.model.eval()
         with autocast(self.device, self.cfg.dtype):
-            post = response_log_probs(self.model, t, self.cfg.sampling_temperature)["log_probs"].float()
+            post = response_log_probs(self.model, t, self.cfg)["log_probs"].float()
         self.model.train()
         n_bad = int((~torch.isfinite(post) & t.response_mask).sum())
         if n_bad:  # finite but exploded weights: the policy no longer gives a distribution
@@ -246,7 +244,7 @@ class Learner:
 
         t = build_train_tensors(batch, self.pad_id).to(self.device)
         with torch.no_grad(), autocast(self.device, self.cfg.dtype):
-            lp = response_log_probs(self.model, t, self.cfg.sampling_temperature)["log_probs"].float()
+            lp = response_log_probs(self.model, t, self.cfg)["log_probs"].float()
         ref = ref_log_probs.to(self.device)
         return {f"kl/ref_{e}": float(masked_kl(lp, ref, t.response_mask, e)) for e in ("log_ratio", "k3")}
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from rlpipe.lm.device import autocast, resolve_device
+from rlpipe.lm.heads import split_lm_head
 from rlpipe.lm.policy import for_training, load_policy
-from rlpipe.rl.grpo import get_response_log_probs, pack_token_ids
+from rlpipe.rl.grpo import get_response_log_probs, pack_token_ids, response_only_log_probs
 from rlpipe.rl.records import RolloutBatch
 from rlpipe.trainer.profiling import Profiler
 
@@ -28,6 +29,19 @@ def needed(train_cfg) -> bool:
     return train_cfg.kl_coef > 0 or bool(train_cfg.kl_monitor)
 
 
+def token_log_probs(model, input_ids, labels, response_mask, train_cfg, entropy: bool = False) -> dict:
+    """``{"log_probs": (B, T)[, "token_entropy": (B, T)]}`` of ``labels`` at the ``response_mask``
+    positions under ``model`` at the sampling temperature. With ``train.response_only_head`` (and a
+    model ``rlpipe.lm.heads`` can split) the LM head runs on response tokens only and the other
+    positions read 0; otherwise the seeds' ``get_response_log_probs`` over every position."""
+    split = split_lm_head(model) if train_cfg.response_only_head else None
+    if split is None:
+        return get_response_log_probs(model, input_ids, labels, return_token_entropy=entropy,
+                                      temperature=train_cfg.sampling_temperature)
+    return response_only_log_probs(split.body, split.head, input_ids, labels, response_mask,
+                                   return_token_entropy=entropy, temperature=train_cfg.sampling_temperature)
+
+
 def policy_log_probs(model, batch: RolloutBatch, pad_id: int, train_cfg, device: torch.device) -> torch.Tensor:
     """(B, T) float32 CPU log-probs of ``batch``'s sampled tokens under ``model`` (label layout of
     ``pack_token_ids``, 0 off the response), in microbatches of ``train_batch_size //
@@ -35,11 +49,11 @@ def policy_log_probs(model, batch: RolloutBatch, pad_id: int, train_cfg, device:
     packed = pack_token_ids(batch.prompt_ids, batch.response_ids, pad_id)
     mb = train_cfg.train_batch_size // train_cfg.gradient_accumulation_steps
     ids, labels = packed["input_ids"].to(device), packed["labels"].to(device)  # (B, T) each
+    mask = packed["response_mask"].to(device)  # (B, T)
     outs = []
     for s in range(0, ids.shape[0], mb):
         with autocast(device, train_cfg.dtype):
-            out = get_response_log_probs(model, ids[s:s + mb], labels[s:s + mb],
-                                         temperature=train_cfg.sampling_temperature)
+            out = token_log_probs(model, ids[s:s + mb], labels[s:s + mb], mask[s:s + mb], train_cfg)
         outs.append(out["log_probs"].float())  # (mb, T)
     return torch.cat(outs).cpu()  # (B, T)
 

@@ -78,7 +78,8 @@ class RunContext:
     pending_val: list = field(default_factory=list)
 
     def __post_init__(self):
-        self.writer = RunWriter(self.out_dir, tensorboard=self.cfg.logging.tensorboard)
+        self.writer = RunWriter(self.out_dir, tensorboard=self.cfg.logging.tensorboard,
+                                flush_every_s=self.cfg.logging.flush_every_s)
         self.sizes = self.train.derived()
         self.driver_events: list[PhaseEvent] = []
         self._early_events: list[PhaseEvent] = []  # drained before their step's row exists
@@ -243,14 +244,14 @@ class RunContext:
 
     def end_round(self, first_step: int, step: int, next_batch: int, generator, learner) -> None:
         """After a round's steps are finalized: validation (on ``generator``), a checkpoint (of
-        ``learner``) or a flush, then the progress lines of steps ``first_step..step``."""
+        ``learner``) or a flush when one is due, then the progress lines of steps ``first_step..step``."""
         if self.validation_due(first_step, step):
             self.submit_validation(generator, step)
         if self.checkpoint_due(first_step, step):
             self.save_checkpoint(learner, step, next_batch)
         else:
             self.collect_validation()
-            self.writer.flush()
+            self.writer.flush_if_due()
         self.report(first_step, step)
 
     def report(self, first_step: int, last_step: int) -> None:

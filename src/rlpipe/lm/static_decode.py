@@ -1,0 +1,121 @@
+"""A decode step over a static KV cache, for ``torch.compile`` (nanoGPT / gpt-fast style).
+
+The eager sampler (``rlpipe.lm.sampler``) grows its cache views by one position per step and
+compacts the batch as rows finish, so every step has new shapes: fine eagerly, a recompile per
+step for a compiler. Here every decode step of one ``generate`` call has the same shapes:
+
+- the K/V buffers are (N, H, S, Dh) for the whole call, S = prompt + new tokens rounded up to a
+  multiple of ``BUCKET`` (so calls with slightly different prompt lengths share a graph);
+- the new token's K/V are written at position ``L`` with ``index_copy_`` (L a tensor, not a shape);
+- attention reads all S positions under a (N, S) key mask (prompt padding and unwritten positions
+  masked), so the attention shape does not change;
+- rows that finished keep decoding until every row has (no compaction): their samples are
+  discarded by the loop exactly as before.
+
+RoPE uses real cos/sin tables (inductor does not lower complex tensors); the eager model uses a
+complex64 rotation. The two agree to float rounding, so the compiled path yields the eager path's
+tokens and log-probs within a tolerance (``tests/test_static_decode.py``), not bit for bit.
+
+``StaticDecodeAdapter(model, compiled=False)`` runs the same static step eagerly (the reference the
+compiled step is tested against). Compiled steps are cached per model object; a new (N, S) shape
+compiles once more. Only our ``TransformerLM`` is supported (HF models keep their own cache).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlpipe.lm.model import TransformerLM
+
+BUCKET = 32  # S is rounded up to a multiple of this (at most the context length)
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _rope_tables(model: TransformerLM, device) -> tuple[Tensor, Tensor]:
+    """(context_length, Dh/2) float32 cos and sin of ``pos * theta^(-2k/Dh)`` (the model's angles)."""
+    cfg = model.config
+    inv = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=device) / cfg.head_dim)
+    angles = torch.arange(cfg.context_length, dtype=torch.float64, device=device)[:, None] * inv
+    return angles.cos().float(), angles.sin().float()
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Adjacent-pair RoPE of ``x`` (N, H, 1, Dh) with cos/sin (N, 1, 1, Dh/2), in x's dtype."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # (N, H, 1, Dh/2, 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).to(x.dtype)  # (N, H, 1, Dh)
+
+
+def decode_step(model: TransformerLM, cos: Tensor, sin: Tensor, tok: Tensor, pos: Tensor, at: Tensor,
+                keys: Tensor, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
+    """One token per row through ``model`` over a static cache: logits (N, V).
+
+    tok, pos: (N,) the fed token and its RoPE position; at: (1,) long, the cache position written;
+    keys: (N, S) bool, True where a row may attend (``at`` included); ks, vs: per layer (N, H, S, Dh),
+    written in place at ``at``.
+    """
+    N = tok.shape[0]
+    H, Dh = model.config.num_heads, model.config.head_dim
+    c, s = cos[pos][:, None, None], sin[pos][:, None, None]  # (N, 1, 1, Dh/2)
+    mask = keys[:, None, None, :]  # (N, 1, 1, S)
+    x = model.token_embeddings(tok[:, None])  # (N, 1, D)
+    for i, layer in enumerate(model.layers):
+        h, attn = layer.ln1(x), layer.attn
+        q = _rotate(attn.q_proj(h).view(N, 1, H, Dh).transpose(1, 2), c, s)  # (N, H, 1, Dh)
+        k = _rotate(attn.k_proj(h).view(N, 1, H, Dh).transpose(1, 2), c, s)  # (N, H, 1, Dh)
+        v = attn.v_proj(h).view(N, 1, H, Dh).transpose(1, 2)  # (N, H, 1, Dh)
+        ks[i].index_copy_(2, at, k.to(ks[i].dtype))
+        vs[i].index_copy_(2, at, v.to(vs[i].dtype))
+        out = F.scaled_dot_product_attention(q, ks[i].to(q.dtype), vs[i].to(q.dtype), attn_mask=mask)  # (N, H, 1, Dh)
+        x = x + attn.output_proj(out.transpose(1, 2).reshape(N, 1, -1))  # (N, 1, D)
+        x = x + layer.ffn(layer.ln2(x))
+    return model.lm_head(model.ln_final(x))[:, -1]  # (N, V)
+
+
+def _compiled_step(model: TransformerLM):
+    fn = _COMPILED.get(model)
+    if fn is None:
+        fn = torch.compile(decode_step, fullgraph=True, dynamic=False)
+        _COMPILED[model] = fn
+    return fn
+
+
+class StaticDecodeAdapter:
+    """The sampler's adapter interface (``prefill``/``step``) for a ``TransformerLM`` with a static
+    cache; ``compacts`` is False: the decode loop keeps every row to the end (static shapes)."""
+
+    compacts = False
+
+    def __init__(self, model: TransformerLM, compiled: bool = True):
+        self.model, self.max_length = model, model.config.context_length
+        self.step_fn = _compiled_step(model) if compiled else decode_step
+
+    def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, total: int, n: int) -> Tensor:
+        S = min(-(-total // BUCKET) * BUCKET, self.max_length)  # (total rounded up to the bucket)
+        self.cache = self.model.new_kv_cache(S)
+        padded = not bool(mask.all())
+        logits = self.model(ids, positions=pos, attention_mask=mask if padded else None, kv_cache=self.cache,
+                            logits_to_keep=1)[:, -1]  # (B, V)
+        self.cache.repeat_interleave(n)
+        self.L = ids.shape[1]
+        for buf in (*self.cache.k, *self.cache.v):  # masked, but 0 * garbage (NaN) would still poison a row
+            buf[:, :, self.L:].zero_()
+        self.keys = torch.zeros(ids.shape[0] * n, S, dtype=torch.bool, device=ids.device)  # (N, S)
+        self.keys[:, : self.L] = mask.repeat_interleave(n, dim=0)
+        self.cos, self.sin = _rope_tables(self.model, ids.device)
+        return logits.repeat_interleave(n, dim=0)  # (N, V)
+
+    def step(self, tok: Tensor, pos: Tensor) -> Tensor:
+        self.keys[:, self.L] = True
+        at = torch.tensor([self.L], device=tok.device)
+        logits = self.step_fn(self.model, self.cos, self.sin, tok, pos, at, self.keys, self.cache.k, self.cache.v)
+        self.L += 1
+        return logits  # (N, V)
+
+    def select(self, idx: Tensor) -> None:
+        raise RuntimeError("a static-cache decode never compacts its batch")

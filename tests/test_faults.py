@@ -590,6 +590,29 @@ def test_guarded_rewards_scores_failures_zero_and_counts_them(monkeypatch):
     assert failures == 4  # raise, hang, nan, and the failure never_raise swallowed (and logged)
 
 
+def test_a_hung_rewards_worker_never_scores_the_rest_twice():
+    """One worker scores the samples in order; after a hang a new worker takes the rest, and the
+    abandoned one, once released, stops instead of scoring them again."""
+    import time
+
+    from rlpipe.rl import scoring
+
+    release, calls = threading.Event(), []
+
+    def reward(response, gt):
+        calls.append(response)
+        if response == "hang":
+            release.wait(30)
+        return {"reward": 1.0}
+
+    responses = ["a", "hang", "b", "c"]
+    scores, failures = scoring.guarded_rewards(reward, responses, ["gt"] * 4, timeout_s=0.3)
+    release.set()
+    time.sleep(0.2)  # let the released worker run on, if it would
+    assert [s["reward"] for s in scores] == [1.0, 0.0, 1.0, 1.0] and failures == 1
+    assert sorted(calls) == sorted(responses)  # each sample scored once
+
+
 @pytest.mark.ray
 def test_reward_that_raises_or_hangs_on_one_sample_scores_zero_and_the_run_goes_on(
         env, ray_session, tmp_path, monkeypatch, caplog):

@@ -110,7 +110,8 @@ def trl_section(bench: dict) -> dict:
     q, rl, tr = t["ratios_rlpipe_over_trl"], t["rlpipe"], t["trl"]
     s = [f"{q.get('pairs', 1)} interleaved pairs of runs, {t['settings']['steps']} optimizer steps of "
          f"{t['settings']['prompts_per_step']} prompts x G {t['settings']['group_size']} each, "
-         f"{t.get('threads')} thread(s) per side, CPU fp32.",
+         f"{t.get('threads')} thread(s) per side, CPU fp32, rlpipe's sampler decoding "
+         f"{t['settings'].get('decode', 'eager')} (`train.decode`).",
          _model_sentence(rl.get("base")),
          _ratio_sentence("Samples/s of the median step", q, "step_samples_per_s_median"),
          _ratio_sentence("Samples/s over the whole run", q, "samples_per_s")]

@@ -321,8 +321,9 @@ def notes(s: BenchSettings, rlpipe_base: str) -> list[str]:
         "behaviour log-probs (ratio 1 up to rounding); recompute_old_log_probs off, no extra forward either side",
         "KL: TRL beta=0.0 (no reference model); rlpipe kl_coef=0, kl_monitor=false (no reference model), and "
         "its post-update KL-to-previous-step forward (TRL has none) on the first and last step only",
-        "generation: TRL uses HF generate, rlpipe its KV-cache sampler: same temperature/top-p/top_k off/EOS stop/"
-        "max tokens, different random streams, so samples differ (rewards compare statistically)",
+        f"generation: TRL uses HF generate, rlpipe its KV-cache sampler (decode {s.decode}): same temperature/"
+        "top-p/top_k off/EOS stop/max tokens, different random streams, so samples differ (rewards compare "
+        "statistically)",
         "prompts: TRL gets rlpipe's prompt sequence (prompts_for_batch per step) with shuffle_dataset=False",
         "wall time excludes model loading on both sides; TRL = trainer.train() (includes its dataloader and "
         "optimizer set-up); rlpipe = wall_time of its last optimizer step (clock starts after Ray start-up, model "
@@ -431,7 +432,7 @@ def table(result: dict) -> str:
     lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(row)) for row in rows]
     lines.append(f"{q['pairs']} interleaved pairs (ratio: median [min, max] over pairs); load avg "
                  f"{result['load_avg_start']} -> {result['load_avg_end']}, threads {result['threads']}, "
-                 f"rlpipe base: {r['base']}")
+                 f"rlpipe base: {r['base']}, decode {result['settings'].get('decode', 'eager')}")
     if result.get("model_parameters"):
         lines.append(f"model: {result['model_parameters'] / 1e6:.2f}M parameters"
                      + (f" (untrained preset {result['preset']}: speed only)" if result.get("preset") else ""))
@@ -447,6 +448,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--pairs", type=int, default=3, help="interleaved (rlpipe, TRL) runs; ratios are medians over them")
     ap.add_argument("--prompts-per-step", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each side")
+    ap.add_argument("--decode", choices=("eager", "static", "compiled"), default=None,
+                    help="rlpipe's sampler decode (default: the config's train.decode); compiled pays its "
+                         "torch.compile time inside the first timed step")
     ap.add_argument("--preset", default=None,
                     help="bench an untrained model of this preset (e.g. assignment: ~10x the default's parameters) "
                          "with the checkpoint's tokenizer, instead of the checkpoint's own weights")
@@ -467,6 +471,8 @@ def main(argv=None) -> int:
         s = settings_from_config(train_cfg, steps=a.steps, prompts_per_step=a.prompts_per_step, threads=a.threads)
         if a.val_size is not None:
             s = BenchSettings(**{**asdict(s), "val_size": a.val_size, "betas": s.betas})
+        if a.decode is not None:
+            s = BenchSettings(**{**asdict(s), "decode": a.decode, "betas": s.betas})
         s.check()
         if a.pairs < 1:
             raise BenchInputError(f"--pairs must be >= 1, got {a.pairs}")

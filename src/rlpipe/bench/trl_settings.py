@@ -42,6 +42,7 @@ class BenchSettings:
     max_grad_norm: float = 1.0
     cliprange: float = 0.2
     advantage_eps: float = 1e-8  # rlpipe only: TRL hard-codes 1e-4
+    decode: str = "eager"  # rlpipe only (train.decode): TRL always runs HF generate
     threads: int = 2
     seed: int = 0
     val_size: int = 64
@@ -67,7 +68,8 @@ def settings_from_config(train_cfg, *, steps: int, prompts_per_step: int, thread
         steps=steps, prompts_per_step=prompts_per_step, group_size=t.group_size,
         max_new_tokens=t.sampling_max_tokens, temperature=t.sampling_temperature, top_p=t.sampling_top_p,
         learning_rate=t.learning_rate, betas=(float(t.betas[0]), float(t.betas[1])), weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm, cliprange=t.cliprange, advantage_eps=t.advantage_eps, threads=threads,
+        max_grad_norm=t.max_grad_norm, cliprange=t.cliprange, advantage_eps=t.advantage_eps, decode=t.decode,
+        threads=threads,
         seed=t.seed, val_size=t.val_size, val_seed=t.val_seed)
 
 
@@ -102,7 +104,7 @@ def rlpipe_train_overrides(s: BenchSettings) -> dict:
         "weight_decay": s.weight_decay, "max_grad_norm": s.max_grad_norm, "cliprange": s.cliprange,
         "loss_type": "grpo_clip", "advantage_mode": "normalized_rewards", "use_std_normalization": True,
         "advantage_eps": s.advantage_eps, "length_normalization": "masked_mean", "kl_coef": 0.0,
-        "kl_monitor": False, "kl_monitor_every": s.steps, "recompute_old_log_probs": False,
+        "decode": s.decode, "kl_monitor": False, "kl_monitor_every": s.steps, "recompute_old_log_probs": False,
         "gradient_checkpointing": False,
         "val_every": s.steps, "val_size": s.val_size, "val_seed": s.val_seed, "checkpoint_every": s.steps,
         "log_rollouts_every": s.steps, "device": "cpu", "dtype": "float32", "threads": s.threads, "seed": s.seed,

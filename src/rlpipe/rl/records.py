@@ -10,6 +10,7 @@ per consecutive block of ``G`` rows.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,3 +149,21 @@ class VersionEvent:
     version: int
     wall_time: float
     event: str  # e.g. "sample_start", "load_weights", "optimizer_step"
+
+
+def train_batches(batch: RolloutBatch, train_cfg, batch_index: int) -> list[RolloutBatch]:
+    """Split a rollout batch into optimizer-step batches of whole groups, ``epochs`` times.
+
+    The on-policy default (one epoch, train_batch_size == rollout_batch_size) returns the batch
+    itself; otherwise groups are shuffled per epoch with a seed derived from the batch index."""
+    groups_per_step = train_cfg.train_batch_size // train_cfg.group_size
+    if train_cfg.epochs_per_rollout_batch == 1 and len(batch) == train_cfg.train_batch_size:
+        return [batch]
+    out = []
+    for epoch in range(train_cfg.epochs_per_rollout_batch):
+        order = list(range(batch.num_groups))
+        random.Random(train_cfg.seed * 7919 + batch_index * 31 + epoch).shuffle(order)
+        for s in range(0, len(order), groups_per_step):
+            out.append(batch.select_groups(order[s:s + groups_per_step]))
+    return out
+

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from rlpipe.rl.records import RolloutBatch, UpdateResult
+from rlpipe.rl.records import RolloutBatch, UpdateResult, train_batches
 from rlpipe.rl.scoring import score_batch
 from rlpipe.tasks import task_for
 from rlpipe.trainer.actors import reference
@@ -60,8 +60,11 @@ class ColocatedWorker:
                                    profiler=self.prof, include_stop=self.task.include_stop_str_in_output)
         self.learner = Learner(checkpoint, train_cfg, tokenizer=tokenizer, threads=threads, profiler=self.prof)
         self.reference = _reference(checkpoint, train_cfg, tokenizer, self.prof)
+        self._rollouts: dict[int, list[RolloutBatch]] = {}  # rollout batch index -> its train batches
 
     def rollout(self, batch_index: int, step: int) -> RolloutBatch:
+        """Sample and score rollout batch ``batch_index``; it is also kept here, so that the driver's
+        ``update_rollout`` calls name it instead of sending it back."""
         n = self.cfg.derived().n_prompts_per_rollout_batch
         examples = self.task.prompts_for_batch(batch_index, n, self.cfg.seed)
         batch = self.generator.generate(examples, step)
@@ -69,7 +72,17 @@ class ColocatedWorker:
             batch = score_batch(batch, self.task, self.cfg)
         if self.cfg.recompute_old_log_probs:  # the learner holds the generator's version here
             batch = self.learner.recompute_old_logprobs(batch, step)
+        self._rollouts[batch_index] = train_batches(batch, self.cfg, batch_index)
         return batch
+
+    def update_rollout(self, batch_index: int, part: int, step: int) -> UpdateResult:
+        """``update`` on train batch ``part`` of ``train_batches(rollout batch batch_index)``: the batch
+        this actor sampled, never sent back to it (a round trip of a few milliseconds per step)."""
+        parts = self._rollouts[batch_index]
+        result = self.update(parts[part], step)
+        if part == len(parts) - 1:
+            del self._rollouts[batch_index]
+        return result
 
     def update(self, batch: RolloutBatch, step: int) -> UpdateResult:
         return _update(self.learner, self.reference, batch, step)

@@ -6,7 +6,9 @@ log-probs recorded at sampling, version v, or with ``train.recompute_old_log_pro
 log-probs of the same version, computed inside ``ColocatedWorker.rollout``), then takes one
 optimizer step per train batch of each (k steps with the on-policy batch knobs; seed 001's
 ``epochs_per_rollout_batch`` and ``train_batch_size`` multiply that), then syncs weights.
-``colocated_sync`` is the loop with k = 1, so the two modes cannot drift apart; a test checks that
+The worker keeps each rollout batch it returns, and the update calls name it (batch index and
+train-batch part) instead of sending it back. ``colocated_sync`` is the loop with k = 1, so the two
+modes cannot drift apart; a test checks that
 a ``colocated_k`` run with k = 1 reproduces a ``colocated_sync`` run bit for bit.
 """
 
@@ -35,9 +37,9 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
         if step == 0 and reference.needed(t):  # no reference model: no KL to it
             ctx.writer.update_row(0, ctx.get(worker.initial_kl.remote(batches[0]), "initial KL"))
         for b, batch in zip(range(round_start, round_start + k), batches, strict=True):
-            for sub in train_batches(batch, t, b):
+            for part, sub in enumerate(train_batches(batch, t, b)):  # the worker holds the same split
                 step += 1
-                ctx.log_update(step, ctx.get(worker.update.remote(sub, step), f"update step {step}"), sub)
+                ctx.log_update(step, ctx.get(worker.update_rollout.remote(b, part, step), f"update step {step}"), sub)
         ctx.log_sync(step, ctx.get(worker.sync_weights.remote(step), f"weight sync after step {step}"))
         ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
         ctx.end_round(first_step, step, round_start + k, worker, worker)

@@ -25,7 +25,6 @@ Failures (every message names the step; the resume advice is given only when a c
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from rlpipe.analysis.contract import CHECKPOINT_FILE
 from rlpipe.config import PipelineConfig, TrainConfig, to_dict
 from rlpipe.io import OutputWriteError
 from rlpipe.lm.checkpoint import CheckpointError, read_extra
-from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult
+from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult, train_batches  # noqa: F401 (drivers' import)
 from rlpipe.trainer.actors.learner import NonFiniteLossError
 from rlpipe.trainer.drivers import actor_errors
 from rlpipe.trainer.drivers.progress import ProgressPrinter
@@ -329,21 +328,3 @@ class RunContext:
                 "transport": "local" if self.train.mode != "disaggregated" else ws.transport,
                 "backend": sync_backend(ws) if self.train.mode == "disaggregated" else None, "k": self.train.k,
                 "replay": self.train.replay.enabled, "config": to_dict(self.train)}
-
-
-def train_batches(batch: RolloutBatch, train_cfg: TrainConfig, batch_index: int) -> list[RolloutBatch]:
-    """Split a rollout batch into optimizer-step batches of whole groups, ``epochs`` times.
-
-    The on-policy default (one epoch, train_batch_size == rollout_batch_size) returns the batch
-    itself; otherwise groups are shuffled per epoch with a seed derived from the batch index."""
-    groups_per_step = train_cfg.train_batch_size // train_cfg.group_size
-    if train_cfg.epochs_per_rollout_batch == 1 and len(batch) == train_cfg.train_batch_size:
-        return [batch]
-    out = []
-    for epoch in range(train_cfg.epochs_per_rollout_batch):
-        order = list(range(batch.num_groups))
-        random.Random(train_cfg.seed * 7919 + batch_index * 31 + epoch).shuffle(order)
-        for s in range(0, len(order), groups_per_step):
-            out.append(batch.select_groups(order[s:s + groups_per_step]))
-    return out
-

@@ -64,7 +64,7 @@ def test_update_bench_times_the_learners_real_step(tmp_path, capsys):
     assert res["fwd_bwd_share"] + res["optimizer_share"] + res["kl_monitor_share"] == pytest.approx(1.0, abs=1e-3)
     # the fractions are FLOPs / time / peak: recompute one from the parts
     cfg = ModelConfig.from_preset("cpu-tiny", vocab_size=update.bench_tokenizer(2048, str(tmp_path)).vocab_size)
-    fb = train_flops(cfg, [8] * 4) / res["fwd_bwd_s"] / (res["matmul_peak_gflops"] * 1e9)
+    fb = train_flops(cfg, [8] * 4, 4 * 4) / res["fwd_bwd_s"] / (res["matmul_peak_gflops"] * 1e9)  # head: responses
     assert res["fwd_bwd_fraction_of_peak"] == pytest.approx(fb, rel=0.01)
     assert 0 < res["update_fraction_of_peak"]
 
@@ -80,3 +80,11 @@ def test_update_bench_rejects_bad_arguments(args, message, capsys):
     with pytest.raises(SystemExit):
         update.main(args)
     assert message in capsys.readouterr().err
+
+
+def test_head_flops_count_only_the_positions_asked_for():
+    cfg = ModelConfig.from_preset("cpu-tiny", vocab_size=1000)
+    head = 2 * cfg.d_model * cfg.vocab_size  # one token through the LM head
+    assert forward_flops(cfg, [10, 6]) == forward_flops(cfg, [10, 6], head_tokens=16)
+    assert forward_flops(cfg, [10, 6]) - forward_flops(cfg, [10, 6], head_tokens=5) == 11 * head
+    assert train_flops(cfg, [10], 4) == 3 * forward_flops(cfg, [10], 4)

@@ -40,16 +40,20 @@ def matmul_params(cfg: ModelConfig) -> int:
     return cfg.num_layers * (4 * d * d + 3 * d * cfg.d_ff) + d * cfg.vocab_size
 
 
-def forward_flops(cfg: ModelConfig, seq_lens: Sequence[int]) -> float:
+def forward_flops(cfg: ModelConfig, seq_lens: Sequence[int], head_tokens: int | None = None) -> float:
     """FLOPs of one forward pass over sequences of the given lengths (causal attention, no padding
-    counted: a padded batch's extra columns are overhead of the implementation, not work)."""
-    n_mm, attn = 2 * matmul_params(cfg), 4 * cfg.num_layers * cfg.d_model
-    return float(sum(t * n_mm + attn * t * (t + 1) / 2 for t in seq_lens))
+    counted: a padded batch's extra columns are overhead of the implementation, not work).
+    ``head_tokens``: positions whose logits are needed (the LM head's work); default every token. A
+    GRPO log-prob pass needs them at the response tokens only, so that is its useful work."""
+    n_head = 2 * cfg.d_model * cfg.vocab_size
+    n_body, attn = 2 * matmul_params(cfg) - n_head, 4 * cfg.num_layers * cfg.d_model
+    head = sum(seq_lens) if head_tokens is None else head_tokens
+    return float(sum(t * n_body + attn * t * (t + 1) / 2 for t in seq_lens) + head * n_head)
 
 
-def train_flops(cfg: ModelConfig, seq_lens: Sequence[int]) -> float:
+def train_flops(cfg: ModelConfig, seq_lens: Sequence[int], head_tokens: int | None = None) -> float:
     """Forward + backward over the sequences: 3x the forward."""
-    return 3.0 * forward_flops(cfg, seq_lens)
+    return 3.0 * forward_flops(cfg, seq_lens, head_tokens)
 
 
 def decode_flops(cfg: ModelConfig, prompt_len: int, new_tokens: int, rows: int) -> float:

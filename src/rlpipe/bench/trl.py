@@ -107,7 +107,9 @@ from rlpipe.bench.trl_settings import (
 )
 from rlpipe.config import apply_overrides, load_yaml
 from rlpipe.io import write_json
+from rlpipe.lm.checkpoint import load_checkpoint, open_base_checkpoint, save_checkpoint
 from rlpipe.lm.hf_export import export_hf
+from rlpipe.lm.model import PRESETS, ModelConfig, TransformerLM
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
 
@@ -270,9 +272,6 @@ def preset_checkpoint(checkpoint: str, preset: str, out: Path, seed: int = 0) ->
     vocabulary size, saved at ``out``; returns its path. An unknown preset raises BenchInputError."""
     import torch
 
-    from rlpipe.lm.checkpoint import open_base_checkpoint, save_checkpoint
-    from rlpipe.lm.model import PRESETS, ModelConfig, TransformerLM
-
     if preset not in PRESETS:
         raise BenchInputError(f"--preset: unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
     ckpt, tok_ref = open_base_checkpoint(checkpoint, "--checkpoint")
@@ -285,8 +284,6 @@ def preset_checkpoint(checkpoint: str, preset: str, out: Path, seed: int = 0) ->
 
 
 def _parameters(checkpoint: str) -> int:
-    from rlpipe.lm.checkpoint import load_checkpoint
-
     return load_checkpoint(checkpoint).model_config.num_parameters()
 
 

@@ -105,7 +105,8 @@ def run_bench(preset: str, checkpoint: str | None, batch: int, group: int, grad_
     peak = max(peak_before["flops_per_s"], peak_after["flops_per_s"])
     med = {p: statistics.median(t[p] for t in times) for p in PARTS}
     lens = [prompt_tokens + response_tokens] * batch
-    flops = {"fwd_bwd": train_flops(cfg, lens), "optimizer": 0.0, "kl_monitor": forward_flops(cfg, lens)}
+    head = batch * response_tokens  # the log-probs are needed at the response tokens only
+    flops = {"fwd_bwd": train_flops(cfg, lens, head), "optimizer": 0.0, "kl_monitor": forward_flops(cfg, lens, head)}
     total_s = sum(med.values())
     out = {
         "bench": "update", "model": checkpoint or preset, "batch": batch, "group_size": group,

@@ -67,6 +67,7 @@ def test_update_bench_times_the_learners_real_step(tmp_path, capsys):
     fb = train_flops(cfg, [8] * 4, 4 * 4) / res["fwd_bwd_s"] / (res["matmul_peak_gflops"] * 1e9)  # head: responses
     assert res["fwd_bwd_fraction_of_peak"] == pytest.approx(fb, rel=0.01)
     assert 0 < res["update_fraction_of_peak"]
+    assert res["goals"]["met"] == (res["update_fraction_of_peak"] >= res["goals"]["update_fraction_of_peak"] == 0.5)
 
 
 @pytest.mark.parametrize("args, message", [

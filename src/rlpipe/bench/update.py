@@ -40,6 +40,7 @@ from rlpipe.rl.records import RolloutBatch
 from rlpipe.trainer.actors.learner import Learner, build_train_tensors
 
 PARTS = ("fwd_bwd", "optimizer", "kl_monitor")
+GOAL_FRACTION_OF_PEAK = 0.5  # the whole update's useful FLOP/s against the same-run matmul peak
 
 
 def synthetic_batch(batch: int, group: int, prompt_tokens: int, response_tokens: int, vocab: int,
@@ -119,6 +120,8 @@ def run_bench(preset: str, checkpoint: str | None, batch: int, group: int, grad_
         "update_s": round(total_s, 5), "update_gflops": gflops(sum(flops.values()) / total_s),
         "update_fraction_of_peak": round(sum(flops.values()) / total_s / peak, 4),
     }
+    out["goals"] = {"update_fraction_of_peak": GOAL_FRACTION_OF_PEAK,
+                    "met": out["update_fraction_of_peak"] >= GOAL_FRACTION_OF_PEAK}
     for p in PARTS:
         out[f"{p}_s"] = round(med[p], 5)
         out[f"{p}_share"] = round(med[p] / total_s, 4)

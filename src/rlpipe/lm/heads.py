@@ -37,7 +37,7 @@ def split_lm_head(model: nn.Module) -> SplitLM | None:
     """``model`` as body + head, or None when its logits are not a plain head over its hidden states."""
     base = getattr(model, "_orig_mod", model)
     if isinstance(base, TransformerLM):
-        return SplitLM(lambda ids: model.hidden_states(ids), base.lm_head)
+        return SplitLM(model.hidden_states, base.lm_head)
     config = getattr(base, "config", None)
     if getattr(config, "model_type", None) in HF_PLAIN_HEADS and isinstance(getattr(base, "lm_head", None), nn.Module):
         inner = base.model

@@ -301,12 +301,16 @@ class TransformerLM(nn.Module):
             return torch.get_autocast_dtype(device.type)
         return self.lm_head.weight.dtype
 
-    def _rope_rows(self, positions: Tensor) -> Tensor:
-        dev = positions.device
-        if dev not in self._rope:
+    def rope(self, device: torch.device) -> Tensor:
+        """The (context_length, Dh/2) complex64 RoPE table on ``device``, built once per device."""
+        device = torch.device(device)
+        if device not in self._rope:
             cfg = self.config
-            self._rope[dev] = rope_table(cfg.head_dim, cfg.context_length, cfg.rope_theta, dev)
-        return self._rope[dev][positions].unsqueeze(2)  # (B|1, T, 1, Dh/2)
+            self._rope[device] = rope_table(cfg.head_dim, cfg.context_length, cfg.rope_theta, device)
+        return self._rope[device]
+
+    def _rope_rows(self, positions: Tensor) -> Tensor:
+        return self.rope(positions.device)[positions].unsqueeze(2)  # (B|1, T, 1, Dh/2)
 
     def forward(
         self,

@@ -37,11 +37,10 @@ _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _rope_tables(model: TransformerLM, device) -> tuple[Tensor, Tensor]:
-    """(context_length, Dh/2) float32 cos and sin of ``pos * theta^(-2k/Dh)`` (the model's angles)."""
-    cfg = model.config
-    inv = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=device) / cfg.head_dim)
-    angles = torch.arange(cfg.context_length, dtype=torch.float64, device=device)[:, None] * inv
-    return angles.cos().float(), angles.sin().float()
+    """(context_length, Dh/2) float32 cos and sin: the real and imaginary parts of the model's own
+    complex RoPE table."""
+    table = model.rope(device)
+    return table.real.contiguous(), table.imag.contiguous()
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

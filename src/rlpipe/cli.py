@@ -15,6 +15,7 @@ COMMANDS = {
     "pretrain": ("rlpipe.lm.pretrain", "main"),
     "import-base": ("rlpipe.lm.pretrain", "import_base_main"),
     "export-hf": ("rlpipe.lm.hf_export", "main"),
+    "build-decode": ("rlpipe.lm.decode_package", "main"),
     "build-dataset": ("rlpipe.tasks.keyword.dataset", "main"),
     "build-math-data": ("rlpipe.tasks.math.arithmetic", "main"),
     "eval-base": ("rlpipe.tasks.keyword.eval", "main"),

@@ -188,11 +188,13 @@ class TrainConfig(_Section):
         None, description="Recompute old log-probs with the learner's policy under inference_mode after each "
         "rollout (seed 001 Problem 13) instead of using the sampler's. null: on whenever the sampler's numerics "
         "can differ from the learner's (a HuggingFace policy, or dtype bfloat16), off otherwise.")
-    decode: Literal["eager", "static", "compiled"] = Field(
+    decode: Literal["eager", "static", "compiled", "aot"] = Field(
         "eager", description="How the sampler decodes our TransformerLM (HF policies always decode eagerly): 'eager' "
         "grows the KV cache and drops finished rows; 'static' steps over a fixed-shape cache; 'compiled' runs that "
-        "step through torch.compile (a C++ compiler on CPU; tens of seconds of compilation per batch shape, then "
-        "reused). Tokens and log-probs agree across the three to float rounding.")
+        "step through torch.compile (a C++ compiler on CPU; compilation per batch shape in every process); 'aot' "
+        "runs it from an AOTInductor package built once per model shape and machine (CPU, float32; a C++ compiler "
+        "for the build; kept in $RLPIPE_DECODE_CACHE, default ~/.cache/rlpipe/decode; `rlpipe build-decode` builds "
+        "it ahead). Tokens and log-probs agree across the four to float rounding.")
     response_only_head: bool = Field(
         True, description="Learner, reference and old-log-prob passes run the LM head, log-softmax and entropy on "
         "response tokens only instead of every padded position (same values up to float rounding). false: the "

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rlpipe.lm import decode_package
 from rlpipe.lm.model import TransformerLM
 from rlpipe.lm.static_decode import StaticDecodeAdapter
 
@@ -241,7 +242,7 @@ class _NaiveAdapter:
         self.seq, self.pos, self.keys = (t.index_select(0, idx) for t in (self.seq, self.pos, self.keys))
 
 
-DECODES = ("eager", "static", "compiled")  # generate(decode=...): see rlpipe.lm.static_decode
+DECODES = ("eager", "static", "compiled", "aot")  # generate(decode=...): rlpipe.lm.static_decode, decode_package
 
 
 def _make_adapter(model, use_kv_cache: bool, decode: str = "eager"):
@@ -251,6 +252,8 @@ def _make_adapter(model, use_kv_cache: bool, decode: str = "eager"):
     if not use_kv_cache:
         return _NaiveAdapter(model)
     if isinstance(base, TransformerLM):
+        if decode == "aot":
+            return StaticDecodeAdapter(base, step_fn=decode_package.load(base).step)
         if decode != "eager":
             return StaticDecodeAdapter(base, compiled=decode == "compiled")
         return _OwnAdapter(model)

@@ -90,9 +90,9 @@ class StaticDecodeAdapter:
 
     compacts = False
 
-    def __init__(self, model: TransformerLM, compiled: bool = True):
+    def __init__(self, model: TransformerLM, compiled: bool = True, step_fn=None):
         self.model, self.max_length = model, model.config.context_length
-        self.step_fn = _compiled_step(model) if compiled else decode_step
+        self.step_fn = step_fn or (_compiled_step(model) if compiled else decode_step)
 
     def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, total: int, n: int) -> Tensor:
         S = min(-(-total // BUCKET) * BUCKET, self.max_length)  # (total rounded up to the bucket)

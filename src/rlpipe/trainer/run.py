@@ -70,8 +70,10 @@ from rlpipe.config import (
     to_dict,
     variant_gpus,
 )
+from rlpipe.lm import decode_package
 from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint, read_extra
-from rlpipe.lm.policy import HF_CONFIG, is_hf_dir
+from rlpipe.lm.device import resolve_device
+from rlpipe.lm.policy import HF_CONFIG, is_hf_dir, load_policy
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.provenance import provenance
 from rlpipe.tasks import check_task
@@ -215,6 +217,26 @@ def resolve_recompute(train_cfg, base: str):
     return train_cfg.model_copy(update={"recompute_old_log_probs": auto})
 
 
+def prepare_decode_package(train_cfg, base: str) -> None:
+    """``train.decode: aot``: load (or build, once per model shape and machine) the decode package
+    here, before Ray starts, so that no timed rollout pays the build; the actors then load it from the
+    cache in milliseconds. An HF policy decodes eagerly whatever ``train.decode`` says."""
+    if train_cfg.decode != "aot" or is_hf_dir(base):
+        return
+    device = resolve_device(train_cfg.device)
+    if device.type != "cpu" or train_cfg.dtype != "float32":
+        raise ConfigError(f"train.decode: aot runs float32 on CPU; this run has train.device={device.type} and "
+                          f"train.dtype={train_cfg.dtype}. Use train.decode: compiled (torch.compile) there")
+    model = load_policy(base, device="cpu").model
+    path = decode_package.package_path(model)
+    if not path.exists():
+        print(f"rlpipe train: building the AOT decode package {path} (once per model shape and machine)", flush=True)
+    try:
+        decode_package.load(model)
+    except decode_package.DecodePackageError as e:
+        raise ConfigError(f"train.decode: aot: {e}") from None
+
+
 def _actor_threads(per_actor: int, job_threads: int, disagg: bool) -> int:
     """torch threads per compute actor: ``train.threads`` (one CPU "device"), capped so that the
     actors fit in the job's threads. Colocated runs one such device and disaggregated two, as on
@@ -239,6 +261,7 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
     base, dataset = os.path.abspath(base), (os.path.abspath(dataset) if dataset else None)
     tokenizer = _check_inputs(train_cfg, base, dataset)
     train_cfg = resolve_recompute(train_cfg, base)
+    prepare_decode_package(train_cfg, base)
     if train_cfg.mode == "disaggregated":
         make_transport(train_cfg.weight_sync)  # an unavailable backend fails before Ray starts
     if cfg.logging.tensorboard:

@@ -1,0 +1,173 @@
+"""The AOT-compiled decode step (``rlpipe.lm.decode_package``, ``decode="aot"``) against the eager
+sampler (naive vs optimised), its cache, and its errors. One package is built for the module (tens
+of seconds: export and a C++ compile) into a temporary cache directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlpipe.config import ConfigError, TrainConfig
+from rlpipe.lm import decode_package
+from rlpipe.lm.policy import load_policy
+from rlpipe.lm.sampler import SamplingParams, generate
+from rlpipe.trainer.run import prepare_decode_package
+
+# Measured on the keyword base model, 5 seeds x 32 rows x 40 tokens: max |log-prob diff| against the
+# eager sampler 5.7e-6 natively (AVX2) and with ATEN_CPU_CAPABILITY=avx2, 9.5e-6 with =default (RoPE
+# through cos/sin and inductor's kernels), with the same tokens everywhere; the tolerance is 10x that.
+# A token can differ only where a row's uniform lands within that distance of a CDF step.
+LOGPROB_TOL = 1e-4
+
+PROMPTS = ["Write a story that includes the word: cat\n", "Write a story", "The dog"]  # uneven: left padding
+
+pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"),  # torch.export's and torch.jit's own
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    d = tmp_path_factory.mktemp("decode_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(decode_package.CACHE_ENV, str(d))
+        mp.setattr(decode_package, "_LOADED", {})
+        yield d
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_base, cache):
+    policy = load_policy(tiny_base[0])
+    decode_package.load(policy.model)  # builds once for the module
+    return policy
+
+
+def _sample(policy, decode: str, prompts=PROMPTS, n: int = 3, **kw):
+    params = SamplingParams(n=n, temperature=0.9, max_tokens=12, seed=7, **kw)
+    return generate(policy.model, policy.tokenizer, prompts, params, decode=decode)
+
+
+def _assert_same(a, b):
+    assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
+    assert a.response_text == b.response_text
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        torch.testing.assert_close(x, y, atol=LOGPROB_TOL, rtol=0)
+
+
+def test_aot_step_samples_what_the_eager_sampler_samples(policy):
+    _assert_same(_sample(policy, "aot"), _sample(policy, "eager"))
+
+
+def test_one_package_serves_every_batch_shape(policy):
+    """N and S are dynamic: other row counts and cache lengths, and N = 1 (the eager static step)."""
+    _assert_same(_sample(policy, "aot", n=1), _sample(policy, "eager", n=1))
+    long = [p * 3 for p in PROMPTS]  # a longer cache bucket
+    _assert_same(_sample(policy, "aot", prompts=long, n=2), _sample(policy, "eager", prompts=long, n=2))
+    _assert_same(_sample(policy, "aot", prompts=PROMPTS[:1], n=1), _sample(policy, "eager", prompts=PROMPTS[:1], n=1))
+
+
+def test_aot_step_with_stop_strings_and_min_tokens(policy):
+    kw = dict(stop=("was",), include_stop_str_in_output=True, min_tokens=2)
+    _assert_same(_sample(policy, "aot", **kw), _sample(policy, "eager", **kw))
+
+
+def test_the_package_reads_the_current_weights(policy):
+    """Weights are inputs, not constants of the package: an in-place update (what the optimizer does)
+    is seen by the next call."""
+    model = policy.model
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        _assert_same(_sample(policy, "aot"), _sample(policy, "eager"))
+    finally:
+        model.load_state_dict(saved)
+
+
+def test_the_package_is_cached_on_disk_and_reloaded_without_a_build(policy, cache, monkeypatch):
+    path = decode_package.package_path(policy.model)
+    assert path.parent == cache and path.exists()
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["model"] == policy.model.config.to_dict() and meta["torch"] == torch.__version__
+    assert decode_package.load(policy.model) is decode_package.load(policy.model)  # once per process
+    monkeypatch.setattr(decode_package, "_LOADED", {})
+    monkeypatch.setattr(decode_package, "build", lambda *a, **k: pytest.fail("rebuilt a cached package"))
+    assert decode_package.load(policy.model, build_missing=False).path == path
+
+
+def test_the_key_names_the_model_shape_and_the_torch_build(policy, monkeypatch):
+    path = decode_package.package_path(policy.model)
+    other = type(policy.model)(policy.model.config.replace(num_layers=policy.model.config.num_layers + 1))
+    assert decode_package.package_path(other) != path
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    assert decode_package.package_path(policy.model) != path
+
+
+def test_a_missing_package_names_the_command_that_builds_it(policy, tmp_path, monkeypatch):
+    monkeypatch.setenv(decode_package.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(decode_package, "_LOADED", {})
+    with pytest.raises(decode_package.DecodePackageError, match="rlpipe build-decode"):
+        decode_package.load(policy.model, build_missing=False)
+
+
+def test_a_damaged_package_is_an_error_that_says_to_delete_it(policy, tmp_path, monkeypatch):
+    monkeypatch.setenv(decode_package.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(decode_package, "_LOADED", {})
+    decode_package.package_path(policy.model).write_bytes(b"not a package")
+    with pytest.raises(decode_package.DecodePackageError, match="delete it to rebuild"):
+        decode_package.load(policy.model)
+
+
+def test_a_package_that_disagrees_with_the_eager_step_is_refused(policy, monkeypatch):
+    package = decode_package.load(policy.model)
+    monkeypatch.setattr(package, "runner", _Wrong(package.runner))
+    with pytest.raises(decode_package.DecodePackageError, match="disagrees with the eager step"):
+        package.check(policy.model)
+
+
+class _Wrong:
+    def __init__(self, runner):
+        self.runner = runner
+
+    def boxed_run(self, flat):
+        return [self.runner.boxed_run(flat)[0] + 1.0]
+
+
+def test_only_float32_transformer_lm_on_cpu(policy):
+    with pytest.raises(decode_package.DecodePackageError, match="float32 on CPU"):
+        decode_package.check_model(type(policy.model)(policy.model.config).to(torch.bfloat16))
+    with pytest.raises(decode_package.DecodePackageError, match="TransformerLM only"):
+        decode_package.check_model(torch.nn.Linear(2, 2))
+
+
+def test_rlpipe_train_refuses_aot_outside_float32_cpu(tiny_base):
+    cfg = TrainConfig(decode="aot", device="cpu", dtype="bfloat16")
+    with pytest.raises(ConfigError, match="train.decode: aot runs float32 on CPU"):
+        prepare_decode_package(cfg, tiny_base[0])
+
+
+def test_rlpipe_train_prepares_the_package_before_ray(policy, tiny_base, monkeypatch):
+    monkeypatch.setattr(decode_package, "_LOADED", {})
+    monkeypatch.setattr(decode_package, "build", lambda *a, **k: pytest.fail("rebuilt a cached package"))
+    prepare_decode_package(TrainConfig(decode="aot", device="cpu"), tiny_base[0])
+    assert len(decode_package._LOADED) == 1
+    prepare_decode_package(TrainConfig(decode="eager", device="cpu"), tiny_base[0])  # a no-op
+
+
+def test_build_decode_command(policy, tiny_base, tmp_path, capsys):
+    assert decode_package.main(["--checkpoint", tiny_base[0]]) == 0
+    assert "cached" in capsys.readouterr().out
+    assert decode_package.main(["--checkpoint", str(tmp_path / "nope.pt")]) == 2
+    assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_bench_trl_finds_the_package_before_its_pairs(policy, tiny_base):
+    from rlpipe.bench.trl import prepare_decode
+    from rlpipe.bench.trl_settings import BenchSettings
+
+    found = prepare_decode(tiny_base[0], BenchSettings(decode="aot"), "native")
+    assert found == {"package": str(decode_package.package_path(policy.model)), "built_here": False, "build_s": None}
+    assert prepare_decode(tiny_base[0], BenchSettings(decode="aot"), "hf") is None  # HF decodes eagerly
+    assert prepare_decode(tiny_base[0], BenchSettings(decode="eager"), "native") is None

@@ -54,3 +54,13 @@ def test_a_skipped_bench_is_one_sentence_on_how_to_run_it():
     assert "rlpipe against TRL's GRPOTrainer: not measured, trl is not installed" in listing
     assert "snakemake results/bench/trl.json" in listing
     assert "=" not in listing and "{" not in listing  # no key = value or JSON dumps
+
+
+def test_the_aot_decode_package_is_said_to_be_outside_the_timing():
+    assert "compiled decode package" not in _text(trl_section({"trl": TRL}))  # eager: no package
+    built = copy.deepcopy(TRL)
+    built["decode_package"] = {"package": "/c/decode-x.pt2", "built_here": True, "build_s": 27.4}
+    text = _text(trl_section({"trl": built}))
+    assert "built once before the first pair (27.4 s" in text and "no timed run includes its build" in text
+    built["decode_package"] = {"package": "/c/decode-x.pt2", "built_here": False, "build_s": None}
+    assert "already in this machine's cache" in _text(trl_section({"trl": built}))

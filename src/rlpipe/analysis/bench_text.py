@@ -99,6 +99,16 @@ def _model_sentence(base: str | None) -> str:
             "(`rlpipe bench trl --rlpipe-model hf` separates the two).")
 
 
+def _package_sentence(package: dict | None) -> list[str]:
+    """How the AOT decode package was come by (``train.decode: aot``), outside every timed run."""
+    if not isinstance(package, dict):
+        return []
+    how = (f"built once before the first pair ({fnum(package.get('build_s'))} s, once per model shape and machine)"
+           if package.get("built_here") else "already in this machine's cache")
+    return [f"rlpipe's ahead-of-time compiled decode package was {how}; no timed run includes its build, and "
+            "each run loads it before its clock starts."]
+
+
 def trl_section(bench: dict) -> dict:
     """rlpipe against TRL on the same model, prompts and settings: the ratios over interleaved
     pairs, the rewards at equal samples, and where each side's step time goes."""
@@ -113,6 +123,7 @@ def trl_section(bench: dict) -> dict:
          f"{t.get('threads')} thread(s) per side, CPU fp32, rlpipe's sampler decoding "
          f"{t['settings'].get('decode', 'eager')} (`train.decode`).",
          _model_sentence(rl.get("base")),
+         *_package_sentence(t.get("decode_package")),
          _ratio_sentence("Samples/s of the median step", q, "step_samples_per_s_median"),
          _ratio_sentence("Samples/s over the whole run", q, "samples_per_s")]
     n = int(t["settings"].get("val_size", 0))

@@ -13,6 +13,12 @@ of one ``Learner.train_step`` separately, in the order ``train_step`` runs them:
 - ``kl_monitor``: the post-step ``no_grad`` forward for KL(pi_t || pi_{t-1}) (seed 000 §3.2):
   1x the forward.
 
+Peak memory: ``fwd_bwd_peak_mb`` is the peak of torch's CPU allocations live during one
+``_accumulate_gradients`` above what was live before it (the profiler's memory events, summed in
+time order), with the LM head on the response tokens only (``train.response_only_head``, the
+default), and ``full_head_fwd_bwd_peak_mb`` the same with the head, log-softmax and entropy over
+every position (the seeds' ``get_response_log_probs``); ``peak_memory_ratio`` is full / response-only.
+
 Each part's time is the median over ``--repeats`` steps after one warm-up step. Achieved FLOP/s is
 counted FLOPs / median time; ``*_fraction_of_peak`` divides it by the best square fp32 matmul rate
 measured in the same process on the same threads, before and after the steps (both are reported;
@@ -76,6 +82,34 @@ def _timed_step(learner: Learner, batch: RolloutBatch, step: int) -> dict[str, f
     return out
 
 
+def allocation_peak_bytes(fn) -> int:
+    """Peak bytes of torch CPU allocations live during ``fn()`` above those live before it: each
+    op's own allocations net of its frees (``self_cpu_memory_usage``) and the frees outside any op,
+    summed in time order. An op's temporary that it frees before returning is not seen."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    live = peak = 0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += e.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
+def _peak_memory(learner: Learner, batch: RolloutBatch) -> dict[str, float]:
+    """``_accumulate_gradients``' allocation peak with the response-only head and with the full head."""
+    t = build_train_tensors(batch, learner.pad_id).to(learner.device)
+    cfg, out = learner.cfg, {}
+    try:
+        for key, only in (("fwd_bwd_peak_mb", True), ("full_head_fwd_bwd_peak_mb", False)):
+            learner.cfg = cfg.model_copy(update={"response_only_head": only})
+            out[key] = round(allocation_peak_bytes(lambda: learner._accumulate_gradients(t, None, 0)) / 2**20, 2)
+            learner.opt.zero_grad(set_to_none=True)
+    finally:
+        learner.cfg = cfg
+    out["peak_memory_ratio"] = round(out["full_head_fwd_bwd_peak_mb"] / out["fwd_bwd_peak_mb"], 2)
+    return out
+
+
 def _learner(preset: str, checkpoint: str | None, batch: int, group: int, grad_accum: int, response_tokens: int,
              threads: int, tmp: str) -> tuple[Learner, ModelConfig]:
     """The learner of ``checkpoint`` (the pipeline's base), else of a random ``preset`` model."""
@@ -102,6 +136,7 @@ def run_bench(preset: str, checkpoint: str | None, batch: int, group: int, grad_
         data = synthetic_batch(batch, group, prompt_tokens, response_tokens, cfg.vocab_size)
         learner.train_step(data, None, 0)  # warm-up through the public entry point
         times = [_timed_step(learner, data, s) for s in range(1, repeats + 1)]
+        memory = _peak_memory(learner, data)
     peak_after = matmul_peak()
     peak = max(peak_before["flops_per_s"], peak_after["flops_per_s"])
     med = {p: statistics.median(t[p] for t in times) for p in PARTS}
@@ -118,7 +153,7 @@ def run_bench(preset: str, checkpoint: str | None, batch: int, group: int, grad_
         "matmul_peak_gflops_before": gflops(peak_before["flops_per_s"]),
         "matmul_peak_gflops_after": gflops(peak_after["flops_per_s"]),
         "update_s": round(total_s, 5), "update_gflops": gflops(sum(flops.values()) / total_s),
-        "update_fraction_of_peak": round(sum(flops.values()) / total_s / peak, 4),
+        "update_fraction_of_peak": round(sum(flops.values()) / total_s / peak, 4), **memory,
     }
     out["goals"] = {"update_fraction_of_peak": GOAL_FRACTION_OF_PEAK,
                     "met": out["update_fraction_of_peak"] >= GOAL_FRACTION_OF_PEAK}

@@ -73,6 +73,7 @@ from rlpipe.config import (
 from rlpipe.lm import decode_package
 from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint, read_extra
 from rlpipe.lm.device import resolve_device
+from rlpipe.lm.model import TransformerLM
 from rlpipe.lm.policy import HF_CONFIG, is_hf_dir, load_policy
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.provenance import provenance
@@ -228,6 +229,8 @@ def prepare_decode_package(train_cfg, base: str) -> None:
         raise ConfigError(f"train.decode: aot runs float32 on CPU; this run has train.device={device.type} and "
                           f"train.dtype={train_cfg.dtype}. Use train.decode: compiled (torch.compile) there")
     model = load_policy(base, device="cpu").model
+    if not isinstance(model, TransformerLM):  # an HF policy saved as an rlpipe checkpoint
+        return
     path = decode_package.package_path(model)
     if not path.exists():
         print(f"rlpipe train: building the AOT decode package {path} (once per model shape and machine)", flush=True)

@@ -171,3 +171,28 @@ def test_bench_trl_finds_the_package_before_its_pairs(policy, tiny_base):
     assert found == {"package": str(decode_package.package_path(policy.model)), "built_here": False, "build_s": None}
     assert prepare_decode(tiny_base[0], BenchSettings(decode="aot"), "hf") is None  # HF decodes eagerly
     assert prepare_decode(tiny_base[0], BenchSettings(decode="eager"), "native") is None
+
+
+def test_two_builders_of_one_package_build_it_once(policy, tmp_path, monkeypatch):
+    """The second job waits on the build lock, then finds the package (what two Snakemake jobs on
+    one machine do)."""
+    import threading
+    import time
+
+    builds = []
+
+    def slow_build(model, path):
+        builds.append(path)
+        time.sleep(0.3)
+        path.write_bytes(b"package")
+
+    monkeypatch.setattr(decode_package, "build", slow_build)
+    path = tmp_path / "decode-x.pt2"
+    results = []
+    workers = [threading.Thread(target=lambda: results.append(decode_package.ensure_built(policy.model, path)))
+               for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert builds == [path] and sorted(results) == [False, True]

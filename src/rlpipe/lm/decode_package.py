@@ -28,6 +28,7 @@ that precision (``tests/test_decode_package.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib
 import json
@@ -44,6 +45,11 @@ from torch import Tensor, nn
 from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
 from rlpipe.lm.model import TransformerLM
 from rlpipe.lm.static_decode import decode_step
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: builds are not serialised
+    fcntl = None
 
 CACHE_ENV = "RLPIPE_DECODE_CACHE"
 STEP_VERSION = 1  # bump when decode_step's signature or semantics change: old packages are then ignored
@@ -154,6 +160,32 @@ def build(model, path: Path | None = None) -> tuple[Path, float]:
     return path, seconds
 
 
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """An exclusive lock on ``<package>.lock`` (POSIX ``flock``; none elsewhere), so that two jobs
+    wanting the same package build it once: the second waits, then finds it."""
+    if fcntl is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def ensure_built(model, path: Path) -> bool:
+    """Build the package at ``path`` unless it exists, under the build lock; True if built here."""
+    with _build_lock(path):
+        if path.exists():
+            return False
+        build(model, path)
+        return True
+
+
 @dataclass
 class DecodePackage:
     """A loaded package: ``step(model, cos, sin, tok, pos, at, keys, ks, vs)`` like ``decode_step``."""
@@ -199,7 +231,7 @@ def load(model, *, build_missing: bool = True) -> DecodePackage:
         if not build_missing:
             raise DecodePackageError(f"no AOT decode package for this model at {path}; build it with "
                                      "`rlpipe build-decode --checkpoint CKPT`")
-        build(base, path)
+        ensure_built(base, path)
     try:
         package = DecodePackage(path, _open(path))
     except RuntimeError as e:
@@ -223,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         path = package_path(check_model(model))
-        if a.force or not path.exists():
-            _, seconds = build(model, path)
-            print(f"built {path} in {seconds:.1f} s")
+        t0 = time.perf_counter()
+        if a.force:
+            build(model, path)
+        if a.force or ensure_built(model, path):
+            print(f"built {path} in {time.perf_counter() - t0:.1f} s")
         else:
             print(f"cached {path}")
         load(model, build_missing=False)

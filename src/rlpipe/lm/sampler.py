@@ -507,8 +507,9 @@ def generate(
     Returns a ``Generation`` with N = len(prompts) * n rows, prompt-major. ``device`` defaults to
     the model's device. ``use_kv_cache=False`` runs the naive full-recomputation decoder.
     ``decode`` (our ``TransformerLM`` only; HF models always decode eagerly): ``"eager"`` grows the
-    cache and compacts finished rows; ``"static"`` and ``"compiled"`` run the fixed-shape step of
-    ``rlpipe.lm.static_decode``, the latter through ``torch.compile``.
+    cache and compacts finished rows; ``"static"``, ``"compiled"`` and ``"aot"`` run the fixed-shape
+    step of ``rlpipe.lm.static_decode``: eagerly, through ``torch.compile``, or from the AOTInductor
+    package of ``rlpipe.lm.decode_package`` (built on first use when this machine has none).
     """
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")

@@ -18,7 +18,9 @@ tokens and log-probs within a tolerance (``tests/test_static_decode.py``), not b
 
 ``StaticDecodeAdapter(model, compiled=False)`` runs the same static step eagerly (the reference the
 compiled step is tested against). Compiled steps are cached per model object; a new (N, S) shape
-compiles once more. Only our ``TransformerLM`` is supported (HF models keep their own cache).
+compiles once more. ``rlpipe.lm.decode_package`` compiles the same step ahead of time instead, once
+per model shape and machine (``decode="aot"``). Only our ``TransformerLM`` is supported (HF models
+keep their own cache).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Fixtures shared by the test modules (tests never import each other: shared helpers live here).
 
 - ``ray_session``: one local Ray instance for every trainer test.
+- ``decode_cache``: the session's AOT decode-package directory (autouse: set before Ray starts).
 - ``tiny_base``: a briefly trained micro TransformerLM and a keyword dataset (trainer tests).
 - ``write_config`` / ``make_dataset`` / ``make_base``: factories for trainer configs, keyword datasets
   and micro base models.
@@ -119,6 +120,18 @@ def _write_config(path: Path, train: dict | None = None, variants: dict | None =
     path.write_text(yaml.safe_dump(cfg))
     return path
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def decode_cache(tmp_path_factory):
+    """One AOT decode-package cache for the session (``rlpipe.lm.decode_package``), never the user's
+    ``~/.cache``; autouse, so it is set before ``ray_session`` starts Ray and its workers inherit it."""
+    from rlpipe.lm.decode_package import CACHE_ENV
+
+    d = tmp_path_factory.mktemp("decode_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_ENV, str(d))
+        yield d
 
 
 @pytest.fixture(scope="session")

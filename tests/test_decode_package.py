@@ -1,6 +1,7 @@
 """The AOT-compiled decode step (``rlpipe.lm.decode_package``, ``decode="aot"``) against the eager
-sampler (naive vs optimised), its cache, and its errors. One package is built for the module (tens
-of seconds: export and a C++ compile) into a temporary cache directory."""
+sampler (naive vs optimised), its cache, and its errors. One package is built for the tiny base
+model (tens of seconds: export and a C++ compile) into the session's cache (``decode_cache``),
+where the trainer's aot test finds it."""
 
 from __future__ import annotations
 
@@ -28,12 +29,10 @@ pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"),  # torch.expo
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    d = tmp_path_factory.mktemp("decode_cache")
+def cache(decode_cache):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(decode_package.CACHE_ENV, str(d))
         mp.setattr(decode_package, "_LOADED", {})
-        yield d
+        yield decode_cache
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from rlpipe.analysis.bench_text import bench_section, trl_section
+from rlpipe.analysis.bench_text import bench_section, limits_section, trl_section
 
 TRL = {
     "bench": "trl", "skipped": False, "threads": 2, "cpus": 2,
@@ -64,3 +64,19 @@ def test_the_aot_decode_package_is_said_to_be_outside_the_timing():
     assert "built once before the first pair (27.4 s" in text and "no timed run includes its build" in text
     built["decode_package"] = {"package": "/c/decode-x.pt2", "built_here": False, "build_s": None}
     assert "already in this machine's cache" in _text(trl_section({"trl": built}))
+
+
+def test_limits_name_the_compiled_decodes_and_the_heads_memory():
+    sampler = {"kv_fraction_of_peak": 0.11, "kv_gflops": 18.0, "batch": 32, "matmul_peak_gflops": 160.0,
+               "compiled_fraction_of_peak": 0.12, "compiled_over_eager": 1.2,
+               "aot_fraction_of_peak": 0.17, "aot_over_eager": 1.45}
+    update = {"update_fraction_of_peak": 0.4, "fwd_bwd_fraction_of_peak": 0.41, "torch_threads": 1,
+              "update_gflops": 35.0, "matmul_peak_gflops": 87.0, "fwd_bwd_share": 0.8, "kl_monitor_share": 0.15,
+              "optimizer_share": 0.05, "fwd_bwd_peak_mb": 170.5, "full_head_fwd_bwd_peak_mb": 189.3,
+              "peak_memory_ratio": 1.11}
+    text = _text(limits_section({"sampler": sampler, "update": update}))
+    assert "compiled ahead of time (`train.decode: aot`" in text and "17% of the peak, 1.45x the eager" in text
+    assert "through torch.compile" in text and "12% of the peak, 1.2x" in text
+    assert "170 MB with the LM head on response tokens only" in text and "189 MB with the head over every" in text
+    text = _text(limits_section({"sampler": {k: v for k, v in sampler.items() if "aot" not in k}}))
+    assert "ahead of time" not in text and "Peak memory" not in text

@@ -45,6 +45,19 @@ def _num(d: dict, key: str) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
+def _compiled_decode_sentences(sp: dict) -> list[str]:
+    """The compiled decodes of the sampler bench, when it measured them."""
+    out = []
+    for key, name in (("compiled", "through torch.compile (`train.decode: compiled`, compiled in every process)"),
+                      ("aot", "compiled ahead of time (`train.decode: aot`, one package per model shape and "
+                              "machine)")):
+        frac, over = _num(sp, f"{key}_fraction_of_peak"), _num(sp, f"{key}_over_eager")
+        if not nan(frac):
+            out.append(f"The same decode step {name}: {fnum(frac * 100)}% of the peak, {fnum(over)}x the eager "
+                       "sampler measured beside it.")
+    return out
+
+
 def limits_section(bench: dict) -> dict:
     """The learner's update and the sampler against the same-run matmul peak
     (``rlpipe bench update`` / ``rlpipe bench sampler``), and what bounds each."""
@@ -63,6 +76,11 @@ def limits_section(bench: dict) -> dict:
                  f"model's matrices are small (a few hundred wide), so the elementwise work of softmax over the "
                  f"vocabulary, attention, SwiGLU and the loss is not hidden behind matmuls.")
         nums.update(update_fraction=frac, fwd_bwd_fraction=fb)
+        if not nan(_num(up, "peak_memory_ratio")):
+            s.append(f"Peak memory of the forward and backward: {fnum(_num(up, 'fwd_bwd_peak_mb'))} MB with the LM "
+                     f"head on response tokens only (`train.response_only_head`), "
+                     f"{fnum(_num(up, 'full_head_fwd_bwd_peak_mb'))} MB with the head over every position "
+                     f"({fnum(_num(up, 'peak_memory_ratio'))}x).")
     if not nan(_num(sp, "kv_fraction_of_peak")):
         kf = _num(sp, "kv_fraction_of_peak")
         s.append(f"Generation (KV-cache sampler, batch {fnum(_num(sp, 'batch'))}): {fnum(_num(sp, 'kv_gflops'))} "
@@ -71,6 +89,7 @@ def limits_section(bench: dict) -> dict:
                  f"in Python: small matrix-vector products and per-token overhead bound it, not FLOPs, which is "
                  f"why batching more sequences per step raises it (see the scaling curves).")
         nums["generation_fraction"] = kf
+        s += _compiled_decode_sentences(sp)
     if not s:
         s.append("No data: results/bench/update.json and sampler.json hold no FLOP measurements.")
     return section("limits", title, s, nums)

@@ -64,6 +64,9 @@ def test_readme_test_command_is_what_ci_runs():
     install_and_test = test_cmd.split(" && ", 2)[2]  # after the venv and its activation
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert install_and_test in ci, f".ci/run does not run the README's test command:\n{install_and_test}"
+    # under `set -e` a failure before the last `&&` does not stop the script: the next line must
+    after = ci[ci.index(install_and_test) + 1]
+    assert after.startswith('rc=$?; if [ "$rc" -ne 0 ]') and after.endswith('exit "$rc"; fi'), after
     assert test_cmd.startswith("python3 -m venv .venv && . .venv/bin/activate && ")
 
 

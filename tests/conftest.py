@@ -1,6 +1,8 @@
 """Fixtures shared by the test modules (tests never import each other: shared helpers live here).
 
 - ``ray_session``: one local Ray instance for every trainer test.
+- ``decode_check``: samples a policy with one ``generate`` decode and compares two generations
+  (tests/test_static_decode.py and tests/test_decode_package.py: each decode against the eager one).
 - ``decode_cache``: the session's AOT decode-package directory (autouse: set before Ray starts).
 - ``tiny_base``: a briefly trained micro TransformerLM and a keyword dataset (trainer tests).
 - ``write_config`` / ``make_dataset`` / ``make_base``: factories for trainer configs, keyword datasets
@@ -34,6 +36,7 @@ import torch
 import yaml
 
 from rlpipe.analysis import contract
+from rlpipe.lm.sampler import SamplingParams, generate
 
 MATH_FIXTURE = Path(__file__).parent / "data" / "math_fixture"
 WORDS = ["cat", "dog", "apple", "tree", "ball", "house", "moon", "fish", "bird", "cake", "boat", "hat"]
@@ -120,6 +123,35 @@ def _write_config(path: Path, train: dict | None = None, variants: dict | None =
     path.write_text(yaml.safe_dump(cfg))
     return path
 
+
+
+class DecodeCheck:
+    """Sample ``PROMPTS`` (uneven: left padding) with a given decode, and assert that two generations
+    are the same samples: tokens, texts and finish reasons equal, log-probs within ``tol``."""
+
+    PROMPTS = ["Write a story that includes the word: cat\n", "Write a story", "The dog"]
+
+    @classmethod
+    def sample(cls, policy, decode: str, prompts=None, n: int = 3, **kw):
+        params = SamplingParams(n=n, temperature=0.9, max_tokens=12, seed=7, **kw)
+        return generate(policy.model, policy.tokenizer, prompts or cls.PROMPTS, params, decode=decode)
+
+    @staticmethod
+    def assert_same(a, b, tol: float) -> None:
+        assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
+        assert a.response_text == b.response_text
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            torch.testing.assert_close(x, y, atol=tol, rtol=0)
+
+    @classmethod
+    def against_eager(cls, policy, decode: str, tol: float, **kw) -> None:
+        """``decode`` samples what the eager sampler samples (``sample``'s keywords for both)."""
+        cls.assert_same(cls.sample(policy, decode, **kw), cls.sample(policy, "eager", **kw), tol)
+
+
+@pytest.fixture(scope="session")
+def decode_check() -> type[DecodeCheck]:
+    return DecodeCheck
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,7 +13,6 @@ import torch
 from rlpipe.config import ConfigError, TrainConfig
 from rlpipe.lm import decode_package
 from rlpipe.lm.policy import load_policy
-from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.trainer.run import prepare_decode_package
 
 # Measured on the keyword base model, 5 seeds x 32 rows x 40 tokens: max |log-prob diff| against the
@@ -22,7 +21,6 @@ from rlpipe.trainer.run import prepare_decode_package
 # A token can differ only where a row's uniform lands within that distance of a CDF step.
 LOGPROB_TOL = 1e-4
 
-PROMPTS = ["Write a story that includes the word: cat\n", "Write a story", "The dog"]  # uneven: left padding
 
 pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"),  # torch.export's and torch.jit's own
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -42,36 +40,24 @@ def policy(tiny_base, cache):
     return policy
 
 
-def _sample(policy, decode: str, prompts=PROMPTS, n: int = 3, **kw):
-    params = SamplingParams(n=n, temperature=0.9, max_tokens=12, seed=7, **kw)
-    return generate(policy.model, policy.tokenizer, prompts, params, decode=decode)
+def test_aot_step_samples_what_the_eager_sampler_samples(policy, decode_check):
+    decode_check.against_eager(policy, "aot", LOGPROB_TOL)
 
 
-def _assert_same(a, b):
-    assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
-    assert a.response_text == b.response_text
-    for x, y in zip(a.logprobs, b.logprobs, strict=True):
-        torch.testing.assert_close(x, y, atol=LOGPROB_TOL, rtol=0)
-
-
-def test_aot_step_samples_what_the_eager_sampler_samples(policy):
-    _assert_same(_sample(policy, "aot"), _sample(policy, "eager"))
-
-
-def test_one_package_serves_every_batch_shape(policy):
+def test_one_package_serves_every_batch_shape(policy, decode_check):
     """N and S are dynamic: other row counts and cache lengths, and N = 1 (the eager static step)."""
-    _assert_same(_sample(policy, "aot", n=1), _sample(policy, "eager", n=1))
-    long = [p * 3 for p in PROMPTS]  # a longer cache bucket
-    _assert_same(_sample(policy, "aot", prompts=long, n=2), _sample(policy, "eager", prompts=long, n=2))
-    _assert_same(_sample(policy, "aot", prompts=PROMPTS[:1], n=1), _sample(policy, "eager", prompts=PROMPTS[:1], n=1))
+    decode_check.against_eager(policy, "aot", LOGPROB_TOL, n=1)
+    long = [p * 3 for p in decode_check.PROMPTS]  # a longer cache bucket
+    decode_check.against_eager(policy, "aot", LOGPROB_TOL, prompts=long, n=2)
+    decode_check.against_eager(policy, "aot", LOGPROB_TOL, prompts=decode_check.PROMPTS[:1], n=1)
 
 
-def test_aot_step_with_stop_strings_and_min_tokens(policy):
+def test_aot_step_with_stop_strings_and_min_tokens(policy, decode_check):
     kw = dict(stop=("was",), include_stop_str_in_output=True, min_tokens=2)
-    _assert_same(_sample(policy, "aot", **kw), _sample(policy, "eager", **kw))
+    decode_check.against_eager(policy, "aot", LOGPROB_TOL, **kw)
 
 
-def test_the_package_reads_the_current_weights(policy):
+def test_the_package_reads_the_current_weights(policy, decode_check):
     """Weights are inputs, not constants of the package: an in-place update (what the optimizer does)
     is seen by the next call."""
     model = policy.model
@@ -80,7 +66,7 @@ def test_the_package_reads_the_current_weights(policy):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p) * 0.05)
-        _assert_same(_sample(policy, "aot"), _sample(policy, "eager"))
+        decode_check.against_eager(policy, "aot", LOGPROB_TOL)
     finally:
         model.load_state_dict(saved)
 
@@ -184,6 +170,7 @@ def test_two_builders_of_one_package_build_it_once(policy, tmp_path, monkeypatch
         builds.append(path)
         time.sleep(0.3)
         path.write_bytes(b"package")
+        return path, 0.3
 
     monkeypatch.setattr(decode_package, "build", slow_build)
     path = tmp_path / "decode-x.pt2"
@@ -194,4 +181,4 @@ def test_two_builders_of_one_package_build_it_once(policy, tmp_path, monkeypatch
         w.start()
     for w in workers:
         w.join()
-    assert builds == [path] and sorted(results) == [False, True]
+    assert builds == [path] and sorted(results, key=str) == [0.3, None]

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from rlpipe.lm.policy import load_policy
-from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.lm.static_decode import BUCKET, StaticDecodeAdapter
 
 # Measured on the session's micro model (float32, 4 CPU kernels sets): max |log-prob diff| 5e-6
@@ -15,40 +14,27 @@ from rlpipe.lm.static_decode import BUCKET, StaticDecodeAdapter
 # uniform lands within that distance of a CDF step, which these fixed seeds do not hit.
 LOGPROB_TOL = 1e-4
 
-PROMPTS = ["Write a story that includes the word: cat\n", "Write a story", "The dog"]  # uneven: left padding
-
-
-def _sample(policy, decode: str, **kw):
-    params = SamplingParams(n=3, temperature=0.9, max_tokens=12, seed=7, **kw)
-    return generate(policy.model, policy.tokenizer, PROMPTS, params, decode=decode)
-
-
-def _assert_same(a, b):
-    assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
-    assert a.response_text == b.response_text
-    for x, y in zip(a.logprobs, b.logprobs, strict=True):
-        torch.testing.assert_close(x, y, atol=LOGPROB_TOL, rtol=0)
-
 
 @pytest.fixture(scope="module")
 def policy(tiny_base):
     return load_policy(tiny_base[0])
 
 
-def test_static_step_samples_what_the_eager_sampler_samples(policy):
-    _assert_same(_sample(policy, "static"), _sample(policy, "eager"))
+def test_static_step_samples_what_the_eager_sampler_samples(policy, decode_check):
+    decode_check.against_eager(policy, "static", LOGPROB_TOL)
 
 
-def test_static_step_with_stop_strings_and_min_tokens(policy):
+def test_static_step_with_stop_strings_and_min_tokens(policy, decode_check):
     kw = dict(stop=("was",), include_stop_str_in_output=True, min_tokens=2)
-    _assert_same(_sample(policy, "static", **kw), _sample(policy, "eager", **kw))
+    decode_check.against_eager(policy, "static", LOGPROB_TOL, **kw)
 
 
-def test_compiled_step_samples_what_the_eager_sampler_samples(policy):
+def test_compiled_step_samples_what_the_eager_sampler_samples(policy, decode_check):
     pytest.importorskip("torch._inductor")
-    eager = _sample(policy, "eager")
-    _assert_same(_sample(policy, "compiled"), eager)
-    _assert_same(_sample(policy, "compiled"), eager)  # the cached graph, called again
+    eager = decode_check.sample(policy, "eager")
+    decode_check.assert_same(decode_check.sample(policy, "compiled"), eager, LOGPROB_TOL)
+    # the cached graph, called again
+    decode_check.assert_same(decode_check.sample(policy, "compiled"), eager, LOGPROB_TOL)
 
 
 def test_cache_length_is_bucketed(policy):
@@ -58,6 +44,6 @@ def test_cache_length_is_bucketed(policy):
     assert adapter.keys.shape == (4, BUCKET) and adapter.cache.k[0].shape[2] == BUCKET
 
 
-def test_unknown_decode_is_refused(policy):
+def test_unknown_decode_is_refused(policy, decode_check):
     with pytest.raises(ValueError, match="decode must be one of"):
-        _sample(policy, "fast")
+        decode_check.sample(policy, "fast")

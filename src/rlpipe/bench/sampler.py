@@ -192,8 +192,8 @@ def _aot_rows(out: dict, model, eager, aot, flops: float, peak: float, repeats: 
     and the build time reported) against the eager sampler into ``out``; returns its seconds."""
     n_tok = out["batch"] * out["new_tokens"]
     path = decode_package.package_path(model)
-    t0 = time.perf_counter()
-    built_s = round(time.perf_counter() - t0, 1) if decode_package.ensure_built(model, path) else None
+    seconds = decode_package.ensure_built(model, path)
+    built_s = None if seconds is None else round(seconds, 1)
     aot()  # loads and checks the package
     eager_s, aot_s = _paired_median_seconds(eager, aot, repeats)
     out.update(aot_tokens_per_s=round(n_tok / aot_s, 1), aot_over_eager=round(eager_s / aot_s, 2),

@@ -306,8 +306,8 @@ def prepare_decode(checkpoint: str, s: BenchSettings, rlpipe_model: str) -> dict
         return None
     model = load_checkpoint(checkpoint, device="cpu").model
     path = decode_package.package_path(model)
-    t0 = time.perf_counter()
-    built_s = round(time.perf_counter() - t0, 2) if decode_package.ensure_built(model, path) else None
+    seconds = decode_package.ensure_built(model, path)
+    built_s = None if seconds is None else round(seconds, 2)
     decode_package.load(model, build_missing=False)
     return {"package": str(path), "built_here": built_s is not None, "build_s": built_s}
 

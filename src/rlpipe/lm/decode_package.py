@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
 from rlpipe.lm.model import TransformerLM
-from rlpipe.lm.static_decode import decode_step
+from rlpipe.lm.static_decode import decode_step, rope_cos_sin
 
 try:
     import fcntl
@@ -118,13 +118,12 @@ class _Bound(nn.Module):
 def _example(model: TransformerLM, N: int, S: int, seed: int = 0) -> tuple:
     """Step inputs for an (N, S) batch: random tokens, positions, key mask and cache."""
     cfg, g = model.config, torch.Generator().manual_seed(seed)
-    table = model.rope("cpu")
     at = torch.tensor([S // 2])
     keys = torch.rand(N, S, generator=g) > 0.3  # (N, S)
     keys[:, at] = True
     ks = [torch.randn(N, cfg.num_heads, S, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
     vs = [torch.randn(N, cfg.num_heads, S, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
-    return (table.real.contiguous(), table.imag.contiguous(), torch.randint(0, cfg.vocab_size, (N,), generator=g),
+    return (*rope_cos_sin(model, "cpu"), torch.randint(0, cfg.vocab_size, (N,), generator=g),
             torch.randint(0, S, (N,), generator=g), at, keys, ks, vs)
 
 
@@ -177,13 +176,13 @@ def _build_lock(path: Path):
         os.close(fd)
 
 
-def ensure_built(model, path: Path) -> bool:
-    """Build the package at ``path`` unless it exists, under the build lock; True if built here."""
+def ensure_built(model, path: Path) -> float | None:
+    """Build the package at ``path`` unless it exists, under the build lock; the build's seconds,
+    or None when it was already there."""
     with _build_lock(path):
         if path.exists():
-            return False
-        build(model, path)
-        return True
+            return None
+        return build(model, path)[1]
 
 
 @dataclass
@@ -255,13 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         path = package_path(check_model(model))
-        t0 = time.perf_counter()
-        if a.force:
-            build(model, path)
-        if a.force or ensure_built(model, path):
-            print(f"built {path} in {time.perf_counter() - t0:.1f} s")
-        else:
-            print(f"cached {path}")
+        seconds = build(model, path)[1] if a.force else ensure_built(model, path)
+        print(f"cached {path}" if seconds is None else f"built {path} in {seconds:.1f} s")
         load(model, build_missing=False)
     except DecodePackageError as e:
         print(f"rlpipe build-decode: {e}", file=sys.stderr)

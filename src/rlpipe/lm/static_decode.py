@@ -38,7 +38,7 @@ BUCKET = 32  # S is rounded up to a multiple of this (at most the context length
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _rope_tables(model: TransformerLM, device) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(model: TransformerLM, device) -> tuple[Tensor, Tensor]:
     """(context_length, Dh/2) float32 cos and sin: the real and imaginary parts of the model's own
     complex RoPE table."""
     table = model.rope(device)
@@ -108,7 +108,7 @@ class StaticDecodeAdapter:
             buf[:, :, self.L:].zero_()
         self.keys = torch.zeros(ids.shape[0] * n, S, dtype=torch.bool, device=ids.device)  # (N, S)
         self.keys[:, : self.L] = mask.repeat_interleave(n, dim=0)
-        self.cos, self.sin = _rope_tables(self.model, ids.device)
+        self.cos, self.sin = rope_cos_sin(self.model, ids.device)
         return logits.repeat_interleave(n, dim=0)  # (N, V)
 
     def step(self, tok: Tensor, pos: Tensor) -> Tensor:

@@ -5,7 +5,8 @@ too), so a violation fails here even if the offending code path never runs in a 
 
 - ``io`` <- ``config`` <- ``lm`` <- ``rl`` <- ``tasks`` <- ``trainer``; ``analysis`` sits beside
   them, imports only ``io`` and ``config``, and neither torch nor Ray (it must run where only
-  pandas is installed), and the trainer may import nothing of it but the run-output contract.
+  pandas is installed), and the trainer may import nothing of it but the run-output contract and
+  the flat-reward diagnosis (its end-of-run log line).
 - ``bench`` and ``cli`` sit on top; nothing imports them.
 - rlpipe modules are imported at module level; function-level imports are kept for heavy or
   optional third-party packages only (ray in library code, matplotlib, transformers, ...).
@@ -29,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "tasks": {"io", "config", "lm", "rl"},
     "analysis": {"io", "config"},  # config: pydantic and yaml only (a family's metadata)
     "provenance": {"analysis.contract"},  # torch only inside provenance(): importing it stays light
-    "trainer": {"io", "config", "lm", "rl", "tasks", "analysis.contract", "provenance"},
+    "trainer": {"io", "config", "lm", "rl", "tasks", "analysis.contract", "analysis.flat_reward", "provenance"},
     "grpo": {"rl"},
     "bench": {"io", "config", "lm", "rl", "tasks", "trainer", "analysis.contract", "provenance"},
     "cli": {"config"},

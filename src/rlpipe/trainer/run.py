@@ -62,6 +62,7 @@ import sys
 from pathlib import Path
 
 from rlpipe import io
+from rlpipe.analysis import flat_reward
 from rlpipe.analysis.contract import CHECKPOINT_FILE
 from rlpipe.config import (
     ConfigError,
@@ -371,4 +372,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlpipe train {a.variant}: error: {e}", file=sys.stderr, flush=True)
         return 1
     print(f"variant {a.variant}: {info['total_optimizer_steps']} steps, {info['total_samples']} samples -> {a.out}")
+    print(flat_reward.run_log_line(a.out, a.variant) or "validation reward: rose beyond its noise, or too few "
+          "validation points to tell", flush=True)
     return 0

@@ -1,0 +1,210 @@
+"""Why a run's validation reward did not rise: a diagnosis from its own metrics.
+
+``diagnose(metrics, val_size)`` reads one run's ``metrics.parquet`` (the run-output contract) and,
+when the validation reward did not rise beyond its noise, names the signal that explains it, with
+its numbers and what to try. The trainer prints it at the end of a run (``rlpipe train``'s log),
+``rlpipe aggregate`` puts it in the discussion page and the summary table, and ``rlpipe
+math-report`` in a track's numbers. Pure pandas: no torch, no Ray.
+
+Flat: the rise (the mean validation reward over the last half of the validation points minus the
+first one, step 0's) is below twice its standard error. For a reward in [0, 1] with mean p, one
+sample's variance is at most p(1 - p), so a validation mean over ``val_size`` prompts has a standard
+error of at most sqrt(p(1 - p) / val_size); without ``val_size`` (or for a reward outside [0, 1])
+the noise is read off the curve itself (the spread of successive differences), which needs three
+validation points.
+
+The signals, in the order they are named when several hold (the first is the likeliest root: a
+collapsed policy also gives identical rewards, and identical rewards also leave the log-probs still):
+
+==============  ==========================================  ===================================
+cause           signal (metrics column)                     threshold (``THRESHOLDS``)
+==============  ==========================================  ===================================
+saturated_0/1   mean training reward (reward/train_mean)    <= 0.05 or >= 0.95 (rewards in [0, 1])
+entropy         policy/entropy, last quarter / first        <= 0.25, or last <= 0.05 nats
+zero_std        mean reward/zero_std_frac                   >= 0.5 of the groups
+clip            mean loss/clip_frac                         >= 0.2 of the tokens
+lr_small        median kl/prev_k3 (KL between successive    <= 1e-5 per step and final
+                policies) and final kl/ref_k3               kl/ref_k3 <= 1e-3
+kl_drift        final kl/ref_k3                             >= 0.05 with no reward gain
+==============  ==========================================  ===================================
+
+The thresholds are our choices, not measured optima: each is a level at which the signal alone
+can stop GRPO from learning (half the groups giving no advantage halves the gradient; a KL of 1e-5
+nats per step is a log-prob change of about 0.3% per token), stated here so a reader can judge.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from rlpipe.analysis.contract import METRICS_FILE, RUN_CONFIG_FILE
+from rlpipe.analysis.frames import col
+
+#: signal thresholds (see the module docstring)
+THRESHOLDS = {
+    "saturated_low": 0.05, "saturated_high": 0.95, "entropy_ratio": 0.25, "entropy_floor": 0.05,
+    "zero_std_frac": 0.5, "clip_frac": 0.2, "prev_k3_small": 1e-5, "ref_k3_small": 1e-3, "ref_k3_drift": 0.05,
+}
+#: a rise below this many standard errors of itself is "flat"
+NOISE_SIGMAS = 2.0
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One signal that holds: its name, what was measured and what to try."""
+
+    name: str
+    evidence: str
+    advice: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A flat run: its rise and noise, and every cause that holds (``causes[0]`` the primary)."""
+
+    initial: float
+    final: float
+    rise: float
+    noise: float
+    causes: list[Cause] = field(default_factory=list)
+
+    @property
+    def cause(self) -> str:
+        return self.causes[0].name if self.causes else "unexplained"
+
+    def sentence(self, label: str = "this run") -> str:
+        head = (f"The validation reward of {label} did not rise beyond its noise ({self.initial:.3f} at step 0, "
+                f"{self.final:.3f} over the last half of the run: {self.rise:+.3f}, noise {self.noise:.3f}).")
+        if not self.causes:
+            return (f"{head} None of the signals (zero-variance groups, saturation, entropy, clipping, KL, the "
+                    "update's size) explains it: try more steps (train.n_grpo_steps) or a larger "
+                    "train.val_size to see a small gain.")
+        first = self.causes[0]
+        also = "; ".join(c.evidence for c in self.causes[1:])
+        return f"{head} Likely cause: {first.evidence}. Try: {first.advice}." + (f" Also: {also}." if also else "")
+
+    def to_json(self) -> dict:
+        return {"initial": self.initial, "final": self.final, "rise": self.rise, "noise": self.noise,
+                "cause": self.cause, "causes": [c.__dict__ for c in self.causes], "sentence": self.sentence()}
+
+
+def _train_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    return metrics[col(metrics, "step") >= 1] if "step" in metrics.columns else metrics
+
+
+def _mean(s: pd.Series) -> float:
+    s = s.dropna()
+    return float(s.mean()) if len(s) else math.nan
+
+
+def _quarter(s: pd.Series, last: bool) -> float:
+    s = s.dropna()
+    if not len(s):
+        return math.nan
+    n = max(1, len(s) // 4)
+    return float((s.iloc[-n:] if last else s.iloc[:n]).mean())
+
+
+def val_rise(metrics: pd.DataFrame, val_size: int | None = None) -> tuple[float, float, float, float] | None:
+    """(initial, final, rise, noise) of the validation reward, or None when it cannot be judged
+    (fewer than two validation points, or no ``val_size`` and fewer than three)."""
+    val = col(metrics.sort_values("step") if "step" in metrics.columns else metrics, "reward/val_mean").dropna()
+    if len(val) < 2:
+        return None
+    initial = float(val.iloc[0])
+    later = val.iloc[1:]
+    tail = later.iloc[len(later) // 2:]
+    final = float(tail.mean())
+    in_unit = bool(((val >= 0) & (val <= 1)).all())
+    if val_size and in_unit:
+        se0 = math.sqrt(max(initial * (1 - initial), 1e-12) / val_size)
+        se1 = math.sqrt(max(final * (1 - final), 1e-12) / (val_size * len(tail)))
+        noise = NOISE_SIGMAS * math.hypot(se0, se1)
+    elif len(val) >= 3:
+        point_se = float(np.diff(val.to_numpy()).std(ddof=0)) / math.sqrt(2)
+        noise = NOISE_SIGMAS * point_se * math.sqrt(1 + 1 / len(tail))
+    else:
+        return None
+    return initial, final, final - initial, noise
+
+
+def causes(metrics: pd.DataFrame) -> list[Cause]:
+    """Every signal of the module docstring's table that holds, in its order."""
+    t, rows = THRESHOLDS, _train_rows(metrics)
+    found = []
+    train_mean, val = _mean(col(rows, "reward/train_mean")), col(metrics, "reward/val_mean").dropna()
+    in_unit = bool(((val >= 0) & (val <= 1)).all()) and 0 <= train_mean <= 1
+    if in_unit and train_mean <= t["saturated_low"]:
+        found.append(Cause("saturated_0", f"the training reward averaged {train_mean:.3f}: almost no sample earns "
+                           "a reward, so almost every group gives zero advantage",
+                           "an easier task or a partial reward (a format reward beside the answer), a base model "
+                           "pretrained longer, or a larger train.group_size so that a group holds a success"))
+    elif in_unit and train_mean >= t["saturated_high"]:
+        found.append(Cause("saturated_1", f"the training reward averaged {train_mean:.3f}: the base model already "
+                           "solves the task, so there is nothing left to learn",
+                           "harder prompts or a stricter reward, to leave GRPO headroom"))
+    ent = col(rows, "policy/entropy")
+    e0, e1 = _quarter(ent, last=False), _quarter(ent, last=True)
+    if e0 > 0 and (e1 / e0 <= t["entropy_ratio"] or e1 <= t["entropy_floor"]):
+        found.append(Cause("entropy", f"the policy's entropy collapsed from {e0:.3f} to {e1:.3f} nats per token: it "
+                           "samples nearly one response per prompt",
+                           "a lower train.learning_rate, a higher train.sampling_temperature, or a KL penalty "
+                           "(train.kl_coef)"))
+    zero = _mean(col(rows, "reward/zero_std_frac"))
+    if zero >= t["zero_std_frac"]:
+        found.append(Cause("zero_std", f"{zero:.0%} of the groups had identical rewards (reward/zero_std_frac), "
+                           "and such a group gives zero advantage",
+                           "a larger train.group_size, a higher train.sampling_temperature, or partial credit in "
+                           "the reward"))
+    clip = _mean(col(rows, "loss/clip_frac"))
+    if clip >= t["clip_frac"]:
+        found.append(Cause("clip", f"{clip:.0%} of the tokens were clipped (loss/clip_frac): the updates leave "
+                           "the trust region and are cut off",
+                           "a lower train.learning_rate or train.epochs_per_rollout_batch, or a larger "
+                           "train.cliprange"))
+    prev = col(rows, "kl/prev_k3").dropna()
+    ref = col(rows, "kl/ref_k3").dropna()
+    ref_final = float(ref.iloc[-1]) if len(ref) else math.nan
+    prev_med = float(prev.median()) if len(prev) else math.nan
+    moved = prev_med if not math.isnan(prev_med) else ref_final
+    if not math.isnan(moved) and moved <= t["prev_k3_small"] and not ref_final > t["ref_k3_small"]:
+        found.append(Cause("lr_small", f"the updates barely moved the log-probs (KL between successive policies "
+                           f"{prev_med:.1e} per step, final KL to the reference {ref_final:.1e})",
+                           "a larger train.learning_rate (3-10x), or more train.epochs_per_rollout_batch"))
+    if ref_final >= t["ref_k3_drift"]:
+        found.append(Cause("kl_drift", f"the policy drifted from the reference (final KL {ref_final:.3f}) "
+                           "without a reward gain: what it changes is not what the reward pays for",
+                           "read the rollouts against the reward (it may be noisy or reward something else), "
+                           "and a lower train.learning_rate or a KL penalty (train.kl_coef)"))
+    return found
+
+
+def diagnose(metrics: pd.DataFrame, val_size: int | None = None) -> Diagnosis | None:
+    """The diagnosis of a run whose validation reward did not rise beyond its noise; None when it
+    rose, or when there are too few validation points to tell."""
+    rise = val_rise(metrics, val_size)
+    if rise is None or rise[2] >= rise[3]:
+        return None
+    initial, final, gain, noise = rise
+    return Diagnosis(initial, final, gain, noise, causes(metrics))
+
+
+def log_line(metrics: pd.DataFrame, val_size: int | None, label: str) -> str | None:
+    """The trainer's end-of-run line, or None when the reward rose."""
+    d = diagnose(metrics, val_size)
+    return None if d is None else f"flat reward: {d.sentence(label)}"
+
+
+def run_log_line(run_dir: str | Path, label: str) -> str | None:
+    """``log_line`` for a finished run directory: its metrics and its config's ``train.val_size``."""
+    d = Path(run_dir)
+    cfg_path = d / RUN_CONFIG_FILE
+    cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
+    val_size = ((cfg or {}).get("train") or {}).get("val_size")
+    return log_line(pd.read_parquet(d / METRICS_FILE), val_size, label)

@@ -7,6 +7,10 @@ a half-written output that Snakemake (or a resumed run) would mistake for a fini
 A write that fails part-way (disk full, file-size limit, I/O error) raises ``OutputWriteError``
 naming the destination; the temporary file is removed and the destination keeps its previous
 content, so a later step (or ``--resume``) still reads the last complete version.
+
+An output gets the mode any other program's new file would: ``0666`` less the process's umask
+(``0644`` under the usual ``022``, group-readable under ``002``), not the ``0600`` of the temporary
+file ``tempfile.mkstemp`` creates, so a group sharing a results directory can read it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,27 @@ def _write_failed(dest: Path, cause: BaseException) -> OutputWriteError:
     return err
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status), else by setting
+    and restoring it under a lock."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def output_mode() -> int:
+    """The permission bits of a new output file: 0666 less the umask."""
+    return 0o666 & ~_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success move it onto ``path``.
@@ -47,6 +73,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, output_mode())  # mkstemp made it 0600
         os.replace(tmp_path, dest)
     except OutputWriteError:
         raise

@@ -133,7 +133,8 @@ rule report_scaling:
 # rlpipe's colocated on-policy GRPO side by side with TRL's GRPOTrainer: the same
 # exported model, keyword task, prompts and settings (rlpipe.bench.trl says which cannot be equal).
 # Needs the optional `bench` extra (trl); without it the command writes {"skipped": true, ...} at
-# once, so the default pipeline does not pay for it. Not in all_targets: request it by path.
+# once, so the default pipeline does not pay for it. It is in all_targets (with the keyword track), and the
+# aggregate's discussion reads it.
 # lint: conda (no environment on purpose, see common.smk)
 # lint: CONFIG_FILE (a global, not a param: see common.smk)
 rule bench_trl:

@@ -7,7 +7,9 @@ each trained on ``replicates`` seeds. This module reads every replicate's run di
 - ``curves.png``: validation reward vs optimizer step and vs wall time, the mean over seeds with its
   95% band; with a sweep axis (``x``), the final reward against it.
 - ``health.png``: the GRPO health signals (``contract.HEALTH_COLUMNS``: entropy, response length,
-  grad norm, clip fraction, zero-std fraction, KL, format and answer reward) vs step, seed means.
+  grad norm, clip fraction, zero-std fraction, KL, format and answer reward) vs step, seed means,
+  each run smoothed over the same number of steps whatever its logging cadence
+  (``rlpipe.analysis.series``; ``curve_series`` and ``health_series`` are what the figures draw).
 - ``discussion.html``, ``summary.csv``, ``family.json``: the per-variant table (mean ± CI) and a
   discussion whose every sentence is computed from it.
 
@@ -69,7 +71,8 @@ from rlpipe.analysis.frames import col
 from rlpipe.analysis.mechanism import mechanism_sentences
 from rlpipe.analysis.plots import no_data, save
 from rlpipe.analysis.provenance import provenance_sentences
-from rlpipe.analysis.stats import MeanCI, mean_ci, welch_difference
+from rlpipe.analysis.series import band, replicate_frame
+from rlpipe.analysis.stats import MeanCI, welch_difference
 from rlpipe.config import ConfigError
 
 # --------------------------------------------------------------------------- sentences
@@ -158,21 +161,33 @@ def discussion(fam: Family) -> tuple[list[dict], list[str]]:
 # --------------------------------------------------------------------------- figures
 
 
-def _band(fam: Family, variant: str, column: str, smooth: int = 1) -> pd.DataFrame:
-    """Per step: the seed mean of ``column``, its 95% half-width, and the mean wall time."""
-    frames = []
+def replicates(fam: Family, variant: str, column: str, first_step: int = 0) -> list[pd.DataFrame]:
+    """Each replicate's logged (step, value, wall time) points of ``column`` from ``first_step`` on."""
+    out = []
     for r in fam.of(variant):
         m = r.run.metrics
-        d = pd.DataFrame({"step": m["step"], "y": col(m, column), "t": col(m, "wall_time")}).dropna(subset=["y"])
-        if smooth > 1:
-            d["y"] = d["y"].rolling(smooth, min_periods=1).mean()
-        frames.append(d.assign(seed=r.seed))
-    if not frames:
-        return pd.DataFrame(columns=["step", "mean", "half", "t"])
-    d = pd.concat(frames)
-    rows = [(step, mean_ci(g["y"]), g["t"].mean()) for step, g in d.groupby("step")]
-    return pd.DataFrame({"step": [s for s, _, _ in rows], "mean": [c.mean for _, c, _ in rows],
-                         "half": [c.half for _, c, _ in rows], "t": [t for _, _, t in rows]})
+        m = m[m["step"] >= first_step]
+        out.append(replicate_frame(m["step"], col(m, column), col(m, "wall_time")))
+    return out
+
+
+def _band(fam: Family, variant: str, column: str, smooth: int = 1, first_step: int = 0) -> pd.DataFrame:
+    """Per step: the seed mean of ``column`` smoothed over ``smooth`` steps (not rows: runs that log
+    at different cadences get the same window, ``rlpipe.analysis.series``), its 95% half-width and
+    the mean wall time."""
+    return band(replicates(fam, variant, column, first_step), smooth)
+
+
+def curve_series(fam: Family) -> dict[str, pd.DataFrame]:
+    """The validation-reward curve of each variant, as ``draw_curves`` draws it (no smoothing)."""
+    return {v: d for v in fam.variants if len(d := _band(fam, v, VAL))}
+
+
+def health_series(fam: Family) -> dict[tuple[str, str], pd.DataFrame]:
+    """(health column, variant) -> the curve ``draw_health`` draws: optimizer steps >= 1, smoothed
+    over ``SMOOTH_STEPS`` steps."""
+    return {(c, v): d for c in contract.HEALTH_COLUMNS for v in fam.variants
+            if len(d := _band(fam, v, c, SMOOTH_STEPS, first_step=1))}
 
 
 def _draw(ax, d: pd.DataFrame, x: str, color, label: str, marker: str | None = None) -> None:
@@ -186,9 +201,10 @@ def draw_curves(fam: Family, out: str | Path, notes: list[str]) -> None:
     panels = 3 if fam.x else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
     try:
+        series = curve_series(fam)
         for i, v in enumerate(fam.variants):
-            d = _band(fam, v, VAL)
-            if len(d):
+            if v in series:
+                d = series[v]
                 _draw(axes[0], d, "step", f"C{i % 10}", f"{v} (n={len(fam.of(v))})", "o")
                 _draw(axes[1], d, "t", f"C{i % 10}", v, "o")
         axes[0].set(title=f"{fam.name}: validation reward", xlabel="optimizer step", ylabel="mean reward")
@@ -222,14 +238,13 @@ def _draw_sweep(fam: Family, ax, notes: list[str]) -> None:
 
 def draw_health(fam: Family, out: str | Path, notes: list[str]) -> None:
     columns = list(contract.HEALTH_COLUMNS.items())
+    series = health_series(fam)
     fig, axes = plt.subplots(2, (len(columns) + 1) // 2, figsize=(4.2 * ((len(columns) + 1) // 2), 7))
     try:
         for ax, (column, label) in zip(axes.flat, columns, strict=False):
             for i, v in enumerate(fam.variants):
-                d = _band(fam, v, column, SMOOTH_STEPS)
-                d = d[d["step"] >= 1]
-                if len(d):
-                    _draw(ax, d, "step", f"C{i % 10}", v)
+                if (column, v) in series:
+                    _draw(ax, series[column, v], "step", f"C{i % 10}", v)
             ax.set(title=label, xlabel="optimizer step")
             if not ax.lines:
                 no_data(ax, f"{column} not logged by {fam.name}'s runs", notes)

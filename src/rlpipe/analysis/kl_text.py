@@ -8,7 +8,8 @@ Choices the seeds leave open:
 - A shape is named only when its fit reaches R^2 >= ``SHAPE_R2``; below it the section says no
   model fits and gives the curve's first and last values. A correlation over fewer than
   ``CORR_MIN_POINTS`` points is called an indication, not a finding; both state their n.
-- "Rapid growth": the step where the 5-point moving average of KL rises fastest.
+- "Rapid growth": the step where KL averaged over the trailing 5 steps (steps, not logged rows) rises
+  fastest.
 - Eq. 8's log ratio is the k1 estimator: unbiased but not non-negative, so a batch mean can dip
   below 0 while the true KL cannot; the section says so when the curve does.
 """
@@ -22,6 +23,7 @@ import pandas as pd
 
 from rlpipe.analysis.findings import single_runs
 from rlpipe.analysis.frames import last_valid
+from rlpipe.analysis.series import trailing_mean
 from rlpipe.analysis.summary_rows import first_row, has_columns, row_of
 from rlpipe.analysis.text_format import fnum, nan, section
 
@@ -70,11 +72,14 @@ def kl_curve(metrics: pd.DataFrame, variant: str) -> tuple[str | None, pd.DataFr
 
 
 def steepest_growth(df: pd.DataFrame, window: int = 5) -> tuple[int, float]:
-    d = df.dropna(subset=["kl"])
-    if len(d) < window + 1:
+    """(step, slope per step) where KL averaged over the trailing ``window`` steps (steps, not rows:
+    ``rlpipe.analysis.series.trailing_mean``) rises fastest; (-1, NaN) with fewer than two full windows."""
+    d = df.dropna(subset=["kl"]).sort_values("step")
+    if not len(d):
         return -1, math.nan
-    smooth = d["kl"].rolling(window, min_periods=window).mean()
-    slope = smooth.diff() / d["step"].diff()
+    smooth = pd.Series(trailing_mean(d["step"], d["kl"], window), index=d.index)
+    full = d["step"] >= d["step"].iloc[0] + window - 1  # a window that starts before the first point is partial
+    slope = (smooth.diff() / d["step"].diff())[full & full.shift(1, fill_value=False)]
     if slope.notna().sum() == 0:
         return -1, math.nan
     i = slope.idxmax()

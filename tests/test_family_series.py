@@ -1,0 +1,137 @@
+"""The family figures' series (rlpipe.analysis.series, rlpipe.analysis.families): runs that log at
+different cadences are smoothed over the same number of steps, and every line drawn ends at the
+metric's value at its last step, averaged over the smoothing window."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from rlpipe.analysis import contract, families, series
+from rlpipe.analysis.family_data import SMOOTH_STEPS, VAL
+
+STEPS = 20
+# The kl_drift case: the run with the penalty logs KL every step and sits near 0.126; the run
+# without it logs KL every 5th step and ends higher, at 0.163.
+PENALTY = {s: 0.10 + 0.0013 * s for s in range(1, STEPS + 1)}  # 0.126 at step 20
+NO_PENALTY = {5: 0.02, 10: 0.06, 15: 0.11, 20: 0.163}
+
+
+def test_window_counts_steps_not_rows():
+    pen = series.trailing_mean(list(PENALTY), list(PENALTY.values()), 5)
+    nopen = series.trailing_mean(list(NO_PENALTY), list(NO_PENALTY.values()), 5)
+    assert pen[-1] == pytest.approx(np.mean([PENALTY[s] for s in range(16, 21)]))
+    assert nopen[-1] == pytest.approx(0.163)  # one point in (15, 20]: drawn as logged
+    assert nopen[-1] > pen[-1]  # the run without the penalty ends higher, as its metrics do
+    # a 5-row window would have averaged steps 5-20 of the sparse run (0.088) and reversed the order
+    assert np.mean(list(NO_PENALTY.values())) < pen[-1]
+
+
+def test_band_aligns_cadences_on_steps_and_averages_seeds():
+    fast = series.replicate_frame(list(PENALTY), list(PENALTY.values()))
+    sparse = series.replicate_frame([0, 5, 10, 15, 20], [math.nan, *NO_PENALTY.values()])  # NaN dropped
+    assert list(sparse["step"]) == [5, 10, 15, 20]
+    b = series.band([sparse], 5)
+    assert list(b["step"]) == [5, 10, 15, 20] and list(b["mean"]) == pytest.approx(list(NO_PENALTY.values()))
+    assert b["half"].isna().all()  # one replicate: no interval
+    two = series.band([fast, fast.assign(y=fast["y"] + 0.02)], 5)  # two seeds: the mean is between them
+    last = two[two["step"] == 20].iloc[0]
+    assert last["mean"] == pytest.approx(series.window_value(fast, 20, 5) + 0.01)
+    assert last["half"] > 0
+
+
+def _metric(variant: str, seed: int, column: str, step: int) -> float:
+    """A known, distinct value of every metric: rising in the step, shifted by seed and variant."""
+    base = 1.0 + 0.1 * list(contract.HEALTH_COLUMNS).index(column) if column in contract.HEALTH_COLUMNS else 0.2
+    return base + 0.01 * step + 0.003 * seed + (0.05 if variant == "sparse" else 0.0) + 0.001 * (step % 3)
+
+
+def _write_run(d, variant: str, seed: int, every: int):
+    """A replicate that logs the health signals every ``every`` steps and validates every 10."""
+    d.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for step in range(STEPS + 1):
+        row = {c: math.nan for c in contract.METRIC_COLUMNS}
+        row.update(step=step, policy_version=step, wall_time=3.0 * step, samples=8 * step)
+        if step % 10 == 0:
+            row[VAL] = _metric(variant, seed, VAL, step)
+        if step and step % every == 0:
+            row.update({c: _metric(variant, seed, c, step) for c in contract.HEALTH_COLUMNS})
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=list(contract.METRIC_COLUMNS))
+    df.astype({c: "int64" for c in contract.METRIC_INT_COLUMNS}).to_parquet(d / contract.METRICS_FILE)
+    info = {"variant": variant, "mode": "colocated_sync", "devices": 1, "device_type": "cpu", "wall_time_s": 60.0,
+            "total_samples": 160, "total_optimizer_steps": STEPS, "finished": True,
+            "config": {"seed": seed, "val_size": 64}}
+    (d / contract.RUN_INFO_FILE).write_text(json.dumps(info))
+
+
+@pytest.fixture
+def fam(tmp_path):
+    cfg = {"workflow": {"tracks": ["keyword"]},
+           "families": {"fam": {"track": "keyword", "question": "Q?", "base": {"n_grpo_steps": STEPS},
+                                "replicates": 2, "variants": {"dense": {}, "sparse": {"kl_coef": 0.05}}}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    runs = []
+    for variant, every in (("dense", 1), ("sparse", 5)):
+        for seed in range(2):
+            d = tmp_path / "runs" / variant / f"seed{seed}"
+            _write_run(d, variant, seed, every)
+            runs.append((variant, seed, str(d)))
+    return families.load_family(str(tmp_path / "c.yaml"), "fam", runs)
+
+
+def _expected(variant: str, column: str, step: int, every: int, window: int) -> float:
+    """The seed mean of the metric over the logged steps in (step - window, step]."""
+    logged = [s for s in range(1, step + 1) if s > step - window and s % every == 0]
+    return float(np.mean([np.mean([_metric(variant, seed, column, s) for s in logged]) for seed in range(2)]))
+
+
+def _drawn(monkeypatch, draw, fam, tmp_path) -> dict[str, dict[str, np.ndarray]]:
+    """Axis title -> line label -> the (x, y) points handed to matplotlib."""
+    seen: dict[str, dict[str, np.ndarray]] = {}
+
+    def capture(fig, out):
+        for ax in fig.axes:
+            seen[ax.get_title()] = {ln.get_label(): ln.get_xydata() for ln in ax.get_lines()}
+    monkeypatch.setattr(families, "save", capture)
+    draw(fam, tmp_path / "x.png", [])
+    return seen
+
+
+def test_every_health_line_ends_at_the_metric_over_its_window(fam, tmp_path, monkeypatch):
+    drawn = _drawn(monkeypatch, families.draw_health, fam, tmp_path)
+    cadence = {"dense": 1, "sparse": 5}
+    checked = 0
+    for column, title in contract.HEALTH_COLUMNS.items():
+        for variant, every in cadence.items():
+            xy = drawn[title][variant]
+            assert xy[-1, 0] == STEPS
+            assert xy[-1, 1] == pytest.approx(_expected(variant, column, STEPS, every, SMOOTH_STEPS)), (column, variant)
+            assert list(xy[:, 0]) == [s for s in range(1, STEPS + 1) if s % every == 0]  # drawn where logged
+            checked += 1
+    assert checked == 2 * len(contract.HEALTH_COLUMNS)
+
+
+def test_every_reward_curve_ends_at_the_last_validation(fam, tmp_path, monkeypatch):
+    drawn = _drawn(monkeypatch, families.draw_curves, fam, tmp_path)
+    by_step = drawn["fam: validation reward"]
+    by_time = drawn["vs wall-clock time"]
+    for variant in ("dense", "sparse"):
+        want = _expected(variant, VAL, STEPS, 10, 1)
+        step_line = next(xy for label, xy in by_step.items() if label.startswith(variant + " "))
+        assert step_line[-1] == pytest.approx([STEPS, want])
+        assert by_time[variant][-1] == pytest.approx([3.0 * STEPS, want])
+
+
+def test_kl_steepest_growth_averages_over_steps():
+    """KL logged every 5th step jumps by 0.5 between steps 20 and 25: a 5-step window holds one
+    point, so the slope there is 0.5 / 5 = 0.1 per step (a 5-row window would spread it over 25 steps)."""
+    from rlpipe.analysis.kl_text import steepest_growth
+    steps = list(range(5, 45, 5))
+    df = pd.DataFrame({"step": steps, "kl": [0.0 if s <= 20 else 0.5 for s in steps]})
+    step, slope = steepest_growth(df)
+    assert step == 25 and slope == pytest.approx(0.1)

@@ -53,6 +53,7 @@ import pandas as pd
 from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.analysis.aggregate import AggregateError
+from rlpipe.analysis.expectations import CADENCE_KEYS, expectation_sentences, flatten
 from rlpipe.analysis.family_answer import answer
 from rlpipe.analysis.family_data import (
     SMOOTH_STEPS,
@@ -72,7 +73,7 @@ from rlpipe.analysis.mechanism import mechanism_sentences
 from rlpipe.analysis.plots import no_data, save
 from rlpipe.analysis.provenance import provenance_sentences
 from rlpipe.analysis.series import band, replicate_frame
-from rlpipe.analysis.stats import MeanCI, welch_difference
+from rlpipe.analysis.stats import MeanCI, interval_phrase, welch_difference
 from rlpipe.config import ConfigError
 
 # --------------------------------------------------------------------------- sentences
@@ -85,7 +86,7 @@ def _signed(x: float) -> str:
 def reward_sentences(fam: Family, comps: list[dict]) -> list[str]:
     finals = {v: stat(fam, v, "val_reward_final") for v in fam.variants}
     ranked = sorted((v for v in fam.variants if finals[v].n), key=lambda v: -finals[v].mean)
-    out = ["Final validation reward (mean ± 95% CI over seeds): "
+    out = [f"Final validation reward ({interval_phrase(finals[v].n for v in ranked)}): "
            + "; ".join(f"{v} {finals[v].fmt()}" for v in ranked) + "."]
     for c in comps:
         v = c["variant"]
@@ -145,14 +146,16 @@ def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
     shares = [(v, stat(fam, v, "share_generate"), stat(fam, v, "share_update")) for v in fam.variants]
     shares = [(v, g, u) for v, g, u in shares if g.n and math.isfinite(g.mean)]
     if shares:
-        out.append("Share of the driver's step time in generation / update (mean ± 95% CI): "
+        ci = interval_phrase(g.n for _, g, _ in shares)
+        out.append(f"Share of the driver's step time in generation / update ({ci}): "
                    + "; ".join(f"{v} {g.fmt('.2f')} / {u.fmt('.2f')}" for v, g, u in shares) + ".")
     return out
 
 
 def discussion(fam: Family) -> tuple[list[dict], list[str]]:
     comps = [comparison(fam, v) for v in fam.variants if v != fam.reference and fam.of(v)]
-    sentences = reward_sentences(fam, comps) + mechanism_sentences(fam) + health_sentences(fam)
+    sentences = (reward_sentences(fam, comps) + mechanism_sentences(fam) + expectation_sentences(fam)
+                 + health_sentences(fam))
     sentences += speed_sentences(fam, comps)
     sentences += provenance_sentences(pd.DataFrame([r.row for r in fam.runs]), "runs of this family")
     return comps, sentences
@@ -302,12 +305,26 @@ def build(fam: Family, out_dir: str | Path) -> dict:
     io.write_text(out / files["table"], tab.to_csv(index=False))
     numbers = {"family": fam.name, "question": fam.question, "reference": fam.reference, "x": fam.x,
                "replicates": fam.replicates,
-               "variants": {r["variant"]: {k: r[k] for k in tab.columns if k != "variant"} for r in table_rows(tab)},
+               "variants": {r["variant"]: {**{k: r[k] for k in tab.columns if k != "variant"},
+                                           "settings": scale_settings(fam, r["variant"])} for r in table_rows(tab)},
                "comparisons": comps, "sentences": sentences, "notes": notes, "health": health_numbers(fam)}
     numbers["answer"] = answer(numbers)
     io.write_text(out / files["discussion"], page(fam, tab, sentences, notes, numbers["answer"]))
     io.write_json(out / files["numbers"], numbers)
     return numbers
+
+
+SCALE_KEYS = ("n_grpo_steps", "rollout_batch_size", "group_size", "train_batch_size", "epochs_per_rollout_batch",
+              "learning_rate", "val_size", "sampling_max_tokens")
+
+
+def scale_settings(fam: Family, variant: str) -> dict:
+    """The variant's settings a written answer quotes (its scale against the seeds' protocols, and
+    the settings the family varies): ``family.json`` ``variants.<v>.settings``."""
+    flat = flatten(fam.settings.get(variant, {}))
+    others = [flatten(fam.settings.get(v, {})) for v in fam.variants]
+    varied = {k for k in flat if len({repr(o.get(k)) for o in others}) > 1} - CADENCE_KEYS
+    return {k: flat[k] for k in (*SCALE_KEYS, *sorted(varied)) if k in flat}
 
 
 def table_rows(tab: pd.DataFrame) -> list[dict]:

@@ -10,7 +10,9 @@ including any other metrics that have a noticeable trend"):
    honesty rule (``rlpipe.analysis.findings``: replicated, beyond the interval, not contended);
 3. collapses: a variant that diverged, with its entropy before and after;
 4. the mechanism: the health signal that differs most between variants at the end of training
-   (at least ``SIGNAL_GAP`` times), with what moves it;
+   (at least ``SIGNAL_GAP`` times), then each expected effect of the varied setting, stated as
+   shown only when the runs show its direction (``rlpipe.analysis.expectations``), and a grad
+   norm that collapsed to about 0 (below ``STALLED`` of its start) with its cause;
 5. the caveat: the mechanism checks that fired (the comparison cannot answer its question here),
    and the number of seeds.
 
@@ -23,19 +25,14 @@ from __future__ import annotations
 import math
 
 from rlpipe.analysis.contract import HEALTH_COLUMNS
+from rlpipe.analysis.expectations import PREFIX_NOT_SHOWN, PREFIX_SHOWN
 from rlpipe.analysis.findings import FINDING, UNREPLICATED, Verdict
+from rlpipe.analysis.stats import interval_phrase
 
 SIGNAL_GAP = 1.5  # largest / smallest end value of a health signal before it is named
 SIGNALS = ("optim/grad_norm", "policy/entropy", "response/length_mean", "loss/clip_frac")
-WHY = {
-    "optim/grad_norm": ("the gradient scales with the advantages' size and the number of tokens summed, so a "
-                        "missing baseline, no std normalisation, a sum over tokens or a policy that moves fast "
-                        "all raise it"),
-    "policy/entropy": "falling entropy is the policy sharpening on what earns reward; rising entropy is it "
-                      "losing what it learnt",
-    "response/length_mean": "the loss's length weighting and the reward's format demands move the length",
-    "loss/clip_frac": "the clip binds more when the policy moves further from the one that sampled the batch",
-}
+STALLED = 0.01  # a grad norm whose last fifth is below this fraction of its first fifth has collapsed
+ALL_TIED = 0.99  # zero-std group fraction at which every group gave one reward to all its responses
 
 
 def _fmt(x, spec: str = ".3f") -> str:
@@ -63,8 +60,9 @@ def trend_sentence(numbers: dict) -> str | None:
                 + ", ".join(f"{vs[k]['x']:g}: {_final(vs[k])}" for k in order)
                 + f"; it peaks {where} ({x} = {vs[best]['x']:g}).")
     ranked = sorted(vs, key=lambda k: -vs[k]["val_reward_final_mean"])
+    ns = [vs[k].get("val_reward_final_n") or vs[k].get("replicates") for k in ranked]
     return (f"{ranked[0]} ends highest ({_final(vs[ranked[0]])}) and {ranked[-1]} lowest "
-            f"({_final(vs[ranked[-1]])}) in final validation reward (mean ± 95% CI over seeds).")
+            f"({_final(vs[ranked[-1]])}) in final validation reward ({interval_phrase(ns)}).")
 
 
 def size_sentence(numbers: dict) -> str | None:
@@ -112,16 +110,44 @@ def signal_sentence(numbers: dict) -> str | None:
     if not found:
         return ("No health signal (grad norm, entropy, response length, clip fraction) differs by "
                 f"{SIGNAL_GAP}x or more between variants at the end of training." if health else None)
-    parts = [f"{HEALTH_COLUMNS[c]}: {hi} {_fmt(e[hi], '.3g')} vs {lo} {_fmt(e[lo], '.3g')} ({g:.1f}x), since {WHY[c]}"
+    parts = [f"{HEALTH_COLUMNS[c]}: {hi} {_fmt(e[hi], '.3g')} vs {lo} {_fmt(e[lo], '.3g')} ({g:.1f}x)"
              for g, c, hi, lo, e in sorted(found, key=lambda t: -t[0])[:2]]
     return ("The health signals that differ most between variants over the last fifth of steps (seed means, no "
             "interval) are " + "; and ".join(parts) + ".")
 
 
+def expected_sentences(numbers: dict) -> list[str]:
+    """The family page's expected-effect sentences (``rlpipe.analysis.expectations``): each names a
+    direction and says whether the runs show it."""
+    return [s for s in numbers.get("sentences") or [] if s.startswith((PREFIX_SHOWN, PREFIX_NOT_SHOWN))]
+
+
+def stalled_sentence(numbers: dict) -> str | None:
+    """A grad norm that collapsed to about 0, with what the zero-std group fraction says about why."""
+    parts = []
+    for v, h in (numbers.get("health") or {}).items():
+        first, last = (h.get("optim/grad_norm") or [math.nan, math.nan])[:2]
+        if not (isinstance(first, (int, float)) and first > 0 and isinstance(last, (int, float))
+                and last < STALLED * first):
+            continue
+        tied = (h.get("reward/zero_std_frac") or [math.nan, math.nan])[1]
+        why = ("its zero-std group fraction ended at " + _fmt(tied, ".2f") + ": every group gave one reward to all "
+               "its responses, so every advantage and hence the gradient was 0 and learning stopped"
+               if isinstance(tied, (int, float)) and tied >= ALL_TIED else
+               "a gradient of 0 means the advantages were 0, every group giving one reward to all its responses"
+               + (f" (its zero-std group fraction ended at {_fmt(tied, '.2f')}, so that is not the whole cause)"
+                  if isinstance(tied, (int, float)) and math.isfinite(tied) else ""))
+        parts.append(f"{v}'s grad norm collapsed from {_fmt(first, '.3g')} to {_fmt(last, '.3g')} (first vs last "
+                     f"fifth of steps): {why}")
+    return "; ".join(parts) + "." if parts else None
+
+
 def caveat_sentence(numbers: dict) -> str:
     checks = [s.split(". ")[0].removeprefix("Mechanism check: ") for s in numbers.get("sentences") or []
               if s.startswith("Mechanism check:")]
-    seeds = f"Each variant ran on {numbers.get('replicates')} seed(s)."
+    n = numbers.get("replicates")
+    seeds = ("Each variant ran on one seed, so nothing here is replicated." if n == 1 else
+             f"Each variant ran on {n} seeds.")
     if not checks:
         return seeds
     return (seeds + " Caveat: this comparison cannot fully answer its question at this scale, because "
@@ -131,7 +157,7 @@ def caveat_sentence(numbers: dict) -> str:
 def answer(numbers: dict) -> list[str]:
     """The family's written answer (see the module docstring); never empty."""
     out = [s for s in (trend_sentence(numbers), size_sentence(numbers), collapse_sentence(numbers),
-                       signal_sentence(numbers)) if s]
+                       signal_sentence(numbers), *expected_sentences(numbers), stalled_sentence(numbers)) if s]
     if not out:
         out = [f"No data: no variant of {numbers.get('family')} logged a final validation reward."]
     return out + [caveat_sentence(numbers)]

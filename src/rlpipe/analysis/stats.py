@@ -160,3 +160,35 @@ def binomial_half_width(p: float, n: int) -> float:
         return math.nan
     p = min(max(p, 0.0), 1.0)
     return Z975 * math.sqrt(max(p * (1 - p), 1.0 / (4 * n)) / n)
+
+
+def _counts(ns: Iterable[int]) -> list[int]:
+    return [int(n) for n in ns if isinstance(n, (int, float)) and math.isfinite(n) and n > 0]
+
+
+def seeds_phrase(ns: Iterable[int]) -> str:
+    """How many seeds stand behind a set of numbers (``ns``: each number's seed count), for a
+    sentence: "one seed each" when none is replicated, never "replicated" below two seeds."""
+    ns = _counts(ns)
+    if not ns:
+        return "no seed"
+    lo, hi = min(ns), max(ns)
+    if hi < 2:
+        return "one seed each, so not replicated"
+    if lo < 2:
+        return f"seed means over 1 to {hi} seeds; a number from one seed is not replicated"
+    return f"seed means over {lo} seeds" if lo == hi else f"seed means over {lo} to {hi} seeds"
+
+
+def interval_phrase(ns: Iterable[int]) -> str:
+    """The parenthesis after a list of values: "mean ± 95% CI over 3 seeds" only when every value has
+    two or more seeds, "one seed each, no interval" when none has, a mix said as a mix."""
+    ns = _counts(ns)
+    if not ns:
+        return "no seed"
+    lo, hi = min(ns), max(ns)
+    if hi < 2:
+        return "one seed each, no interval"
+    if lo < 2:
+        return "mean ± 95% CI over seeds where a variant has two or more; one seed, no interval, otherwise"
+    return f"mean ± 95% CI over {lo} seeds" if lo == hi else f"mean ± 95% CI over {lo} to {hi} seeds"

@@ -34,7 +34,10 @@ Windows, read when ``ray`` is imported: ``_init_ray`` sets it for the Ray proces
 in this process for the duration of ``ray.init``). With it, and no dashboard (unless
 ``ray.include_dashboard``, then on 127.0.0.1), the GCS, the raylet, the object manager, the
 dashboard and runtime-env agents, the metrics exporters and every worker bind 127.0.0.1 (a test
-lists the listening sockets of a run's processes). Other users of the same machine can still reach
+lists the listening sockets of a run's processes). Of Ray's three Prometheus exporters, which answer
+without the token, the node's is off (no metrics collection) and the other two, which Ray cannot
+switch off, listen on ephemeral ports instead of fixed ones (``LOCAL_RAY_SYSTEM_CONFIG``,
+``METRICS_PORT_VARIABLES``). Other users of the same machine can still reach
 loopback: what protects the servers from them is Ray's token authentication, on by default since
 2.5x (every RPC needs the session's token), so ``_init_ray`` refuses to start a local instance with
 ``RAY_AUTH_MODE=disabled``. It always starts its own (``address="local"``): a plain ``ray.init()``
@@ -161,6 +164,16 @@ def _check_resumable(out_dir: str) -> None:
         raise ResumeError(f"cannot resume {out_dir}: {e}; {fix}") from None
 
 
+#: A local instance collects no metrics: nothing reads them (rlpipe records its own), and the node's
+#: Prometheus exporter (the dashboard agent's) then does not start at all.
+LOCAL_RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False}
+#: Ray 2.60 has no switch for the two other exporters (the dashboard head's, which runs even with
+#: include_dashboard false, and the autoscaler monitor's): these variables, read by those processes
+#: when they start, move them from their fixed ports (44227, 44217) to ephemeral ones, so two runs on
+#: one machine do not collide and nothing answers at a well-known port; they stay on loopback.
+METRICS_PORT_VARIABLES = ("DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")
+
+
 def _init_ray(cfg, num_cpus: float):
     """Start a local Ray instance, or attach to ``ray.address``. For a local one, the watchdog that
     stops it if this process is killed (``rlpipe.trainer.ray_reaper``); None when attached."""
@@ -187,10 +200,12 @@ def _init_ray(cfg, num_cpus: float):
     # but its agent adds ~0.8 s to every actor start (measured side by side; ray.init unchanged),
     # paid by each actor of the default pipeline's ~35 runs.
     os.environ.setdefault("PYTHONWARNINGS", quiet)
+    for name in METRICS_PORT_VARIABLES:  # see METRICS_PORT_VARIABLES
+        os.environ.setdefault(name, "0")
     with _loopback_only():
         ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
                  dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
-                 logging_level=logging.WARNING, configure_logging=True)
+                 logging_level=logging.WARNING, configure_logging=True, _system_config=LOCAL_RAY_SYSTEM_CONFIG)
     return ray_reaper.start(ray._private.worker.global_worker.node.get_session_dir_path())
 
 

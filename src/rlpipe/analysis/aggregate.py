@@ -10,7 +10,14 @@
 - ``weight_sync.parquet``: median sync latency per transport, from the runs and the bench JSON
   (read by ``rlpipe.analysis.bench_read``);
 - ``discussion.json`` / ``discussion.html``: the report's sentences, numbers computed from the
-  above (``rlpipe.analysis.report_text``).
+  above (``rlpipe.analysis.report_text``), opened, when a run calls for it, by a "Run health"
+  section: each partial run, and each run whose validation reward did not rise beyond its noise
+  with the signal that explains it (``rlpipe.analysis.flat_reward``).
+
+A partial run (its run_info says ``finished: false``, it has no run_info at all, or it recorded
+fewer optimizer steps than its config's ``train.n_grpo_steps``) is kept, flagged in the table
+(``partial``, ``steps_done``, ``steps_planned``), in the health section and on stderr: its numbers
+cover only the steps it ran.
 
 Definitions (the seeds name the quantities, not their formulas; these are our choices):
 
@@ -43,13 +50,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from rlpipe import io
-from rlpipe.analysis import contract, report_text
+from rlpipe.analysis import contract, flat_reward, report_text
 from rlpipe.analysis.bench_read import read_bench_any, read_bench_weight_sync, sync_label
 from rlpipe.analysis.contract import (
     EVENT_COLUMNS,
@@ -66,6 +75,7 @@ from rlpipe.analysis.contract import (
 from rlpipe.analysis.frames import col, last_valid
 from rlpipe.analysis.provenance import provenance_stats
 from rlpipe.analysis.summary_table import table_html
+from rlpipe.analysis.text_format import section
 
 # summary-table column -> the metrics column whose last value it reports
 KL_FINAL_COLUMNS = {
@@ -90,6 +100,7 @@ class RunData:
     versions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(VERSION_COLUMNS)))
     rollouts: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)  # the run's resolved config.yaml (its train section)
 
 
 # --------------------------------------------------------------------------- reading
@@ -113,6 +124,8 @@ def load_run(run_dir: str | Path, variant: str | None = None) -> RunData:
     info_path, rollouts_path = d / contract.RUN_INFO_FILE, d / contract.ROLLOUTS_FILE
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     rollouts = io.read_jsonl(rollouts_path) if rollouts_path.exists() else []
+    config_path = d / contract.RUN_CONFIG_FILE
+    config = (yaml.safe_load(config_path.read_text()) or {}) if config_path.exists() else {}
     return RunData(
         variant=variant or info.get("variant") or d.name,
         metrics=metrics.sort_values("step").reset_index(drop=True),
@@ -120,6 +133,7 @@ def load_run(run_dir: str | Path, variant: str | None = None) -> RunData:
         versions=_read_parquet(d / contract.VERSIONS_FILE, VERSION_COLUMNS),
         rollouts=rollouts,
         info=info,
+        config=config if isinstance(config, dict) else {},
     )
 
 
@@ -145,6 +159,45 @@ def reward_stats(metrics: pd.DataFrame) -> dict:
         "val_reward_best": float(valid.max()) if len(valid) else math.nan,
         "best_step": int(metrics.loc[best_idx, "step"]) if best_idx is not None else -1,
     }
+
+
+def completeness(run: RunData) -> dict:
+    """Steps the run recorded and planned, and whether it is partial (see the module docstring)."""
+    steps = col(run.metrics, "step")
+    done = run.info.get("total_optimizer_steps")
+    done = int(done) if isinstance(done, int) else (int(steps.max()) if steps.notna().any() else 0)
+    planned = (run.info.get("config") or {}).get("n_grpo_steps") or (run.config.get("train") or {}).get("n_grpo_steps")
+    planned = int(planned) if isinstance(planned, int) else -1
+    partial = not run.info.get("finished", False) or (planned > 0 and done < planned)
+    return {"steps_done": done, "steps_planned": planned, "partial": partial}
+
+
+def partial_sentence(variant: str, c: dict, info: dict) -> str:
+    why = ("it has no run_info.json (the run stopped before its end)" if not info else
+           "its run_info says finished: false" if not info.get("finished", False) else "it stopped early")
+    plan = f" of {c['steps_planned']}" if c["steps_planned"] > 0 else ""
+    return (f"Partial run: {variant} recorded {c['steps_done']}{plan} optimizer steps ({why}); its numbers cover "
+            "only those steps. Rerun it to completion (the workflow resumes it from its last checkpoint).")
+
+
+def flat_diagnosis(run: RunData) -> flat_reward.Diagnosis | None:
+    return flat_reward.diagnose(run.metrics, (run.config.get("train") or {}).get("val_size"))
+
+
+def health_section(runs: list[RunData]) -> dict | None:
+    """The "Run health" section: partial runs, then flat runs with their cause; None when neither."""
+    sentences, numbers = [], {}
+    for r in runs:
+        c = completeness(r)
+        if c["partial"]:
+            sentences.append(partial_sentence(r.variant, c, r.info))
+            numbers[f"{r.variant}/partial"] = c
+    for r in runs:
+        d = flat_diagnosis(r)
+        if d is not None:
+            sentences.append(d.sentence(r.variant))
+            numbers[f"{r.variant}/flat_reward"] = d.to_json()
+    return section("run_health", "Run health: partial runs and flat rewards", sentences, numbers) if sentences else None
 
 
 def phase_seconds(run: RunData) -> dict[str, float]:
@@ -238,6 +291,8 @@ def run_row(run: RunData) -> dict:
         "kl_coef": float((info.get("config") or {}).get("kl_coef", math.nan)),
         "transport": info.get("transport") or "unknown",
         "finished": bool(info.get("finished", False)),
+        **completeness(run),
+        "flat_reward": getattr(flat_diagnosis(run), "cause", ""),
         **reward_stats(run.metrics),
         "wall_time_s": wall,
         "total_samples": samples,
@@ -347,6 +402,9 @@ def write_summary(runs: list[RunData], out: str | Path, reference: str, bench_fi
     io.write_text(files["table_csv"], table.to_csv(index=False))
     io.write_text(files["table_html"], table_html(table))
     disc = report_text.discussion(table, metrics, versions, sync, reference, read_bench_any(bench_files), rollouts)
+    health = health_section(runs)
+    if health is not None:
+        disc["sections"].insert(0, health)
     io.write_json(files["discussion_json"], disc)
     io.write_text(files["discussion_html"], report_text.render_html(disc))
     return table
@@ -364,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         raise AggregateError(f"--runs {args.runs}: no run directory with {contract.METRICS_FILE}")
     table = write_summary(runs, args.out, args.reference, [b for b in args.bench if Path(b).exists()])
+    for r in runs:
+        c = completeness(r)
+        if c["partial"]:
+            print(f"rlpipe aggregate: warning: {partial_sentence(r.variant, c, r.info)}", file=sys.stderr)
     print(table[["variant", "val_reward_final", "wall_time_s", "samples_per_s", "speedup_vs_ref"]].to_string())
     return 0
 

@@ -10,8 +10,8 @@ Flat: the rise (the mean validation reward over the last half of the validation 
 first one, step 0's) is below twice its standard error. For a reward in [0, 1] with mean p, one
 sample's variance is at most p(1 - p), so a validation mean over ``val_size`` prompts has a standard
 error of at most sqrt(p(1 - p) / val_size); without ``val_size`` (or for a reward outside [0, 1])
-the noise is read off the curve itself (the spread of successive differences), which needs three
-validation points.
+the noise is read off the curve itself (the points' scatter around a straight-line fit), which
+needs five validation points.
 
 The signals, in the order they are named when several hold (the first is the likeliest root: a
 collapsed policy also gives identical rewards, and identical rewards also leave the log-probs still):
@@ -53,6 +53,8 @@ THRESHOLDS = {
 }
 #: a rise below this many standard errors of itself is "flat"
 NOISE_SIGMAS = 2.0
+#: validation points needed to read the noise off the curve (without val_size)
+CURVE_POINTS = 5
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def _quarter(s: pd.Series, last: bool) -> float:
 
 def val_rise(metrics: pd.DataFrame, val_size: int | None = None) -> tuple[float, float, float, float] | None:
     """(initial, final, rise, noise) of the validation reward, or None when it cannot be judged
-    (fewer than two validation points, or no ``val_size`` and fewer than three)."""
+    (fewer than two validation points, or no ``val_size`` and fewer than ``CURVE_POINTS``)."""
     val = col(metrics.sort_values("step") if "step" in metrics.columns else metrics, "reward/val_mean").dropna()
     if len(val) < 2:
         return None
@@ -126,8 +128,11 @@ def val_rise(metrics: pd.DataFrame, val_size: int | None = None) -> tuple[float,
         se0 = math.sqrt(max(initial * (1 - initial), 1e-12) / val_size)
         se1 = math.sqrt(max(final * (1 - final), 1e-12) / (val_size * len(tail)))
         noise = NOISE_SIGMAS * math.hypot(se0, se1)
-    elif len(val) >= 3:
-        point_se = float(np.diff(val.to_numpy()).std(ddof=0)) / math.sqrt(2)
+    elif len(val) >= CURVE_POINTS:
+        y = val.to_numpy()
+        x = np.arange(len(y), dtype=float)
+        resid = y - np.polyval(np.polyfit(x, y, 1), x)  # scatter around the trend, not the trend
+        point_se = math.sqrt(float(resid @ resid) / (len(y) - 2))
         noise = NOISE_SIGMAS * point_se * math.sqrt(1 + 1 / len(tail))
     else:
         return None

@@ -91,3 +91,41 @@ def test_always_fails_clearly_when_there_is_nothing_to_resume(tmp_path, setup, w
 def test_unknown_mode_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="--resume"):
         decide(tmp_path, "abc", "maybe")
+
+
+def test_operational_settings_leave_the_fingerprint_alone():
+    """Raising a timeout (the troubleshooting page's remedy), a thread count or a logging interval
+    resumes the run; an identity key starts it afresh."""
+    fp = run_fingerprint(TRAIN, MODEL, "k4")
+    for key, value in [("ray_timeout_s", 3600.0), ("threads", 4), ("checkpoint_every", 5), ("log_rollouts_every", 1)]:
+        assert run_fingerprint({**TRAIN, key: value}, MODEL, "k4") == fp, key
+    slower_sync = {**TRAIN, "weight_sync": {"transport": "object_store", "timeout_s": 999.0}}
+    assert run_fingerprint(slower_sync, MODEL, "k4") == fp
+    other_transport = {**TRAIN, "weight_sync": {"transport": "rdt", "timeout_s": 120.0}}
+    assert run_fingerprint(other_transport, MODEL, "k4") != fp
+
+
+def _project(root, template: str = "Q: {q}\n") -> dict:
+    """A project directory's run inputs: base checkpoint, dataset, template file, reward file."""
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "train.jsonl").write_text('{"q": "1"}\n')
+    (root / "data" / "val.jsonl").write_text('{"q": "2"}\n')
+    (root / "model.pt").write_bytes(b"weights")
+    (root / "t.txt").write_text(template)
+    (root / "r.py").write_text("def f(r, g):\n    return 1.0\n")
+    train = {**TRAIN, "text": {"template_file": str(root / "t.txt"), "reward": f"{root / 'r.py'}:f"}}
+    return {"train": train, "model": MODEL, "variant": "k4", "base": root / "model.pt", "dataset": root / "data"}
+
+
+def test_a_moved_or_copied_project_keeps_its_fingerprint(tmp_path):
+    """Inputs enter by content: a copy elsewhere (new absolute paths, new mtimes) resumes."""
+    fp = run_fingerprint(**_project(tmp_path / "a"))
+    assert run_fingerprint(**_project(tmp_path / "elsewhere" / "b")) == fp
+    assert run_fingerprint(**_project(tmp_path / "c", template="A: {q}\n")) != fp  # an edited template file
+
+
+def test_fingerprint_changes_when_the_dataset_changes(tmp_path):
+    inputs = _project(tmp_path)
+    fp = run_fingerprint(**inputs)
+    (tmp_path / "data" / "val.jsonl").write_text('{"q": "3"}\n')
+    assert run_fingerprint(**inputs) != fp

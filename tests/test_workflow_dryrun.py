@@ -330,3 +330,34 @@ def test_a_replicate_identical_to_a_table_run_but_not_timed_trains_its_own(workd
     assert ("kw_first", "onpolicy", 1) in runs and not any(f == "systems" for f, _, _ in runs)
     report = next(line for line in out.splitlines() if "family-report" in line and "--family systems" in line)
     assert "results/runs/onpolicy " in report
+
+
+def test_operational_settings_rerun_nothing_and_a_moved_project_neither(workdir, tmp_path, make_runs, dry_run):
+    """After a run, raising the timeouts, thread counts and logging intervals (rlpipe.config.identity's
+    operational keys) plans no job; an identity key reruns the run; the project copied elsewhere
+    (its .snakemake metadata and file times with it) plans nothing either."""
+    fake_upstream(workdir, ("onpolicy", "k2", "disagg"), make_runs)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rlpipe").write_text(FAKE_RLPIPE.format(python=sys.executable))
+    (bin_dir / "rlpipe").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "calls.log"),
+           "FAKE_RUNS": str(make_runs(tmp_path / "template", ("k2",)))}
+    target, smoke = "results/runs/k2/metrics.parquet", ("--configfile", "config/smoke.yaml")
+    snakemake(workdir, target, "--cores", "1", "--forcerun", target, *smoke, env=env)  # records its params
+    (workdir / "config/ops.yaml").write_text(yaml.safe_dump({
+        "train": {"ray_timeout_s": 7200.0, "threads": 2, "checkpoint_every": 1, "log_rollouts_every": 1,
+                  "weight_sync": {"timeout_s": 900.0}},
+        "logging": {"flush_every_s": 60.0}, "pretrain": {"threads": 1}, "ray": {"include_dashboard": True}}))
+    (workdir / "config/lr.yaml").write_text(yaml.safe_dump({"train": {"learning_rate": 1e-3}}))
+
+    def planned(root: Path, *overlays: str) -> list:
+        out = snakemake(root, target, "-n", "--cores", "1", *smoke, *overlays, env=env).stdout
+        return dry_run.jobs(out)
+
+    assert planned(workdir) == []
+    assert planned(workdir, "config/ops.yaml") == []
+    assert [j["rule"] for j in planned(workdir, "config/lr.yaml")] == ["train_variant"]
+    moved = tmp_path / "moved" / "project"
+    shutil.copytree(workdir, moved, symlinks=True)
+    assert planned(moved) == []

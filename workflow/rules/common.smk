@@ -50,12 +50,21 @@ from rlpipe.config import (
     variant_gpus,
     workflow_tracks,
 )
+from rlpipe.config.identity import identity
+from rlpipe.config.run_command import CONFIG_SUFFIXES
 
 # An overlay config (`--configfile config/smoke.yaml`) switches a variant of the base table off with
 # `name: null`: Snakemake merges config files key by key, so it could not remove a key otherwise.
 config["variants"] = {k: v for k, v in (config.get("variants") or {}).items() if v is not None}
 config["families"] = {k: v for k, v in (config.get("families") or {}).items() if v is not None}
 config["tracks"] = {k: v for k, v in (config.get("tracks") or {}).items() if v is not None}
+
+# A target written after --configfile is read by Snakemake as one more config file; it fails before
+# this file runs unless it exists and parses (a JSON result does): name it here in one line. The
+# safe form, which cannot confuse the two, is `rlpipe run` (rlpipe.config.run_command).
+for _f in workflow.overwrite_configfiles or ():
+    if Path(str(_f)).suffix.lower() not in CONFIG_SUFFIXES:
+        raise WorkflowError(f"{_f}: looks like a target; put targets before --configfile (or use `rlpipe run`)")
 
 try:
     CFG = parse_config(config)
@@ -178,9 +187,16 @@ def canonical(value) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+def ident(section, key: str) -> dict:
+    """A config section's identity (rlpipe.config.identity): what a params value holds, so that an
+    operational key (a timeout, a thread count, a logging interval) reruns nothing, and a file a key
+    names counts by its content, not its absolute path (a moved project reruns nothing)."""
+    return identity(to_dict(section), key)
+
+
 def section_params(*sections: str) -> str:
-    """The config sections a stage depends on (a params value: a change reruns the stage)."""
-    return canonical({s: to_dict(getattr(CFG, s)) for s in sections})
+    """The config sections a stage depends on (a params value: a change of an identity key reruns the stage)."""
+    return canonical({s: ident(getattr(CFG, s), s) for s in sections})
 
 
 def scaling_on() -> bool:
@@ -190,7 +206,7 @@ def scaling_on() -> bool:
 def scaling_settings() -> str:
     """What a scaling point runs: the train section and the sweep (a change reruns the bench)."""
     w = CFG.workflow
-    return canonical({"train": to_dict(CFG.train), "sizes": w.scaling_sizes, "batches": w.scaling_batches,
+    return canonical({"train": ident(CFG.train, "train"), "sizes": w.scaling_sizes, "batches": w.scaling_batches,
                       "lengths": w.scaling_lengths, "steps": w.scaling_steps})
 
 
@@ -361,7 +377,7 @@ def train_inputs(wildcards) -> dict:
 def train_params(wildcards) -> dict:
     """params of train_variant: the resolved settings (a change reruns the run), --base, --dataset."""
     t, train = track_variant(wildcards)
-    return {"train": canonical(to_dict(train)), "base": track_base(t),
+    return {"train": canonical(ident(train, "train")), "base": track_base(t),
             "dataset": f"--dataset {track_dataset_dir(t)}" if uses_dataset(t, train) else ""}
 
 
@@ -394,7 +410,7 @@ def _eval_params(tdir: str, model: str) -> dict:
     t = TRACK_BY_DIR[tdir]
     policy = track_base(t) if model == "base" else track_res(t.name, "runs", model, CHECKPOINT_FILE)
     size = f"--n {t.eval_size}" + (f" --max-tokens {t.eval_max_tokens}" if t.eval_max_tokens else "")
-    return {"cfg": canonical({"eval": [t.eval_size, t.eval_max_tokens], "train": to_dict(t.pipeline.train)}),
+    return {"cfg": canonical({"eval": [t.eval_size, t.eval_max_tokens], "train": ident(t.pipeline.train, "train")}),
             "checkpoint": policy, "dataset": track_dataset_dir(t), "size": size}
 
 
@@ -570,8 +586,9 @@ def family_dataset_arg(wildcards) -> str:
 
 
 def family_variant_train(wildcards) -> str:
-    """The replicate's resolved train settings (a params value: a change reruns exactly it)."""
-    return _family_run_key(wildcards.family, wildcards.fvariant, wildcards.fseed)[1]
+    """The replicate's resolved train settings (a params value: a change of an identity key reruns exactly it)."""
+    train = resolve_variant(FAMILY_CFG[wildcards.family], wildcards.fvariant)
+    return canonical(dict(ident(train, "train"), seed=int(wildcards.fseed)))
 
 
 def family_resume_mode(wildcards) -> str:

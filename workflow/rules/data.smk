@@ -90,7 +90,7 @@ if MATH_TRACK in TRACKS and TRACKS[MATH_TRACK].dataset_dir is None:
             val=track_res(MATH_TRACK, "data", "val.jsonl"),
             corpus=track_res(MATH_TRACK, "data", CORPUS_FILE),
         params:
-            cfg=canonical(to_dict(CFG.math.arithmetic)),
+            cfg=canonical(ident(CFG.math.arithmetic, "math.arithmetic")),
             out=lambda w, output: os.path.dirname(output.train),
         log:
             "logs/build_math_data/build_math_data.log",

@@ -1,4 +1,5 @@
-# The unit tests that gate all training (the resolved config is written by common.smk).
+# The unit tests that gate all training (the resolved config is written by common.smk). The repository
+# path reaches the shell as a resource, not a param: a moved project directory reruns nothing.
 
 
 if CFG.workflow.run_tests:
@@ -13,13 +14,14 @@ if CFG.workflow.run_tests:
             res("tests", "junit.xml"),
         params:
             args=CFG.workflow.test_args,
-            repo=str(REPO),
+        resources:
+            repo=str(REPO),  # not a param: resources are no rerun trigger
         log:
             "logs/run_unit_tests/pytest.log",
         threads: 1  # the other core runs the math pretraining meanwhile (2-core default)
         shell:
             # pytest runs from the repository (its pyproject holds the markers); outputs and the
             # log are made absolute first because the workdir may be elsewhere (--directory).
-            'out="$PWD/{output}"; log="$PWD/{log}"; cd {params.repo} && '
+            'out="$PWD/{output}"; log="$PWD/{log}"; cd {resources.repo} && '
             'OMP_NUM_THREADS={threads} python -m pytest {params.args} -p no:cacheprovider '
             '--junitxml="$out" > "$log" 2>&1'

@@ -38,7 +38,7 @@ rule train_tokenizer:
     wildcard_constraints:
         tdir=tdirs(trains_tokenizer),
     params:
-        cfg=lambda w: canonical(to_dict(track_of(w).pipeline.tokenizer)),
+        cfg=lambda w: canonical(ident(track_of(w).pipeline.tokenizer, "tokenizer")),
         corpus=lambda w: track_corpus(track_of(w)),
     resources:
         config=track_config,
@@ -59,7 +59,7 @@ rule pretrain_base:
     wildcard_constraints:
         tdir=tdirs(lambda t: t.pretrains),
     params:
-        cfg=lambda w: canonical({s: to_dict(getattr(track_of(w).pipeline, s)) for s in ("model", "pretrain", "tokenizer")}),
+        cfg=lambda w: canonical({s: ident(getattr(track_of(w).pipeline, s), s) for s in ("model", "pretrain", "tokenizer")}),
         corpus=lambda w: track_corpus(track_of(w)),
         tokenizer=lambda w, input: input.tokenizer[0] if input.tokenizer else track_of(w).pipeline.tokenizer.path,
     threads: lambda w: track_of(w).pipeline.pretrain.threads

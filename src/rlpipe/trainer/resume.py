@@ -20,10 +20,13 @@ A run directory's ``checkpoints/`` (file names: ``rlpipe.analysis.contract``) ho
 
 Starting afresh deletes ``checkpoints/`` first, so a stale checkpoint can never be picked up
 later. The fingerprint hashes *parsed* values (the variant's resolved ``train`` section, the
-``model`` section, the variant name) with sorted keys, so reordering YAML keys changes nothing, and
-the identity of the inputs (base checkpoint and dataset: path, size, modification time; for an HF
-model directory as base, those of each of its files), so a retrained base model never continues a
-run that started from the old one.
+``model`` section, the variant name) with sorted keys, so reordering YAML keys changes nothing;
+only their identity keys (``rlpipe.config.identity``): a timeout, a thread count or a logging
+interval changes nothing computed, so raising one resumes the run. The inputs (base checkpoint or
+HF model directory, dataset directory) enter by the content of their files (sha256, with names
+relative to the directory), never by absolute path or modification time: a retrained base model
+never continues a run that started from the old one, while a project directory that was moved or
+copied resumes its runs.
 
 Departure from the previous design: this decision used to live in the rule's shell code (and in
 part in ``RunContext.restore``); it moved here so that it has unit tests.
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlpipe.analysis.contract import CHECKPOINT_DIR, CHECKPOINT_FILE, FINGERPRINT_FILE, FINISHED_MARKER
+from rlpipe.config.identity import file_digest, identity
 from rlpipe.io import write_text
 
 ResumeMode = Literal["auto", "never", "always"]
@@ -55,30 +59,28 @@ class ResumeDecision:
     reason: str
 
 
-def _file_identity(path: str | Path | None) -> dict[str, Any] | None:
+def _file_identity(path: Path) -> dict[str, Any]:
+    return {"sha256": file_digest(path), "size": path.stat().st_size}
+
+
+def _input_identity(path: str | Path | None) -> Any:
+    """A file's content identity; a directory's: each of its files (names relative to it) with theirs."""
     if path is None:
         return None
     p = Path(path)
     if p.is_dir():
-        p = p / "train.jsonl"
-    if not p.exists():
-        return {"path": str(p), "missing": True}
-    st = p.stat()
-    return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _base_identity(base: str | Path | None) -> Any:
-    """A base checkpoint file's identity, or, for an HF model directory, its files' identities."""
-    if base is not None and Path(base).is_dir():
-        return [_file_identity(p) for p in sorted(Path(base).iterdir()) if p.is_file()]
-    return _file_identity(base)
+        return {str(f.relative_to(p)): _file_identity(f) for f in sorted(p.rglob("*")) if f.is_file()}
+    if not p.is_file():
+        return {"missing": p.name}
+    return _file_identity(p)
 
 
 def run_fingerprint(train: dict, model: dict, variant: str, base: str | Path | None = None,
                     dataset: str | Path | None = None) -> str:
-    """Hash of everything that defines a run (parsed values, sorted keys: key order is irrelevant)."""
-    payload = {"train": train, "model": model, "variant": variant,
-               "base": _base_identity(base), "dataset": _file_identity(dataset)}
+    """Hash of what defines a run: the identity keys of its settings (sorted keys: key order is
+    irrelevant) and the content of its inputs."""
+    payload = {"train": identity(train, "train"), "model": identity(model, "model"), "variant": variant,
+               "base": _input_identity(base), "dataset": _input_identity(dataset)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -31,6 +31,7 @@ COMMANDS = {
     "results-page": ("rlpipe.analysis.results_page", "main"),
     "schema": ("rlpipe.cli", "schema_main"),
     "config-reference": ("rlpipe.config.reference", "main"),
+    "run": ("rlpipe.config.run_command", "main"),
 }
 BENCHES = {"sampler": "rlpipe.bench.sampler", "update": "rlpipe.bench.update", "scaling": "rlpipe.bench.scaling",
            "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl"}

@@ -172,7 +172,11 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(25, ge=1, description="Checkpoint interval in optimizer steps (plus the end).")
     seed: int = Field(0, ge=0, description="Run seed.")
     device: str = Field("auto", pattern=DEVICE_PATTERN, description=f"{_DEVICE_HELP}.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="bfloat16 = autocast on CUDA.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Compute precision of generation, reference and update. bfloat16: our "
+        "TransformerLM runs under torch.autocast (bf16 matmuls; norms, RoPE, softmax, log-probs and losses in "
+        "fp32) on CUDA and CPU, with fp32 weights and fp32 AdamW state; an HF policy is loaded with bf16 weights "
+        "on CUDA (seed 001) and stays fp32 on CPU. config/gpu.yaml sets bfloat16.")
     threads: int = Field(
         1, ge=1, description="torch threads per compute actor (one CPU 'device': colocated runs one, "
                              "disaggregated two), capped by the job's threads (workflow.threads_per_variant).")
@@ -188,13 +192,15 @@ class TrainConfig(_Section):
         None, description="Recompute old log-probs with the learner's policy under inference_mode after each "
         "rollout (seed 001 Problem 13) instead of using the sampler's. null: on whenever the sampler's numerics "
         "can differ from the learner's (a HuggingFace policy, or dtype bfloat16), off otherwise.")
-    decode: Literal["eager", "static", "compiled", "aot"] = Field(
-        "eager", description="How the sampler decodes our TransformerLM (HF policies always decode eagerly): 'eager' "
+    decode: Literal["auto", "eager", "static", "compiled", "aot", "cudagraph"] = Field(
+        "auto", description="How the sampler decodes our TransformerLM (HF policies always decode eagerly): 'eager' "
         "grows the KV cache and drops finished rows; 'static' steps over a fixed-shape cache; 'compiled' runs that "
         "step through torch.compile (a C++ compiler on CPU; compilation per batch shape in every process); 'aot' "
         "runs it from an AOTInductor package built once per model shape and machine (CPU, float32; a C++ compiler "
         "for the build; kept in $RLPIPE_DECODE_CACHE, default ~/.cache/rlpipe/decode; `rlpipe build-decode` builds "
-        "it ahead). Tokens and log-probs agree across the four to float rounding.")
+        "it ahead); 'cudagraph' captures that step in a CUDA graph once per batch shape and replays it (CUDA only: "
+        "refused with device cpu). 'auto' is 'cudagraph' when the run's device is CUDA and 'eager' otherwise. "
+        "Tokens and log-probs agree across them to float rounding.")
     response_only_head: bool = Field(
         True, description="Learner, reference and old-log-prob passes run the LM head, log-softmax and entropy on "
         "response tokens only instead of every padded position (same values up to float rounding). false: the "
@@ -208,7 +214,8 @@ class TrainConfig(_Section):
     kl_monitor_every: int = Field(
         1, ge=1, description="With kl_coef 0: measure both KLs (to the reference and to the previous step) on "
         "every N-th optimizer step only (and the first and last), skipping the reference forward and the "
-        "post-update forward between them (about a quarter of a CPU step). The other steps log no kl/*.")
+        "post-update forward between them (two forward passes; their share of a step depends on the machine). "
+        "The other steps log no kl/*.")
     math: MathOptions = Field(default_factory=MathOptions, description="Options of the math task.")
     text: TextOptions = Field(default_factory=TextOptions, description="Options of the generic text task.")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Weight-sync transport.")
@@ -254,6 +261,9 @@ class TrainConfig(_Section):
         need(self.task != "text" or self.text.reward is not None,
              "@text.reward is required when @task is 'text' (e.g. 'mypkg.rewards:exact_match' or "
              "'rewards.py:exact_match')")
+        need(self.decode != "cudagraph" or not self.device.startswith("cpu"),
+             f"@decode: cudagraph needs a CUDA device, but @device is {self.device}; use @decode: auto "
+             "(cudagraph on CUDA, eager on CPU), eager, static, compiled or aot")
         need(self.sampling_min_tokens <= self.sampling_max_tokens,
              f"@sampling_min_tokens ({self.sampling_min_tokens}) must be <= "
              f"@sampling_max_tokens ({self.sampling_max_tokens})")

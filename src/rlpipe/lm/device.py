@@ -26,7 +26,13 @@ def setup_process(threads: int, seed: int) -> None:
 
 
 def autocast(device: torch.device, dtype: str):
-    """bf16 autocast on CUDA when asked; fp32 everywhere else."""
-    if device.type == "cuda" and dtype == "bfloat16":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    """``train.dtype``'s compute precision: bf16 autocast on ``device`` (CUDA or CPU) when ``dtype`` is
+    ``bfloat16``, plain fp32 otherwise.
+
+    Autocast keeps the parameters, their gradients and the optimizer state in fp32 (the master weights)
+    and casts weights to bf16 per op for the matmuls; the model keeps norms and RoPE in fp32, and every
+    consumer takes ``.float()`` of the logits before a softmax. It works on CPU too (slower than fp32
+    there unless the CPU has bf16 units), so the bf16 path is tested without a GPU."""
+    if dtype == "bfloat16" and device.type in ("cuda", "cpu"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -13,9 +13,10 @@ then the prefilled cache is repeated ``n`` times (prompt-major rows, N = B*n) an
 one token for all rows. Our model's cache is preallocated per layer and written in place; HF
 models use their own ``past_key_values`` with ``attention_mask`` and ``position_ids``. Finished
 rows keep decoding (static shapes) until at most half the rows are active, then the batch is
-compacted; the loop stops when every row has finished. ``use_kv_cache=False`` recomputes the
-whole sequence each step with the same sampling loop: the naive reference for tests and the
-benchmark.
+compacted; the loop stops when every row has finished (the fixed-shape decodes, which never
+compact, look only every ``ACTIVE_CHECK_EVERY`` steps: each look makes the host wait for the
+device). ``use_kv_cache=False`` recomputes the whole sequence each step with the same sampling
+loop: the naive reference for tests and the benchmark.
 
 What the returned log-probs mean. ``logprobs[i][t]`` is the log-probability of the sampled token
 under the distribution it was actually drawn from: ``log_softmax(logits / temperature)`` with
@@ -61,10 +62,12 @@ import torch
 from torch import Tensor
 
 from rlpipe.lm import decode_package
+from rlpipe.lm.cuda_graph_decode import CudaGraphDecodeAdapter, resolve_decode
 from rlpipe.lm.model import TransformerLM
 from rlpipe.lm.static_decode import StaticDecodeAdapter
 
 FINISH_REASONS = ("length", "eos", "stop")  # code 0, 1, 2 in the decode loop
+ACTIVE_CHECK_EVERY = 8  # static-shape decodes: steps between host reads of the active-row count
 _LENGTH, _EOS, _STOP = 0, 1, 2
 
 
@@ -242,7 +245,8 @@ class _NaiveAdapter:
         self.seq, self.pos, self.keys = (t.index_select(0, idx) for t in (self.seq, self.pos, self.keys))
 
 
-DECODES = ("eager", "static", "compiled", "aot")  # generate(decode=...): rlpipe.lm.static_decode, decode_package
+# generate(decode=...): rlpipe.lm.static_decode, decode_package, cuda_graph_decode ("auto": cudagraph on CUDA)
+DECODES = ("auto", "eager", "static", "compiled", "aot", "cudagraph")
 
 
 def _make_adapter(model, use_kv_cache: bool, decode: str = "eager"):
@@ -254,6 +258,8 @@ def _make_adapter(model, use_kv_cache: bool, decode: str = "eager"):
     if isinstance(base, TransformerLM):
         if decode == "aot":
             return StaticDecodeAdapter(base, step_fn=decode_package.load(base).step)
+        if decode == "cudagraph":
+            return CudaGraphDecodeAdapter(base)
         if decode != "eager":
             return StaticDecodeAdapter(base, compiled=decode == "compiled")
         return _OwnAdapter(model)
@@ -439,6 +445,11 @@ def _decode_loop(
         cand_table = _stop_candidates(tokenizer, stops, logits.shape[-1], logits.device)
         window = max(len(s.encode("utf-8")) for s in stops) + 1
     full = True  # rows == arange(N): plain slicing instead of index_put
+    compacts = getattr(adapter, "compacts", True)
+    # Reading the active count makes the host wait for the device. A compacting decode needs it every
+    # step; a static one only to stop early, so it looks every ACTIVE_CHECK_EVERY steps (finished rows
+    # decode on and are cut at their ends, so the extra steps change no output).
+    check_every = 1 if compacts else ACTIVE_CHECK_EVERY
     tok = None
     for step in range(M):
         if step:
@@ -458,10 +469,12 @@ def _decode_loop(
         st.active &= ~newly
         if stops and step + 1 >= params.min_tokens:
             _check_stops(st, tok, step, cand_table, tokenizer, stops, window)
+        if (step + 1) % check_every:
+            continue
         n_active = int(st.active.sum())
         if n_active == 0:
             break
-        if step + 1 < M and n_active <= st.active.shape[0] // 2 and getattr(adapter, "compacts", True):
+        if step + 1 < M and n_active <= st.active.shape[0] // 2 and compacts:
             tok, full = st.compact(adapter, tok), False
     st.flush()
 
@@ -507,17 +520,20 @@ def generate(
     Returns a ``Generation`` with N = len(prompts) * n rows, prompt-major. ``device`` defaults to
     the model's device. ``use_kv_cache=False`` runs the naive full-recomputation decoder.
     ``decode`` (our ``TransformerLM`` only; HF models always decode eagerly): ``"eager"`` grows the
-    cache and compacts finished rows; ``"static"``, ``"compiled"`` and ``"aot"`` run the fixed-shape
-    step of ``rlpipe.lm.static_decode``: eagerly, through ``torch.compile``, or from the AOTInductor
-    package of ``rlpipe.lm.decode_package`` (built on first use when this machine has none).
+    cache and compacts finished rows; ``"static"``, ``"compiled"``, ``"aot"`` and ``"cudagraph"`` run
+    the fixed-shape step of ``rlpipe.lm.static_decode``: eagerly, through ``torch.compile``, from the
+    AOTInductor package of ``rlpipe.lm.decode_package`` (built on first use when this machine has
+    none), or replayed from a CUDA graph captured once per batch shape (``rlpipe.lm.cuda_graph_decode``;
+    without CUDA it warns and runs the same buffers eagerly); ``"auto"`` is ``"cudagraph"`` on a CUDA
+    device and ``"eager"`` elsewhere.
     """
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     prompt_ids = _prompt_ids(tokenizer, prompts)
     if not prompt_ids:
         return Generation([], [], [], [], [], params)
-    adapter = _make_adapter(model, use_kv_cache, decode)
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    adapter = _make_adapter(model, use_kv_cache, resolve_decode(decode, device))
     P, M = max(len(p) for p in prompt_ids), params.max_tokens
     total = P + M - 1  # the last sampled token is never fed back
     if adapter.max_length is not None and total > adapter.max_length:

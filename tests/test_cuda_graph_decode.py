@@ -1,0 +1,157 @@
+"""The CUDA-graph decode (``rlpipe.lm.cuda_graph_decode``) on a machine without a GPU: its static
+buffers (copy-in, step, copy-out; the written position advanced on the device) run the eager static
+step, which is exactly what a graph records; the capture and replay themselves need CUDA and are
+checked by the GPU check. Also ``train.decode``'s ``auto`` / ``cudagraph`` resolution and refusal,
+and the static decodes' early stop without a host read every step."""
+
+from __future__ import annotations
+
+import gc
+import math
+import weakref
+
+import pytest
+import torch
+
+from rlpipe.config import ConfigError
+from rlpipe.config.train import TrainConfig
+from rlpipe.lm import cuda_graph_decode as cgd
+from rlpipe.lm.model import ModelConfig, TransformerLM
+from rlpipe.lm.policy import load_policy
+from rlpipe.lm.sampler import ACTIVE_CHECK_EVERY, SamplingParams, _left_pad, generate
+from rlpipe.lm.static_decode import StaticDecodeAdapter
+
+# Largest |recorded - teacher-forced| log-prob of the cudagraph decode's samples (the eager static
+# step through the runner's buffers): measured on the session's micro model over seeds of the prompts
+# and ATEN_CPU_CAPABILITY=avx2 / default / native: 4.8e-6 (RoPE through real cos/sin instead of the
+# full forward's complex64 product, and a one-token step against a full-sequence forward).
+LOGPROB_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_base):
+    return load_policy(tiny_base[0])
+
+
+@pytest.fixture
+def warn_again(monkeypatch):
+    monkeypatch.setattr(cgd, "_WARNED", set())  # the fallback warns once per device and process
+
+
+def test_cudagraph_decode_samples_the_models_distribution_and_warns_without_cuda(policy, decode_check, warn_again):
+    with pytest.warns(RuntimeWarning, match="needs a CUDA device.*eagerly over the same buffers"):
+        decode_check.against_eager(policy, "cudagraph", LOGPROB_TOL)
+
+
+def test_cudagraph_decode_with_stop_strings_and_min_tokens(policy, decode_check, warn_again):
+    with pytest.warns(RuntimeWarning):
+        decode_check.against_eager(policy, "cudagraph", LOGPROB_TOL, stop=("was",),
+                                   include_stop_str_in_output=True, min_tokens=2)
+
+
+def _prefilled(adapter, policy, prompts, n: int, new_tokens: int):
+    ids, mask, pos = _left_pad(policy.tokenizer.encode_batch(prompts), policy.tokenizer.pad_token_id, "cpu")
+    with torch.inference_mode():
+        logits = adapter.prefill(ids, mask, pos, ids.shape[1] + new_tokens - 1, n)  # (N, V)
+    return logits, mask.sum(-1).repeat_interleave(n)  # (N,) next RoPE positions
+
+
+def test_runner_buffers_step_exactly_like_the_static_adapter(policy, decode_check, warn_again):
+    """Same kernels, so bit-for-bit: the copy-in, the device-side position and key-mask updates and
+    the copy-out add nothing to the static step."""
+    static, graph = StaticDecodeAdapter(policy.model, compiled=False), cgd.CudaGraphDecodeAdapter(policy.model)
+    a, pos = _prefilled(static, policy, decode_check.PROMPTS, 2, 8)
+    with pytest.warns(RuntimeWarning):
+        b, _ = _prefilled(graph, policy, decode_check.PROMPTS, 2, 8)
+    L = static.L
+    with torch.inference_mode():
+        for k in range(6):
+            assert torch.equal(a, b)
+            tok = a.argmax(-1)  # (N,)
+            a, b = static.step(tok, pos + k), graph.step(tok, pos + k).clone()
+    assert torch.equal(a, b)
+    assert int(graph.runner.at) == L + 6 == static.L
+    assert torch.equal(graph.runner.keys, static.keys)
+    for mine, theirs in zip(graph.runner.ks, static.cache.k, strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def _micro_model(seed: int = 0) -> TransformerLM:
+    torch.manual_seed(seed)
+    return TransformerLM(ModelConfig(vocab_size=64, context_length=64, num_layers=2, d_model=32, num_heads=4,
+                                     d_ff=64))
+
+
+def _runner(model, batch: int, prompt_len: int = 5, new_tokens: int = 8):
+    adapter = cgd.CudaGraphDecodeAdapter(model)
+    ids = torch.ones(batch, prompt_len, dtype=torch.long)
+    mask = torch.ones(batch, prompt_len, dtype=torch.bool)
+    with torch.inference_mode():
+        adapter.prefill(ids, mask, torch.arange(prompt_len).expand(batch, prompt_len), prompt_len + new_tokens, 1)
+    return adapter.runner
+
+
+@pytest.mark.filterwarnings("ignore:decode 'cudagraph'")
+def test_one_runner_per_shape_reused_and_rebuilt_when_the_parameters_move():
+    model = _micro_model()
+    first = _runner(model, 3)
+    assert _runner(model, 3) is first  # same (N, S): the same buffers (on CUDA: the same graph)
+    assert _runner(model, 4) is not first  # another batch shape
+    k0 = first.ks[0].data_ptr()
+    assert _runner(model, 3).ks[0].data_ptr() == k0  # buffers at fixed addresses
+    with torch.no_grad():  # a weight sync copies in place: the graph still reads the right memory
+        for p in model.parameters():
+            p.mul_(0.5)
+    assert _runner(model, 3) is first
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)  # moved
+    assert _runner(model, 3) is not first
+
+
+@pytest.mark.filterwarnings("ignore:decode 'cudagraph'")
+def test_runners_do_not_keep_their_model_alive():
+    model = _micro_model()
+    _runner(model, 2)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+
+
+def test_auto_decode_resolves_per_device():
+    cpu = torch.device("cpu")
+    assert not cgd.graphs_available(cpu)
+    assert cgd.resolve_decode("auto", cpu) == "eager"
+    assert cgd.resolve_decode("static", cpu) == "static"
+    want = "cudagraph" if torch.cuda.is_available() else "eager"
+    assert cgd.resolve_decode("auto", torch.device("cuda")) == want
+
+
+def test_train_decode_defaults_to_auto_and_refuses_cudagraph_on_cpu():
+    assert TrainConfig().decode == "auto"
+    assert TrainConfig(decode="cudagraph", device="cuda").decode == "cudagraph"
+    assert TrainConfig(decode="cudagraph", device="auto").decode == "cudagraph"
+    with pytest.raises(ConfigError, match=r"train\.decode: cudagraph needs a CUDA device.*train\.device is cpu"):
+        TrainConfig(decode="cudagraph", device="cpu")
+
+
+def test_static_decode_stops_soon_after_every_row_finished_without_a_host_read_per_step(policy, monkeypatch):
+    """A fixed-shape decode reads the active count every ``ACTIVE_CHECK_EVERY`` steps: it runs at
+    most that many steps past the last row's end, and samples the same rows as when it looks every
+    step."""
+    steps = []
+    real_step = StaticDecodeAdapter.step
+    monkeypatch.setattr(StaticDecodeAdapter, "step",
+                        lambda self, tok, pos: steps.append(1) or real_step(self, tok, pos))
+    params = SamplingParams(n=4, temperature=0.9, max_tokens=60, seed=3)
+    prompts = ["Write a story that includes the word: cat\n", "Write a story that includes the word: dog\n"]
+    lazy = generate(policy.model, policy.tokenizer, prompts, params, decode="static")
+    last = max(len(r) for r in lazy.response_ids)
+    assert set(lazy.finish_reason) == {"eos"} and last < params.max_tokens  # the early stop is exercised
+    assert len(steps) + 1 == min(math.ceil(last / ACTIVE_CHECK_EVERY) * ACTIVE_CHECK_EVERY, params.max_tokens)
+    monkeypatch.setattr("rlpipe.lm.sampler.ACTIVE_CHECK_EVERY", 1)
+    steps.clear()
+    eager_look = generate(policy.model, policy.tokenizer, prompts, params, decode="static")
+    assert len(steps) + 1 == last
+    assert eager_look.response_ids == lazy.response_ids and eager_look.finish_reason == lazy.finish_reason
+    for x, y in zip(eager_look.logprobs, lazy.logprobs, strict=True):
+        assert torch.equal(x, y)

@@ -70,6 +70,14 @@ def test_update_bench_times_the_learners_real_step(tmp_path, capsys):
     assert res["goals"]["met"] == (res["update_fraction_of_peak"] >= res["goals"]["update_fraction_of_peak"] == 0.5)
     assert res["peak_memory_ratio"] == pytest.approx(res["full_head_fwd_bwd_peak_mb"] / res["fwd_bwd_peak_mb"],
                                                      abs=0.01)
+    # beside the shape peak, the device peak in the run's dtype: both fractions of the same FLOP/s
+    _assert_both_fractions(res)
+    assert res["fraction_of_shape_peak"] == pytest.approx(res["update_fraction_of_peak"], abs=1e-4)
+    assert res["fraction_of_device_peak"] == res["update_fraction_of_device_peak"]
+    assert (res["device"], res["dtype"], res["device_peak_dtype"], res["device_peak_matmul_size"]) == (
+        "cpu", "float32", "float32", 2048)
+    assert res["fwd_bwd_fraction_of_device_peak"] == pytest.approx(
+        fb * res["matmul_peak_gflops"] * 1e9 / res["device_peak"]["flops_per_s"], rel=0.01)
 
 
 def test_update_bench_reports_the_response_only_heads_lower_peak_memory(capsys):
@@ -98,11 +106,14 @@ def test_allocation_peak_counts_what_is_live_at_once():
 
 @pytest.mark.parametrize("args, message", [
     (["--batch", "6", "--group-size", "4"], "divisible"),
+    (["--device", "cuda"], "--device cuda: CUDA is not available"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--checkpoint", "/no/such.pt"], "does not exist"),
 ])
-def test_update_bench_rejects_bad_arguments(args, message, capsys):
+def test_update_bench_rejects_bad_arguments(args, message, capsys, monkeypatch):
     from rlpipe.bench import update
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same refusal on a GPU machine
 
     with pytest.raises(SystemExit):
         update.main(args)
@@ -115,3 +126,89 @@ def test_head_flops_count_only_the_positions_asked_for():
     assert forward_flops(cfg, [10, 6]) == forward_flops(cfg, [10, 6], head_tokens=16)
     assert forward_flops(cfg, [10, 6]) - forward_flops(cfg, [10, 6], head_tokens=5) == 11 * head
     assert train_flops(cfg, [10], 4) == 3 * forward_flops(cfg, [10], 4)
+
+
+# --------------------------------------------------------------------------- the device peak
+
+
+class _Clock:
+    """A fake ``time.perf_counter``: every call advances ``step`` seconds, so a timed call of
+    ``fn`` repeated ``inner`` times takes exactly ``step`` (one call before, one after)."""
+
+    def __init__(self, step: float):
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step / 2
+        return self.t
+
+
+@pytest.fixture
+def fresh_peak_cache():
+    from rlpipe.bench import flops
+
+    flops._matmul_rate_cached.cache_clear()
+    flops._copy_rate_cached.cache_clear()
+    yield flops
+    flops._matmul_rate_cached.cache_clear()
+    flops._copy_rate_cached.cache_clear()
+
+
+def test_device_peak_is_work_over_the_median_time(fresh_peak_cache, monkeypatch):
+    """With every timing exactly 0.5 s, the peak is the matmul's 2 n^3 FLOPs / 0.5 s and the copy
+    rate the bytes / 0.5 s (hand values, no real timing); the dict says what was measured."""
+    flops = fresh_peak_cache
+    monkeypatch.setattr(flops.time, "perf_counter", _Clock(1.0))  # two calls per timing: 0.5 s
+    peak = flops.device_peak("cpu", torch.float32, size=64, memcpy_bytes=4000)
+    assert peak["flops_per_s"] == 2 * 64 ** 3 / 0.5 and peak["tflops"] == round(2 * 64 ** 3 / 0.5 / 1e12, 6)
+    assert peak["memcpy_gbps"] == round(4000 / 1e9 / 0.5, 3) and peak["memcpy_bytes"] == 4000
+    assert (peak["device"], peak["dtype"], peak["matmul_size"], peak["tf32"]) == ("cpu", "float32", 64, False)
+    assert peak["threads"] == torch.get_num_threads()
+    assert flops.device_memcpy("cpu", 4000) == {"device": "cpu", "gbps": peak["memcpy_gbps"], "bytes": 4000,
+                                                "threads": torch.get_num_threads()}
+
+
+def test_device_peak_is_measured_once_per_device_dtype_and_threads(fresh_peak_cache, monkeypatch):
+    flops = fresh_peak_cache
+    calls = []
+    monkeypatch.setattr(flops, "_large_matmul_rate", lambda dev, dt, n: calls.append((str(dev), dt, n)) or 1e9)
+    monkeypatch.setattr(flops, "_large_copy_rate", lambda dev, n: calls.append(("copy", n)) or 2.0)
+    for _ in range(3):
+        flops.device_peak("cpu", torch.float32, memcpy_bytes=1000)
+    assert calls == [("cpu", torch.float32, flops.DEVICE_PEAK_SIZE["cpu"]), ("copy", 1000)]
+    peak = flops.device_peak("cpu", "bfloat16", memcpy_bytes=1000)  # another dtype: its own matmul, the same copy
+    assert calls[2:] == [("cpu", torch.bfloat16, 2048)] and peak["dtype"] == "bfloat16"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)  # other threads, another CPU peak
+        flops.device_peak("cpu", torch.float32, memcpy_bytes=1000)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(calls) == 5
+
+
+def test_device_peak_really_multiplies_large_matrices(fresh_peak_cache):
+    """Structure of a real (small, so fast) measurement: positive rates, the sizes asked for."""
+    peak = fresh_peak_cache.device_peak("cpu", torch.float32, size=128, memcpy_bytes=1 << 20)
+    assert peak["flops_per_s"] > 0 and peak["memcpy_gbps"] > 0 and peak["matmul_size"] == 128
+    assert peak["device_name"] == "cpu"
+
+
+def test_peak_fields_divide_one_rate_by_both_peaks():
+    from rlpipe.bench.flops import PEAK_NOTE, peak_fields
+
+    chip = {"flops_per_s": 8e11, "tflops": 0.8, "dtype": "bfloat16", "matmul_size": 8192}
+    out = peak_fields(2e9, 4e9, chip)
+    assert out["fraction_of_shape_peak"] == 0.5 and out["fraction_of_device_peak"] == 0.0025
+    assert (out["device_peak_tflops"], out["device_peak_dtype"], out["device_peak_matmul_size"]) == (0.8, "bfloat16",
+                                                                                                      8192)
+    assert out["shape_peak_gflops"] == 4.0 and out["device_peak"] is chip and out["peak_note"] == PEAK_NOTE
+    assert "fraction_of_shape_peak" in PEAK_NOTE and "fraction_of_device_peak" in PEAK_NOTE
+
+
+def _assert_both_fractions(res: dict) -> None:
+    """A bench JSON's two fractions: present, positive, and the same FLOP/s over the two peaks."""
+    assert res["fraction_of_shape_peak"] > 0 and res["fraction_of_device_peak"] > 0
+    assert res["fraction_of_shape_peak"] / res["fraction_of_device_peak"] == pytest.approx(
+        res["device_peak"]["flops_per_s"] / (res["shape_peak_gflops"] * 1e9), rel=2e-3)
+    assert res["device_peak_dtype"] == res["device_peak"]["dtype"] and res["peak_note"]

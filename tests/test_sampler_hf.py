@@ -107,3 +107,13 @@ def test_bench_sampler_smoke(tmp_path, capsys):
         assert result[key] > 0
     assert "compiled_tokens_per_s" not in result  # --no-compiled
     assert set(result["goals"]) >= {"fraction_of_peak", "fraction_of_peak_met", "over_hf_generate"}
+    # both yardsticks: the shape peak (small fp32 matmuls) and the device peak (a large one in the
+    # model's dtype), the same decode FLOP/s over each
+    assert result["kv_fraction_of_device_peak"] > 0 and result["device_peak_dtype"] == "float32"
+    assert result["kv_fraction_of_device_peak"] == pytest.approx(
+        result["kv_gflops"] * 1e9 / result["device_peak"]["flops_per_s"], rel=0.01)  # kv_gflops: 3 decimals
+    best = max(("kv", "aot"), key=lambda k: result.get(f"{k}_tokens_per_s", 0))
+    assert result["fraction_of_device_peak"] == pytest.approx(result[f"{best}_fraction_of_device_peak"], rel=1e-3)
+    assert result["fraction_of_shape_peak"] / result["fraction_of_device_peak"] == pytest.approx(
+        result["device_peak"]["flops_per_s"] / (result["shape_peak_gflops"] * 1e9), rel=2e-3)
+    assert "fraction_of_device_peak" in result["peak_note"] and "fraction_of_shape_peak" in result["peak_note"]

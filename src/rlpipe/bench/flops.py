@@ -19,10 +19,23 @@ The matmul peak is measured, not looked up: square fp32 ``torch.mm`` at a few si
 threads as the work it is compared with, median of repeats after a warm-up; the best size's rate
 is the peak. On a shared machine it moves with the load as the work does, which is why benches
 take it in the same run and quote the fraction.
+
+Two yardsticks, and every bench quotes both (``peak_fields``):
+
+- the *shape peak* (``matmul_peak``: fp32, sides 256-1024, one product per timing): what the
+  device gives products of about the model's own size, launch and threading overheads included.
+  A bench's ``*_fraction_of_peak`` and ``fraction_of_shape_peak`` divide by it; a high fraction
+  says the work runs as fast as products of its size can, not that the chip is busy.
+- the *device peak* (``device_peak``: one large square product in the run's dtype, 8192 on CUDA,
+  2048 on CPU, ten products per timing on CUDA, plus a large warm ``copy_`` for memory bandwidth): what
+  the chip itself can do. ``*_fraction_of_device_peak`` / ``fraction_of_device_peak`` divide by
+  it: on a GPU, a launch-bound decode is a fraction of a percent of it. Measured once per process
+  (per device, dtype and thread count) and cached; on CPU it runs on the caller's torch threads.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Sequence
@@ -32,6 +45,17 @@ import torch
 from rlpipe.lm.model import ModelConfig
 
 PEAK_SIZES = (256, 512, 1024)  # square matmul sides; 1024 fp32 = 4 MB per operand
+# the device peak's square side and copy size per device type: large enough that launch and
+# threading overheads vanish, small enough to take seconds (CPU: ~0.3 s per 2048 fp32 product on
+# one loaded core of the dev machine; CUDA: 8192 bf16 is ~1.4 ms on an H100, fp32 ~25 ms)
+DEVICE_PEAK_SIZE = {"cuda": 8192, "cpu": 2048}
+DEVICE_MEMCPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}
+PEAK_NOTE = ("fraction_of_shape_peak and every *_fraction_of_peak: achieved FLOP/s over the same-run shape peak "
+             "(shape_peak_gflops / matmul_peak_gflops: the best fp32 square matmul of sides 256-1024, one product per "
+             "timing: what products of about the model's size get here). fraction_of_device_peak and every "
+             "*_fraction_of_device_peak: the same FLOP/s over the device peak (device_peak: one large square matmul "
+             "in device_peak_dtype, side device_peak_matmul_size, ten products per timing on CUDA: what the chip can "
+             "do). FLOPs are counted as in rlpipe.bench.flops (matrix products only).")
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -88,6 +112,105 @@ def matmul_peak(sizes: Sequence[int] = PEAK_SIZES, repeats: int = 7, dtype=torch
         by_size[n] = 2.0 * n ** 3 / statistics.median(times)
     best = max(by_size, key=by_size.get)
     return {"flops_per_s": by_size[best], "size": best, "by_size": by_size}
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _median_rate(fn, work: float, dev: torch.device, inner: int, repeats: int) -> float:
+    """``work`` per second of ``fn`` run ``inner`` times per timing: median over ``repeats`` timings
+    after one untimed call (kernel choice, paging)."""
+    fn()
+    _sync(dev)
+    times = []
+    for _ in range(repeats):
+        _sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        _sync(dev)
+        times.append((time.perf_counter() - t0) / inner)
+    return work / statistics.median(times)
+
+
+def _large_matmul_rate(dev: torch.device, dt: torch.dtype, size: int) -> float:
+    a, b = (torch.randn(size, size, device=dev).to(dt) for _ in range(2))
+    out = torch.empty(size, size, dtype=dt, device=dev)
+    cuda = dev.type == "cuda"
+    return _median_rate(lambda: torch.mm(a, b, out=out), 2.0 * size ** 3, dev, 10 if cuda else 1, 5 if cuda else 3)
+
+
+def _large_copy_rate(dev: torch.device, nbytes: int) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
+    dst = torch.empty_like(src).fill_(0)  # both written first: no page faults while timing
+    return _median_rate(lambda: dst.copy_(src), nbytes / 1e9, dev, 5 if dev.type == "cuda" else 1, 5)
+
+
+@functools.cache
+def _matmul_rate_cached(device: str, dtype: str, threads: int, size: int, tf32: bool) -> float:
+    return _large_matmul_rate(torch.device(device), getattr(torch, dtype), size)
+
+
+@functools.cache
+def _copy_rate_cached(device: str, threads: int, nbytes: int) -> float:
+    return _large_copy_rate(torch.device(device), nbytes)
+
+
+def _resolve(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def device_memcpy(device: str | torch.device = "cpu", nbytes: int | None = None) -> dict:
+    """The device's copy rate: one large warm ``copy_`` (``DEVICE_MEMCPY_BYTES``, or ``nbytes``),
+    GB/s = bytes copied / s / 1e9, on the caller's torch threads; cached per process like
+    ``device_peak``. Returns ``{"device", "gbps", "bytes", "threads"}``."""
+    dev = _resolve(device)
+    nbytes = nbytes or DEVICE_MEMCPY_BYTES.get(dev.type, DEVICE_MEMCPY_BYTES["cpu"])
+    threads = torch.get_num_threads()
+    gbps = _copy_rate_cached(str(dev), threads, nbytes)
+    return {"device": str(dev), "gbps": round(gbps, 3), "bytes": nbytes, "threads": threads}
+
+
+def device_peak(device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32,
+                size: int | None = None, memcpy_bytes: int | None = None) -> dict:
+    """The device's own limits in ``dtype``: one large square matmul (``DEVICE_PEAK_SIZE``, or
+    ``size``) and one large warm ``copy_`` (``DEVICE_MEMCPY_BYTES``, GB/s = bytes copied / s).
+    Measured once per process for each device, dtype, torch thread count and size (cached).
+
+    Returns ``{"device", "device_name", "dtype", "tf32" (fp32 products on TF32 tensor cores),
+    "tflops", "flops_per_s", "matmul_size", "memcpy_gbps", "memcpy_bytes", "threads"}``."""
+    dev = _resolve(device)
+    dtype = str(dtype).removeprefix("torch.")
+    size = size or DEVICE_PEAK_SIZE.get(dev.type, DEVICE_PEAK_SIZE["cpu"])
+    threads = torch.get_num_threads()
+    tf32 = dev.type == "cuda" and dtype == "float32" and torch.backends.cuda.matmul.allow_tf32
+    flops = _matmul_rate_cached(str(dev), dtype, threads, size, tf32)  # its operands are freed before the copy's
+    copy = device_memcpy(dev, memcpy_bytes)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    return {"device": str(dev), "device_name": name, "dtype": dtype, "tf32": tf32, "tflops": round(flops / 1e12, 6),
+            "flops_per_s": flops, "matmul_size": size, "memcpy_gbps": copy["gbps"], "memcpy_bytes": copy["bytes"],
+            "threads": threads}
+
+
+def fraction(achieved: float, peak: float) -> float:
+    """``achieved / peak`` rounded for a bench JSON (4 significant digits: a decode at 0.1% of a
+    GPU's peak keeps its digits)."""
+    return float(f"{achieved / peak:.4g}")
+
+
+def peak_fields(achieved_flops_per_s: float, shape_peak: float, device: dict) -> dict:
+    """The headline pair of a bench JSON: the achieved FLOP/s as a fraction of the shape peak and
+    of the device peak (``device_peak``), with the device peak's numbers and ``PEAK_NOTE``."""
+    return {"fraction_of_shape_peak": fraction(achieved_flops_per_s, shape_peak),
+            "shape_peak_gflops": gflops(shape_peak),
+            "fraction_of_device_peak": fraction(achieved_flops_per_s, device["flops_per_s"]),
+            "device_peak_tflops": device["tflops"], "device_peak_dtype": device["dtype"],
+            "device_peak_matmul_size": device["matmul_size"], "device_peak": device, "peak_note": PEAK_NOTE}
 
 
 def gflops(x: float) -> float:

@@ -26,6 +26,12 @@ Prints ONE JSON line (and with ``--out`` also writes it atomically):
   cached). CPU only; ``--no-aot`` skips it.
 - ``best_over_hf_generate``: the fastest of our decodes on our model against HF ``generate`` on
   the HF model of the same shape (the same FLOPs per token).
+- ``kv_fraction_of_device_peak`` (and ``compiled_``/``aot_fraction_of_device_peak``): the same
+  FLOP/s against the device peak (``rlpipe.bench.flops.device_peak``: one large square matmul in
+  the model's dtype, 8192 on CUDA, 2048 on CPU), ``device_peak_tflops`` / ``device_peak_dtype``;
+  ``fraction_of_shape_peak`` / ``fraction_of_device_peak``: the fastest decode's two fractions,
+  ``peak_note`` says which is which. On a GPU the shape peak is launch-bound too, so only the
+  device fraction says how busy the chip is.
 - ``goals``: the targets (fraction of peak >= 0.25, >= 2x HF ``generate``) and whether this run met
   them; the fraction-of-peak goal is stated for ``--batch 32``.
 
@@ -49,7 +55,7 @@ import warnings
 import torch
 
 from rlpipe.bench import emit
-from rlpipe.bench.flops import decode_flops, gflops, matmul_peak
+from rlpipe.bench.flops import decode_flops, device_peak, fraction, gflops, matmul_peak, peak_fields
 from rlpipe.lm import decode_package
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
@@ -138,6 +144,7 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
                  _hf_generate_fn(hf, small, new_tokens, tok.pad_token_id, dev)):
         warm()
     peak = matmul_peak()["flops_per_s"]
+    chip = device_peak(dev, next(model.parameters()).dtype)
     kv_s, naive_s = _paired_median_seconds(ours(model), ours(model, False), repeats)
     peak = max(peak, matmul_peak()["flops_per_s"])
     kv_flops = sum(decode_flops(cfg, len(p), new_tokens, 1) for p in prompts)
@@ -153,6 +160,7 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
         "kv_over_naive": round(naive_s / kv_s, 2),
         "kv_gflops": gflops(kv_flops / kv_s), "matmul_peak_gflops": gflops(peak),
         "kv_fraction_of_peak": round(kv_flops / kv_s / peak, 4),
+        "kv_fraction_of_device_peak": fraction(kv_flops / kv_s, chip["flops_per_s"]),
         "hf_ours_tokens_per_s": round(n_tok / hf_ours_s, 1),
         "hf_generate_tokens_per_s": round(n_tok / hf_gen_s, 1),
         "ours_over_hf_generate": round(hf_gen_s / hf_ours_s, 2),
@@ -164,6 +172,11 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
     if aot and dev.type == "cpu":
         best_s = min(best_s, _aot_rows(out, model, ours(model), lambda: generate(
             model, tok, prompts, params, device=dev, decode="aot"), kv_flops, peak, repeats))
+    for key in ("compiled", "aot"):
+        if f"{key}_tokens_per_s" in out:  # the same tokens and FLOPs at that rate
+            out[f"{key}_fraction_of_device_peak"] = fraction(
+                kv_flops / (n_tok / out[f"{key}_tokens_per_s"]), chip["flops_per_s"])
+    out.update(peak_fields(kv_flops / best_s, peak, chip))
     out["best_over_hf_generate"] = round(hf_gen_s / best_s, 2)
     best_fraction = max(out["kv_fraction_of_peak"], out.get("compiled_fraction_of_peak", 0.0),
                         out.get("aot_fraction_of_peak", 0.0))

@@ -22,8 +22,13 @@ every position (the seeds' ``get_response_log_probs``); ``peak_memory_ratio`` is
 Each part's time is the median over ``--repeats`` steps after one warm-up step. Achieved FLOP/s is
 counted FLOPs / median time; ``*_fraction_of_peak`` divides it by the best square fp32 matmul rate
 measured in the same process on the same threads, before and after the steps (both are reported;
-the larger is the peak). Nothing is downloaded. The 1-minute load average is reported because the
-CPU may be shared.
+the larger is the peak: the shape peak). ``*_fraction_of_device_peak`` and ``fraction_of_device_peak``
+divide the same FLOP/s by the device peak (``rlpipe.bench.flops.device_peak``: one large square
+matmul in the run's ``--dtype``), ``fraction_of_shape_peak`` repeats the update's shape-peak
+fraction, and ``peak_note`` says which is which. ``--device cuda`` runs the learner on the GPU
+(``train.device``; ``--dtype bfloat16`` is its autocast); the peak memory there is
+``torch.cuda.max_memory_allocated`` above what was allocated before. Nothing is downloaded. The
+1-minute load average is reported because the CPU may be shared.
 """
 
 from __future__ import annotations
@@ -37,7 +42,15 @@ import time
 import torch
 
 from rlpipe.bench import emit
-from rlpipe.bench.flops import forward_flops, gflops, matmul_peak, train_flops
+from rlpipe.bench.flops import (
+    device_peak,
+    forward_flops,
+    fraction,
+    gflops,
+    matmul_peak,
+    peak_fields,
+    train_flops,
+)
 from rlpipe.bench.sampler import bench_tokenizer
 from rlpipe.config import TrainConfig
 from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
@@ -82,10 +95,18 @@ def _timed_step(learner: Learner, batch: RolloutBatch, step: int) -> dict[str, f
     return out
 
 
-def allocation_peak_bytes(fn) -> int:
+def allocation_peak_bytes(fn, device: torch.device | str = "cpu") -> int:
     """Peak bytes of torch CPU allocations live during ``fn()`` above those live before it: each
     op's own allocations net of its frees (``self_cpu_memory_usage``) and the frees outside any op,
-    summed in time order. An op's temporary that it frees before returning is not seen."""
+    summed in time order. An op's temporary that it frees before returning is not seen. On CUDA:
+    the caching allocator's peak during ``fn()`` above what was allocated before."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     live = peak = 0
@@ -102,7 +123,8 @@ def _peak_memory(learner: Learner, batch: RolloutBatch) -> dict[str, float]:
     try:
         for key, only in (("fwd_bwd_peak_mb", True), ("full_head_fwd_bwd_peak_mb", False)):
             learner.cfg = cfg.model_copy(update={"response_only_head": only})
-            out[key] = round(allocation_peak_bytes(lambda: learner._accumulate_gradients(t, None, 0)) / 2**20, 2)
+            out[key] = round(allocation_peak_bytes(lambda: learner._accumulate_gradients(t, None, 0),
+                                                   learner.device) / 2**20, 2)
             learner.opt.zero_grad(set_to_none=True)
     finally:
         learner.cfg = cfg
@@ -111,7 +133,7 @@ def _peak_memory(learner: Learner, batch: RolloutBatch) -> dict[str, float]:
 
 
 def _learner(preset: str, checkpoint: str | None, batch: int, group: int, grad_accum: int, response_tokens: int,
-             threads: int, tmp: str) -> tuple[Learner, ModelConfig]:
+             threads: int, tmp: str, device: str = "cpu", dtype: str = "float32") -> tuple[Learner, ModelConfig]:
     """The learner of ``checkpoint`` (the pipeline's base), else of a random ``preset`` model."""
     if checkpoint:
         ckpt, cfg = checkpoint, load_checkpoint(checkpoint).model_config
@@ -124,20 +146,24 @@ def _learner(preset: str, checkpoint: str | None, batch: int, group: int, grad_a
         ckpt = os.path.join(tmp, "model.pt")
         save_checkpoint(ckpt, TransformerLM(cfg), tokenizer=tok)
     train_cfg = TrainConfig(rollout_batch_size=batch, train_batch_size=batch, group_size=group,
-                            gradient_accumulation_steps=grad_accum, sampling_max_tokens=response_tokens)
+                            gradient_accumulation_steps=grad_accum, sampling_max_tokens=response_tokens,
+                            device=device, dtype=dtype)
     return Learner(ckpt, train_cfg, threads=threads), cfg
 
 
 def run_bench(preset: str, checkpoint: str | None, batch: int, group: int, grad_accum: int, prompt_tokens: int,
-              response_tokens: int, repeats: int, threads: int) -> dict:
-    peak_before = matmul_peak()
+              response_tokens: int, repeats: int, threads: int, device: str = "cpu", dtype: str = "float32") -> dict:
+    dev = torch.device(device)
+    peak_before = matmul_peak(device=dev)
+    chip = device_peak(dev, dtype)
     with tempfile.TemporaryDirectory() as tmp:
-        learner, cfg = _learner(preset, checkpoint, batch, group, grad_accum, response_tokens, threads, tmp)
+        learner, cfg = _learner(preset, checkpoint, batch, group, grad_accum, response_tokens, threads, tmp,
+                                device, dtype)
         data = synthetic_batch(batch, group, prompt_tokens, response_tokens, cfg.vocab_size)
         learner.train_step(data, None, 0)  # warm-up through the public entry point
         times = [_timed_step(learner, data, s) for s in range(1, repeats + 1)]
         memory = _peak_memory(learner, data)
-    peak_after = matmul_peak()
+    peak_after = matmul_peak(device=dev)
     peak = max(peak_before["flops_per_s"], peak_after["flops_per_s"])
     med = {p: statistics.median(t[p] for t in times) for p in PARTS}
     lens = [prompt_tokens + response_tokens] * batch
@@ -145,7 +171,8 @@ def run_bench(preset: str, checkpoint: str | None, batch: int, group: int, grad_
     flops = {"fwd_bwd": train_flops(cfg, lens, head), "optimizer": 0.0, "kl_monitor": forward_flops(cfg, lens, head)}
     total_s = sum(med.values())
     out = {
-        "bench": "update", "model": checkpoint or preset, "batch": batch, "group_size": group,
+        "bench": "update", "model": checkpoint or preset, "device": str(dev), "dtype": dtype, "batch": batch,
+        "group_size": group,
         "gradient_accumulation_steps": grad_accum, "prompt_tokens": prompt_tokens,
         "response_tokens": response_tokens, "repeats": repeats, "num_parameters": cfg.num_parameters(),
         "torch_threads": torch.get_num_threads(), "load_avg_1m": round(os.getloadavg()[0], 2),
@@ -153,7 +180,9 @@ def run_bench(preset: str, checkpoint: str | None, batch: int, group: int, grad_
         "matmul_peak_gflops_before": gflops(peak_before["flops_per_s"]),
         "matmul_peak_gflops_after": gflops(peak_after["flops_per_s"]),
         "update_s": round(total_s, 5), "update_gflops": gflops(sum(flops.values()) / total_s),
-        "update_fraction_of_peak": round(sum(flops.values()) / total_s / peak, 4), **memory,
+        "update_fraction_of_peak": round(sum(flops.values()) / total_s / peak, 4),
+        "update_fraction_of_device_peak": fraction(sum(flops.values()) / total_s, chip["flops_per_s"]), **memory,
+        **peak_fields(sum(flops.values()) / total_s, peak, chip),
     }
     out["goals"] = {"update_fraction_of_peak": GOAL_FRACTION_OF_PEAK,
                     "met": out["update_fraction_of_peak"] >= GOAL_FRACTION_OF_PEAK}
@@ -163,6 +192,7 @@ def run_bench(preset: str, checkpoint: str | None, batch: int, group: int, grad_
         if flops[p]:
             out[f"{p}_gflops"] = gflops(flops[p] / med[p])
             out[f"{p}_fraction_of_peak"] = round(flops[p] / med[p] / peak, 4)
+            out[f"{p}_fraction_of_device_peak"] = fraction(flops[p] / med[p], chip["flops_per_s"])
     return out
 
 
@@ -177,6 +207,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--response-tokens", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (a learner's train.threads)")
+    ap.add_argument("--device", default="cpu", help="the learner's device (train.device): cpu, cuda, cuda:N")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the learner's train.dtype (bfloat16: autocast on CUDA); the device peak is taken in it")
     ap.add_argument("--out", default=None, help="also write the JSON line here (atomically)")
     args = ap.parse_args(argv)
     for name in ("batch", "group_size", "grad_accum", "prompt_tokens", "response_tokens", "repeats", "threads"):
@@ -185,11 +218,13 @@ def main(argv=None) -> dict:
     if args.batch % args.group_size or args.batch % args.grad_accum:
         ap.error(f"--batch ({args.batch}) must be divisible by --group-size ({args.group_size}) "
                  f"and --grad-accum ({args.grad_accum})")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: CUDA is not available here (torch {torch.__version__})")
     torch.set_num_threads(args.threads)
     if args.checkpoint and not os.path.isfile(args.checkpoint):
         ap.error(f"--checkpoint: {args.checkpoint} does not exist")
     result = run_bench(args.preset, args.checkpoint, args.batch, args.group_size, args.grad_accum, args.prompt_tokens,
-                       args.response_tokens, args.repeats, args.threads)
+                       args.response_tokens, args.repeats, args.threads, args.device, args.dtype)
     emit(result, args.out)
     return result
 

@@ -445,3 +445,68 @@ def test_rdt_refuses_a_receiver_without_tensor_transport(actors):
     with pytest.raises(BackendUnavailableError, match="enable_tensor_transport=True"):
         t.setup(actors["learner"], [plain])
     ray.kill(plain)
+
+
+class Silent(WeightReceiver):
+    """A receiver that never answers a load: it sleeps for an hour (killed by the test)."""
+
+    def __init__(self):
+        self.model = TiedNet(44)
+
+    def load_weights(self, state, version, checksum=False):
+        time.sleep(3600)
+
+    def read_weight_channel(self, key, version, checksum=False, timeout_s=None):
+        time.sleep(3600)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("case", ["object_store", "object_store/channel", "rdt/gloo"])
+def test_a_sync_whose_receiver_never_answers_fails_within_its_timeout(actors, case):
+    """No sync can hang: with a receiver that never answers, ``sync`` raises ``WeightSyncTimeout``
+    naming ``train.weight_sync.timeout_s`` within that timeout (plus Ray's own latency), and the
+    transport's teardown returns."""
+    import ray
+
+    transport, _, variant = case.partition("/")
+    cfg = WeightSyncConfig(transport=transport, channel=variant == "channel", timeout_s=2)
+    if transport == "rdt":
+        cfg = WeightSyncConfig(transport="rdt", backend="gloo", timeout_s=2)
+    silent = ray_actor_class(Silent, transport).options(num_cpus=0).remote()
+    learner = ray_actor_class(Learner, transport).options(num_cpus=0).remote()
+    ray.get([silent.weight_sync_probe.remote(), learner.weight_sync_probe.remote()], timeout=60)  # started
+    t = make_transport(cfg)
+    t.setup(learner, [silent])
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncTimeout, match=r"within train\.weight_sync\.timeout_s=2 s"):
+        t.sync(learner, [silent], version=1)
+    assert time.monotonic() - t0 < 2 + 10  # the bound, not a speed: a hang would run for an hour
+    t.teardown()
+    for a in (silent, learner):
+        ray.kill(a)
+
+
+@pytest.mark.ray
+def test_weight_sync_bench_rows_carry_both_fractions(ray_session):
+    """``rlpipe bench weight-sync``'s per-payload rows at its smallest settings: each run has its
+    GB/s over the payload-sized memcpy (shape) and over the device's large copy (device), the
+    in-process ``local`` sync included, every run bit-identical; the headline carries both."""
+    import argparse
+
+    from rlpipe.bench import weight_sync as bench
+
+    args = argparse.Namespace(actor_threads=1, timeout_s=60.0, gap_s=0.0, repeats=1)
+    runs = [("local", "cpu"), ("object_store", "cpu")]
+    body = bench.bench_payload({"kind": "synthetic", "mb": 0.05}, runs, args, gpus=0.0)
+    assert set(body["transports"]) == {"local@cpu", "object_store@cpu"}
+    device = body["device_memcpy_cpu"]
+    assert device["gbps"] > 0 and device["bytes"] == 1 << 28 and device["threads"] == 1
+    for r in body["transports"].values():
+        assert r["bit_identical"] and r["gbps"] == pytest.approx(r["bytes"] / r["median_s"] / 1e9)
+        assert r["fraction_of_memcpy"] == pytest.approx(r["gbps"] / body["memcpy_cpu"]["gbps"])
+        assert r["fraction_of_device_memcpy"] == pytest.approx(r["gbps"] / device["gbps"], rel=1e-3)
+    h = bench.headline({"synthetic_0.05MB": body})
+    fastest = max(body["transports"], key=lambda k: body["transports"][k]["gbps"])
+    assert h["headline"] == f"{fastest}, payload synthetic_0.05MB"
+    assert h["fraction_of_device_peak"] == body["transports"][fastest]["fraction_of_device_memcpy"]
+    assert h["fraction_of_shape_peak"] == pytest.approx(body["transports"][fastest]["fraction_of_memcpy"], rel=1e-3)

@@ -191,3 +191,85 @@ def test_bench_best_and_cpu_verdict_by_hand():
     payloads["synthetic_100MB"]["best"]["cpu"] = dict(best, winner_fraction_of_memcpy=0.29)
     assert bench.cpu_verdict(payloads)["goal"]["met"] is False
     assert bench.cpu_verdict({"synthetic_1MB": payloads["synthetic_1MB"]})["goal"]["met"] is None  # not measured
+
+
+def _gpu_run(gbps: float, device_gbps: float) -> dict:
+    return {"median_s": 1 / gbps, "gbps": gbps, "fraction_of_memcpy": gbps / 100.0,
+            "fraction_of_device_memcpy": gbps / device_gbps}
+
+
+def test_bench_gpu_goal_and_headline_by_hand():
+    """Same-GPU syncs against the device memcpy (1000 GB/s here) at payloads >= 100 MB: met only
+    when every one reaches 0.3; a failed sync misses it; the headline is the fastest run of the
+    largest payload, with both of its fractions."""
+    big = {"bytes": 10**9, "transports": {"local@gpu-shared": _gpu_run(400.0, 1000.0),
+                                          "rdt/cuda_ipc@gpu-shared": _gpu_run(300.0, 1000.0),
+                                          "object_store@gpu-shared": _gpu_run(5.0, 1000.0),
+                                          "rdt/nccl@gpu": {"skipped": "needs 2 GPU(s), Ray sees 1"}}}
+    small = {"bytes": 10**6, "transports": {"local@gpu-shared": _gpu_run(1.0, 1000.0)}}
+    payloads = {"synthetic_1000MB": big, "synthetic_1MB": small}
+    v = bench.gpu_verdict(payloads)
+    assert v["met"] is True and v["fraction_of_device_memcpy"] == {
+        "synthetic_1000MB local@gpu-shared": 0.4, "synthetic_1000MB rdt/cuda_ipc@gpu-shared": 0.3}
+    big["transports"]["rdt/cuda_ipc@gpu-shared"] = _gpu_run(299.0, 1000.0)
+    assert bench.gpu_verdict(payloads)["met"] is False
+    big["transports"]["rdt/cuda_ipc@gpu-shared"] = {"failed": "weight sync rdt/cuda_ipc (version 1) did not "
+                                                              "finish within train.weight_sync.timeout_s=30 s"}
+    assert bench.gpu_verdict(payloads)["met"] is False
+    assert bench.gpu_verdict({"synthetic_1MB": small})["met"] is None  # no payload of 100 MB or more
+    h = bench.headline(payloads)
+    assert h["headline"] == "local@gpu-shared, payload synthetic_1000MB"
+    assert (h["fraction_of_shape_peak"], h["fraction_of_device_peak"]) == (4.0, 0.4)
+    assert "fraction_of_device_memcpy" in h["peak_note"] and "fraction_of_memcpy" in h["peak_note"]
+    assert bench.headline({})["fraction_of_device_peak"] is None
+
+
+class _FailingTransport:
+    label = "rdt/cuda_ipc"
+
+    def sync(self, sender, receivers, version, checksum=False):
+        raise bench.WeightSyncTimeout("weight sync rdt/cuda_ipc (version 0) did not finish within "
+                                      "train.weight_sync.timeout_s=1 s")
+
+
+def test_bench_records_a_failed_sync_and_goes_on(monkeypatch):
+    """A run whose sync fails (here: times out) is reported with its message, and is not tried
+    again; the bench does not stop (the other runs here: none, so no Ray is needed)."""
+    out = bench._time_runs({"rdt/cuda_ipc@gpu-shared": (_FailingTransport(), None, None)}, repeats=2, gap_s=0)
+    assert out == {"rdt/cuda_ipc@gpu-shared": {"failed": "weight sync rdt/cuda_ipc (version 0) did not finish "
+                                                         "within train.weight_sync.timeout_s=1 s"}}
+    assert bench.best_of(out, "gpu-shared")["winner"] is None
+
+
+def test_bench_placements_are_checked():
+    assert bench._parse(["--placements", "gpu-shared, gpu"]).placements == ["gpu-shared", "gpu"]
+    assert bench._parse([]).placements is None
+    for bad in ("gpu2", ","):
+        with pytest.raises(SystemExit):
+            bench._parse(["--placements", bad])
+    with pytest.raises(SystemExit):
+        bench._parse(["--timeout-s", "0"])
+
+
+def test_same_device_sync_is_one_fused_copy(monkeypatch):
+    """``copy_weights`` (the colocated worker's sync) and ``pack_weights`` move every tensor in one
+    ``torch._foreach_copy_`` call (on a GPU: a few multi-tensor kernels, no per-tensor launch or
+    host round trip), and the result is bit-identical."""
+    calls = []
+    real = torch._foreach_copy_
+
+    def spy(dst, src, *a, **k):
+        calls.append(len(dst))
+        return real(dst, src, *a, **k)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", spy)
+    src, dst = MixedNet(1), MixedNet(2)
+    n = len(flat_weights(src))
+    stats = payload_mod.copy_weights(src, dst)
+    assert calls == [n] and _equal(src, dst) and stats.bytes == payload_mod.state_bytes(flat_weights(src))
+    packed = payload_mod.pack_weights(flat_weights(src), "cpu")
+    assert calls == [n, n] and set(packed) == {"torch.float32", "torch.bfloat16", "torch.int64", "torch.bool",
+                                               payload_mod.LAYOUT_KEY}
+    receiver = Peer(MixedNet(3))
+    receiver.load_weights(packed, 1)
+    assert calls == [n, n, n] and _equal(src, receiver.model)

@@ -15,12 +15,15 @@ three untimed copies; median and min over many repeats (more for small payloads)
 version timed a cold destination in the driver and read 0.89 GB/s at 5 MB.
 
 Runs are ``transport@placement``: ``cpu`` (both models on CPU), ``gpu`` (one GPU each; needs two)
-and ``gpu-shared`` (both on one GPU, ``num_gpus=0.5``). CPU runs: ``object_store/channel`` (the
+and ``gpu-shared`` (both on one GPU, ``num_gpus=0.5``); ``--placements`` picks some. ``local`` is the
+colocated worker's in-process copy (``copy_weights``: one fused ``_foreach_copy_``, device to
+device on a GPU), timed inside the sender actor between its model and a zeroed twin on the same
+device (no Ray in its seconds). CPU runs: ``object_store/channel`` (the
 trainer's default: ``ShmPayload`` views written into one reused Ray shared-memory channel buffer,
 ``ChannelTransport``), ``object_store`` (the same payload returned as a fresh object-store object
 per sync, ``channel: false``; read zero-copy from shared memory), ``object_store/packed`` (the
 fresh-object payload packed per dtype, as for GPU models),
-``object_store/tensors`` (named torch tensors, the naive baseline) and ``rdt/gloo``. GPU runs are
+``object_store/tensors`` (named torch tensors, the naive baseline), ``rdt/gloo`` and ``local``. GPU runs are
 added when Ray sees GPUs; a run that cannot work here is listed with its reason instead of a
 number.
 
@@ -35,10 +38,23 @@ pages for large CPU allocations, which cuts the page faults of buffers allocated
 all the receive buffer Ray allocates for every RDT/gloo transfer (off by default: it is a process-
 wide memory policy, and the trainer does not set it).
 
+Two yardsticks per run (``peak_note``): ``fraction_of_memcpy`` (the shape peak: a copy of the
+payload's own byte count, above) and ``fraction_of_device_memcpy`` (the device peak: one large warm
+``copy_``, ``rlpipe.bench.flops.device_memcpy``, 1 GiB on a GPU, 256 MiB on CPU, measured in the
+sender actor: ``device_memcpy_cpu`` / ``device_memcpy_gpu`` per payload).
+
+A sync that fails (a ``WeightSyncError``: a timeout names ``train.weight_sync.timeout_s``, here
+``--timeout-s``) is recorded as that run's ``failed`` message, and the bench goes on with the other
+runs. With ``--out`` the JSON is rewritten after every payload (``complete: false`` until the
+last), so a run stopped from outside keeps the payloads it finished.
+
 The JSON (stdout, and ``--out`` atomically) gives per payload the memcpy bound and per run the
-median seconds, GB/s and fraction of the memcpy bound; per payload and placement the best
-object-store path, the best RDT backend and the winner; at the top, ``cpu_winner`` per payload and
-``goal``: does the best CPU transport reach 0.3 of memcpy at every payload of 100 MB or more?
+median seconds, GB/s and both fractions; per payload and placement the best object-store path, the
+best RDT backend and the winner; at the top, ``cpu_winner`` per payload, ``goal``: does the best
+CPU transport reach 0.3 of memcpy at every payload of 100 MB or more?, ``gpu_goal``: do the
+same-GPU syncs (``local`` and ``rdt/cuda_ipc`` at ``gpu-shared``) reach 0.3 of the device memcpy at
+every payload of 100 MB or more?, and ``fraction_of_shape_peak`` / ``fraction_of_device_peak`` of
+the fastest run at the largest payload (``headline`` names it).
 
 Ray is started locally without the dashboard and bound to 127.0.0.1, and shut down at the end.
 """
@@ -53,6 +69,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -60,26 +77,39 @@ from torch import nn
 
 from rlpipe import io
 from rlpipe.bench import stamp
+from rlpipe.bench.flops import device_memcpy, fraction
 from rlpipe.config import WeightSyncConfig
 from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.trainer.weight_sync import (
     BackendUnavailableError,
     ObjectStoreTransport,
+    SyncStats,
     Transport,
     WeightReceiver,
     WeightSender,
+    WeightSyncError,
+    WeightSyncTimeout,
+    copy_weights,
     make_transport,
     ray_actor_class,
+    weights_checksum,
 )
 
 # (transport label, placement); GPU runs are attempted only when Ray reports GPUs
 CPU_RUNS = [("object_store", "cpu"), ("object_store/channel", "cpu"), ("object_store/packed", "cpu"),
-            ("object_store/tensors", "cpu"), ("rdt/gloo", "cpu")]
+            ("object_store/tensors", "cpu"), ("rdt/gloo", "cpu"), ("local", "cpu")]
 GPU_RUNS = [("object_store/channel", "gpu"), ("object_store", "gpu"), ("rdt/nccl", "gpu"), ("rdt/nixl", "gpu"),
-            ("object_store/channel", "gpu-shared"), ("object_store", "gpu-shared"), ("rdt/cuda_ipc", "gpu-shared")]
+            ("object_store/channel", "gpu-shared"), ("object_store", "gpu-shared"), ("rdt/cuda_ipc", "gpu-shared"),
+            ("local", "gpu-shared")]
 PLACEMENT_GPUS = {"cpu": 0.0, "gpu": 1.0, "gpu-shared": 0.5}  # num_gpus per actor
 GOAL_FRACTION, GOAL_MIN_BYTES = 0.3, 100e6  # the best CPU transport vs memcpy, at payloads >= 100 MB
+# same-GPU syncs vs the device's memcpy, at payloads >= GOAL_MIN_BYTES
+GPU_GOAL_RUNS, GPU_GOAL_FRACTION = ("local@gpu-shared", "rdt/cuda_ipc@gpu-shared"), 0.3
+PEAK_NOTE = ("fraction_of_memcpy (and fraction_of_shape_peak): GB/s over the in-run memcpy of the payload's own byte "
+             "count (memcpy_cpu / memcpy_gpu); fraction_of_device_memcpy (and fraction_of_device_peak): GB/s over "
+             "the device's large-copy rate (device_memcpy_cpu / device_memcpy_gpu: one warm copy_ of 256 MiB on "
+             "CPU, 1 GiB on a GPU, in the sender actor)")
 # The naive per-tensor object-store path is a baseline: it shows what packing gains (5x at 100 MB),
 # and one 1 GB sync through it takes ~6 s on 2 cores, a quarter of the sweep's time. Above this it
 # is skipped, with the reason in the JSON.
@@ -136,6 +166,12 @@ def memcpy_bound(nbytes: int, repeats: int, device: str = "cpu") -> dict[str, fl
             "threads": torch.get_num_threads()}
 
 
+def _zero(model: nn.Module) -> None:
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            t.zero_()
+
+
 class BenchPeer(WeightSender, WeightReceiver):
     """Sender or receiver; a receiver starts from zeros so that a sync has something to do."""
 
@@ -143,20 +179,54 @@ class BenchPeer(WeightSender, WeightReceiver):
         # like the trainer's actors (train.threads); several threads per actor on an oversubscribed
         # CPU made each of many copy_ calls wait on descheduled OpenMP workers (10x slower here)
         torch.set_num_threads(threads)
+        self.spec = spec
         self.model = build_model(spec).to(device)
         self.device = device
         self.zero = zero
+        self._twin: nn.Module | None = None
         self.reset()
 
     def reset(self) -> None:
         """A receiver goes back to zeros before each run, so every run has to deliver the weights."""
         if self.zero:
-            with torch.no_grad():
-                for t in self.model.state_dict().values():
-                    t.zero_()
+            _zero(self.model)
 
     def memcpy_bound(self, nbytes: int, repeats: int) -> dict[str, float]:
         return memcpy_bound(nbytes, repeats, "cpu" if self.device == "cpu" else "cuda")
+
+    def device_memcpy(self) -> dict:
+        return device_memcpy("cpu" if self.device == "cpu" else "cuda")
+
+    def local_sync(self, version: int, checksum: bool = False) -> SyncStats:
+        """The colocated worker's in-process sync (``copy_weights``) from this actor's model into a
+        twin on the same device; zeroed first when ``checksum`` (the bench's verifying round)."""
+        if self._twin is None:
+            self._twin = build_model(self.spec).to(self.device)
+            _zero(self._twin)
+        if checksum:
+            _zero(self._twin)
+        if self.device != "cpu":
+            torch.cuda.synchronize()  # nothing queued before the sync's clock starts
+        stats = copy_weights(self.model, self._twin, version)  # ends with a device synchronize
+        if checksum:
+            stats.checksums = [weights_checksum(self._twin)]
+        return stats
+
+
+class InActorLocal(Transport):
+    """``local`` in the bench: ``copy_weights`` inside the sender actor (``BenchPeer.local_sync``),
+    its seconds measured there; the driver's wait is bounded by ``timeout_s`` like every sync."""
+
+    name = "local"
+
+    def sync(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool = False) -> SyncStats:
+        import ray
+
+        try:
+            return ray.get(sender.local_sync.remote(version, checksum), timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise WeightSyncTimeout(f"weight sync local (version {version}) did not finish within "
+                                    f"train.weight_sync.timeout_s={self.timeout_s:g} s") from e
 
 
 def timed_repeats(nbytes: int, repeats: int) -> int:
@@ -189,8 +259,10 @@ def _skip_reason(label: str, placement: str, gpus: float, nbytes: int = 0) -> st
 
 
 def _transport(label: str, timeout_s: float) -> Transport:
-    """``object_store[/payload]`` or ``rdt/backend`` (``make_transport`` with its preflight)."""
+    """``local``, ``object_store[/payload]`` or ``rdt/backend`` (``make_transport`` with its preflight)."""
     transport, _, variant = label.partition("/")
+    if label == "local":
+        return InActorLocal(timeout_s)
     if label == "object_store/channel":
         return make_transport(WeightSyncConfig(transport="object_store", channel=True, timeout_s=timeout_s))
     if transport == "object_store":  # a fresh object per sync (``channel: false``) and its variants
@@ -220,7 +292,7 @@ def _setup_runs(spec: dict[str, Any], runs: list[tuple[str, str]], gpus: float, 
             try:
                 transport.setup(sender, [receiver])
                 active[key] = (transport, sender, receiver)
-            except BackendUnavailableError as e:
+            except WeightSyncError as e:  # unavailable here, or a set-up that timed out
                 reason = str(e)
         if reason is not None:
             results[key] = {"skipped": reason}
@@ -236,18 +308,28 @@ def _time_runs(active: dict[str, tuple[Any, Any, Any]], repeats: int, gap_s: flo
 
     times: dict[str, list[float]] = {k: [] for k in active}
     last: dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for i in range(repeats + 2):
         for key, (transport, sender, receiver) in active.items():
+            if key in out:  # failed earlier
+                continue
             final = i == repeats + 1
             if final:
                 ray.get(receiver.reset.remote())
             time.sleep(gap_s)  # syncs are an optimizer step apart in training (module docstring)
-            stats = transport.sync(sender, [receiver], version=i, checksum=final)
+            try:
+                stats = transport.sync(sender, [receiver], version=i, checksum=final)
+            except WeightSyncError as e:  # a timeout names train.weight_sync.timeout_s; the others go on
+                out[key] = {"failed": str(e)}
+                print(f"  {key}: failed: {e}", file=sys.stderr)
+                continue
             if 0 < i <= repeats:
                 times[key].append(stats.seconds)
             last[key] = stats
-    out, expected = {}, {}
+    expected = {}
     for key, (_, sender, _) in active.items():
+        if key in out:
+            continue
         if sender not in expected:  # one checksum per sender (1 GB takes seconds to hash)
             expected[sender] = ray.get(sender.weights_checksum.remote())
         verified = last[key].checksums == [expected[sender]]
@@ -260,7 +342,7 @@ def _time_runs(active: dict[str, tuple[Any, Any, Any]], repeats: int, gap_s: flo
 def best_of(timed: dict[str, Any], placement: str) -> dict[str, Any]:
     """The fastest object-store path and RDT backend among ``timed`` runs at ``placement``, and
     the winner; ``rdt_over_object_store`` < 1 means RDT is faster."""
-    at = {k.rsplit("@", 1)[0]: v for k, v in timed.items() if k.endswith(f"@{placement}")}
+    at = {k.rsplit("@", 1)[0]: v for k, v in timed.items() if k.endswith(f"@{placement}") and "failed" not in v}
     obj = min((k for k in at if k.startswith("object_store")), key=lambda k: at[k]["median_s"], default=None)
     rdt = min((k for k in at if k.startswith("rdt")), key=lambda k: at[k]["median_s"], default=None)
     winner = min((k for k in (obj, rdt) if k), key=lambda k: at[k]["median_s"], default=None)
@@ -283,9 +365,10 @@ def bench_payload(spec: dict[str, Any], runs: list[tuple[str, str]], args: argpa
     active, pairs = _setup_runs(spec, runs, gpus, args, results)
     try:
         for placement, (sender, _) in pairs.items():  # in the sender actor: its threads, its device
-            key = "memcpy_cpu" if placement == "cpu" else "memcpy_gpu"
-            if key not in out:
-                out[key] = ray.get(sender.memcpy_bound.remote(nbytes, memcpy_repeats(nbytes)))
+            kind = "cpu" if placement == "cpu" else "gpu"
+            if f"memcpy_{kind}" not in out:
+                out[f"memcpy_{kind}"] = ray.get(sender.memcpy_bound.remote(nbytes, memcpy_repeats(nbytes)))
+                out[f"device_memcpy_{kind}"] = ray.get(sender.device_memcpy.remote())
         timed = _time_runs(active, repeats, args.gap_s)
     finally:
         for transport, *_ in active.values():
@@ -294,14 +377,19 @@ def bench_payload(spec: dict[str, Any], runs: list[tuple[str, str]], args: argpa
             for a in pair:
                 ray.kill(a)
     for key, r in timed.items():
-        r["fraction_of_memcpy"] = r["gbps"] / out["memcpy_cpu" if key.endswith("@cpu") else "memcpy_gpu"]["gbps"]
+        if "failed" in r:
+            continue
+        kind = "cpu" if key.endswith("@cpu") else "gpu"
+        r["fraction_of_memcpy"] = r["gbps"] / out[f"memcpy_{kind}"]["gbps"]
+        r["fraction_of_device_memcpy"] = fraction(r["gbps"], out[f"device_memcpy_{kind}"]["gbps"])
         print(f"  {key}: median {r['median_s'] * 1e3:.1f} ms, {r['gbps']:.2f} GB/s, "
-              f"{r['fraction_of_memcpy']:.2f} of memcpy", file=sys.stderr)
+              f"{r['fraction_of_memcpy']:.2f} of memcpy, {r['fraction_of_device_memcpy']:.3g} of the device's",
+              file=sys.stderr)
     out["transports"] = {key: results.get(key) or timed[key] for key in [f"{label}@{p}" for label, p in runs]}
     out["best"] = {p: best_of(timed, p) for p in dict.fromkeys(p for _, p in runs)
                    if any(k.endswith(f"@{p}") for k in timed)}
     obj, gloo = timed.get("object_store@cpu"), timed.get("rdt/gloo@cpu")
-    if obj and gloo:
+    if obj and gloo and "failed" not in obj and "failed" not in gloo:
         out["rdt_gloo_over_object_store"] = gloo["median_s"] / obj["median_s"]
     return out
 
@@ -319,6 +407,31 @@ def cpu_verdict(payloads: dict[str, Any]) -> dict[str, Any]:
                  "met": all(f >= GOAL_FRACTION for f in big.values()) if big else None,  # None: no such payload
                  "fraction_of_memcpy": big},
     }
+
+
+def gpu_verdict(payloads: dict[str, Any]) -> dict[str, Any]:
+    """Whether the same-GPU syncs reach ``GPU_GOAL_FRACTION`` of the device's memcpy at every
+    payload of ``GOAL_MIN_BYTES`` or more (None: no such run was measured)."""
+    got = {f"{name} {key}": run.get("fraction_of_device_memcpy")
+           for name, body in payloads.items() if body["bytes"] >= GOAL_MIN_BYTES
+           for key, run in body.get("transports", {}).items() if key in GPU_GOAL_RUNS and run is not None
+           and "skipped" not in run}
+    return {"text": f"same-GPU syncs ({', '.join(GPU_GOAL_RUNS)}) reach >= {GPU_GOAL_FRACTION} of the device "
+                    f"memcpy at every payload >= {GOAL_MIN_BYTES / 1e6:g} MB (a failed sync misses it)",
+            "met": all(f is not None and f >= GPU_GOAL_FRACTION for f in got.values()) if got else None,
+            "fraction_of_device_memcpy": got}
+
+
+def headline(payloads: dict[str, Any]) -> dict[str, Any]:
+    """Both fractions of the fastest run at the largest payload: the bench's headline pair."""
+    for name, body in sorted(payloads.items(), key=lambda kv: -kv[1]["bytes"]):
+        runs = {k: r for k, r in body.get("transports", {}).items() if r and "gbps" in r}
+        if runs:
+            key = max(runs, key=lambda k: runs[k]["gbps"])
+            return {"headline": f"{key}, payload {name}",
+                    "fraction_of_shape_peak": fraction(runs[key]["fraction_of_memcpy"], 1.0),
+                    "fraction_of_device_peak": runs[key]["fraction_of_device_memcpy"], "peak_note": PEAK_NOTE}
+    return {"headline": None, "fraction_of_shape_peak": None, "fraction_of_device_peak": None, "peak_note": PEAK_NOTE}
 
 
 def _start_ray(num_cpus: int, thp: bool) -> Any:
@@ -349,12 +462,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="timed syncs per transport (after one warm-up); fewer above 200 MB, at least 3")
     p.add_argument("--transports", default=None,
                    help="comma-separated subset of " + ", ".join(dict.fromkeys(lb for lb, _ in CPU_RUNS + GPU_RUNS)))
+    p.add_argument("--placements", default=None,
+                   help="comma-separated subset of " + ", ".join(PLACEMENT_GPUS) + " (default: all that fit)")
     p.add_argument("--preset", default="cpu-tiny", help="TransformerLM preset for the model payload")
     p.add_argument("--checkpoint", default=None, help="use this model checkpoint instead of --preset")
     p.add_argument("--sizes-mb", type=_sizes, default="1,10,100,1000",
                    help="synthetic payload sweep, comma-separated MB (default 1,10,100,1000)")
     p.add_argument("--gap-s", type=float, default=0.2, help="untimed pause before each sync (see the docstring)")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="per-sync timeout")
+    p.add_argument("--timeout-s", type=float, default=300.0,
+                   help="per-sync timeout (train.weight_sync.timeout_s): a sync past it fails, named; the rest go on")
     p.add_argument("--actor-threads", type=int, default=1, help="torch threads in each bench actor")
     p.add_argument("--thp", action="store_true", help="THP_MEM_ALLOC_ENABLE=1 in the Ray workers (docstring)")
     p.add_argument("--out", default=None, help="also write the JSON here (atomically)")
@@ -363,6 +479,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--repeats must be >= 1")
     if a.gap_s < 0:
         p.error("--gap-s must be >= 0")
+    if a.timeout_s <= 0:
+        p.error("--timeout-s must be > 0")
+    a.placements = None if a.placements is None else [x.strip() for x in a.placements.split(",") if x.strip()]
+    if a.placements is not None and (not a.placements or set(a.placements) - set(PLACEMENT_GPUS)):
+        p.error(f"--placements: choose from {list(PLACEMENT_GPUS)}, got {a.placements}")
     return a
 
 
@@ -378,16 +499,19 @@ def main(argv: list[str] | None = None) -> int:
     ray = _start_ray(max(2, os.cpu_count() or 2), args.thp)
     try:
         gpus = float(ray.cluster_resources().get("GPU", 0))
-        runs = [r for r in CPU_RUNS + (GPU_RUNS if gpus else []) if wanted is None or r[0] in wanted]
+        runs = [r for r in CPU_RUNS + (GPU_RUNS if gpus else []) if (wanted is None or r[0] in wanted)
+                and (args.placements is None or r[1] in args.placements)]
         report: dict[str, Any] = {
             "host": platform.node(), "cpus": os.cpu_count(), "gpus": gpus, "torch": torch.__version__,
             "ray": ray.__version__, "ray_node_ip": ray.util.get_node_ip_address(), "repeats": args.repeats,
             "actor_threads": args.actor_threads, "gap_s": args.gap_s, "thp": args.thp,
             "sizes_mb": args.sizes_mb, "load_avg_start": list(os.getloadavg()),
-            "note": "seconds: driver wall time of one sync (export + transfer + in-place load), median of the timed "
-                    "repeats; gbps: payload bytes / median seconds / 1e9; fraction_of_memcpy: gbps / the in-run "
-                    "memcpy bound (warm copy_ in the sender actor, same threads)",
-            "payloads": {},
+            "placements": args.placements, "timeout_s": args.timeout_s,
+            "note": "seconds: driver wall time of one sync (export + transfer + in-place load; local: in the actor), "
+                    "median of the timed repeats; gbps: payload bytes / median seconds / 1e9; fraction_of_memcpy: "
+                    "gbps / the in-run memcpy bound (warm copy_ of the payload's size in the sender actor, same "
+                    "threads); fraction_of_device_memcpy: gbps / the device's large-copy rate",
+            "peak_note": PEAK_NOTE, "complete": False, "payloads": {},
         }
         payloads = {"model": (model_spec, model_source)}
         for mb in args.sizes_mb:
@@ -396,8 +520,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, (spec, source) in payloads.items():
             print(f"payload {name}: {source}", file=sys.stderr)
             report["payloads"][name] = {"source": source, **bench_payload(spec, runs, args, gpus)}
-        report["load_avg_end"] = list(os.getloadavg())  # other processes on the host skew the numbers
-        report |= cpu_verdict(report["payloads"])
+            _summarise(report)
+            if args.out:  # what is finished survives a kill from outside
+                io.write_json(args.out, stamp(report))
+        report["complete"] = True
     finally:
         ray.shutdown()
     text = json.dumps(stamp(report), indent=2)
@@ -405,6 +531,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         io.write_json(args.out, report)
     return 0
+
+
+def _summarise(report: dict[str, Any]) -> None:
+    """The verdicts and the headline over the payloads measured so far."""
+    report["load_avg_end"] = list(os.getloadavg())  # other processes on the host skew the numbers
+    report |= cpu_verdict(report["payloads"])
+    report["gpu_goal"] = gpu_verdict(report["payloads"])
+    report |= headline(report["payloads"])
 
 
 if __name__ == "__main__":

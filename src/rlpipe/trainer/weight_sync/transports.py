@@ -114,7 +114,7 @@ class _RayTransport(Transport):
                                   f"WeightReceiver (rlpipe.trainer.weight_sync): {e}") from e
         except ray.exceptions.GetTimeoutError as e:
             raise WeightSyncTimeout(f"{self.label}: the actors did not answer the start-up probe within "
-                                    f"timeout_s={self.timeout_s:g} s") from e
+                                    f"train.weight_sync.timeout_s={self.timeout_s:g} s") from e
 
     def _submit(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool) -> list[Any]:
         """The refs one sync waits for; the last ``len(receivers)`` are the receivers' ``LoadAck``s."""
@@ -135,7 +135,7 @@ class _RayTransport(Transport):
         except ray.exceptions.GetTimeoutError as e:
             self._broken = True
             raise WeightSyncTimeout(f"weight sync {self.label} (version {version}) did not finish within "
-                                    f"timeout_s={self.timeout_s:g} s; {self._hint()}") from e
+                                    f"train.weight_sync.timeout_s={self.timeout_s:g} s; {self._hint()}") from e
         except ray.exceptions.RayError as e:
             self._broken = True
             raise WeightSyncError(f"weight sync {self.label} (version {version}) failed: {e}") from e

@@ -48,7 +48,9 @@ def test_skip_when_trl_is_missing_writes_the_reason_and_trains_nothing(inputs, t
     assert bench.main(["--checkpoint", inputs[0], "--dataset", inputs[1], "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert set(result.pop("provenance")) == set(contract.PROVENANCE_KEYS)  # every bench JSON says what it ran on
-    assert result == {"bench": "trl", "skipped": True, "reason": "trl is not installed: pip install -e '.[bench]'"}
+    assert result == {"bench": "trl", "skipped": True, "reason": "trl is not installed: pip install -e '.[bench]'",
+                      "device": "cpu", "fraction_of_shape_peak": None, "fraction_of_device_peak": None,
+                      "peak_note": "skipped: nothing was measured"}  # both fractions, even when nothing ran
 
 
 def test_import_trl_returns_the_module_when_it_imports(monkeypatch):
@@ -312,3 +314,56 @@ def test_preset_checkpoint_keeps_the_tokenizer_and_vocabulary(inputs, tmp_path):
 def test_unknown_preset_is_named(inputs, tmp_path):
     with pytest.raises(bench.BenchInputError, match="--preset: unknown model preset 'huge'"):
         bench.preset_checkpoint(inputs[0], "huge", tmp_path / "x.pt")
+
+
+# --------------------------------------------------------------------------- one GPU
+
+
+def test_device_cuda_without_cuda_is_refused_in_one_line(monkeypatch, capsys):
+    """Refused before anything is opened or trained (the paths need not even exist)."""
+    monkeypatch.setattr(bench, "_cuda_available", lambda: False)
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("ran although CUDA is missing"))
+    err = _fail(["--checkpoint", "/no/such.pt", "--dataset", "/no/such", "--device", "cuda"], capsys)
+    assert err.count("\n") == 1 and "--device cuda" in err and "CUDA is not available" in err
+
+
+def test_aot_decode_is_refused_on_cuda(inputs, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "_cuda_available", lambda: True)
+    err = _fail(["--checkpoint", inputs[0], "--dataset", inputs[1], "--device", "cuda", "--decode", "aot"], capsys)
+    assert "--decode aot is CPU only" in err
+
+
+def test_cuda_settings_put_both_sides_on_the_gpu(tmp_path):
+    import dataclasses
+
+    from rlpipe.config import load_config
+
+    s = dataclasses.replace(_settings(), device="cuda")
+    s.check()
+    kw, ov = bench.grpo_config_kwargs(s, "/tmp/x"), bench.rlpipe_train_overrides(s)
+    assert kw["use_cpu"] is False and not kw["bf16"] and ov["device"] == "cuda" and ov["dtype"] == "float32"
+    path = tmp_path / "run.yaml"
+    bench._write_run_config(None, s, path)
+    cfg = load_config(path)  # a cuda run with its one GPU declared is a valid pipeline config
+    assert cfg.train.device == "cuda" and cfg.workflow.gpus_per_colocated == 1
+    bench._write_run_config(None, _settings(), path)
+    assert load_config(path).workflow.gpus_per_colocated == 0
+    assert any("one GPU on both sides" in n for n in bench.notes(s, "checkpoint"))
+    with pytest.raises(bench.BenchInputError, match="device"):
+        dataclasses.replace(s, device="tpu").check()
+
+
+def test_useful_flops_by_hand():
+    """Two samples of one 3-token prompt with 8 response tokens between them (mean 4): each is a
+    KV-cache generation (the work of one causal forward over 7 tokens) and a training forward +
+    backward over the 7 tokens with the LM head on the 4 response tokens."""
+    from rlpipe.bench.flops import forward_flops, train_flops
+    from rlpipe.lm.model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=10, context_length=16, num_layers=1, d_model=4, num_heads=2, d_ff=8)
+    want = 2 * (forward_flops(cfg, [7]) + train_flops(cfg, [7], head_tokens=4))
+    assert bench.useful_flops(cfg, [3], group_size=2, response_tokens=8) == want
+    assert bench.useful_flops(cfg, [3, 3], group_size=2, response_tokens=16) == 2 * want
+    chip = {"flops_per_s": 1e12}
+    assert bench.side_fractions(4e9, 2.0, 1e10, chip) == {"useful_gflops": 2.0, "fraction_of_shape_peak": 0.2,
+                                                          "fraction_of_device_peak": 0.002}

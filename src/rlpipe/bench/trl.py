@@ -60,6 +60,19 @@ What cannot be made equal, and how it is handled (also written to the JSON's ``n
 - threads: TRL runs in this process with ``torch.set_num_threads(threads)``; rlpipe's colocated
   actor gets ``train.threads = --threads`` (its driver and Ray's daemons are extra processes).
 
+``--device cuda`` runs both sides on one GPU, fp32, in the same interleaved pairs: TRL through
+accelerate (``use_cpu=False``), rlpipe with ``train.device: cuda`` and one declared GPU
+(``workflow.gpus_per_colocated: 1``); the validation rewards are sampled on the GPU too. Without
+CUDA it is refused before any work, in one line naming ``--device``.
+
+Fractions of the chip: each side's useful FLOP/s (``useful_flops``: every prompt's prefill and
+decode of its G samples plus the training forward and backward, counted as in
+``rlpipe.bench.flops`` with the run's mean response length, since per-sample lengths are not
+kept) over the device peak (``fraction_of_device_peak``: one large square fp32 matmul on
+``--device``) and over the shape peak (``fraction_of_shape_peak``: fp32 matmuls of sides
+256-1024), measured in this process on the bench's threads; the top-level pair is rlpipe's side,
+``peak_note`` says which is which.
+
 ``--preset NAME`` (e.g. ``assignment``: about 10x the default model's parameters at the same
 vocabulary) replaces the checkpoint's weights by an untrained ``TransformerLM`` of that preset with
 the checkpoint's tokenizer and vocabulary (``preset_checkpoint``), so the same comparison runs where
@@ -91,8 +104,10 @@ import yaml
 
 from rlpipe.analysis.contract import CHECKPOINT_FILE, METRICS_FILE, RUN_INFO_FILE
 from rlpipe.bench import stamp
+from rlpipe.bench.flops import PEAK_NOTE, decode_flops, device_peak, fraction, gflops, matmul_peak, train_flops
 from rlpipe.bench.phase_split import PhaseClock, rlpipe_phase_split
 from rlpipe.bench.trl_settings import (
+    DEVICES,
     BenchInputError,
     BenchSettings,
     _load,
@@ -161,7 +176,7 @@ def run_trl(hf_dir: str, dataset: str, s: BenchSettings, work: Path) -> dict:
     tok_hf = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
     tok_ours = load_tokenizer(hf_dir)
     _check_prompt_tokens(tok_hf, tok_ours, rows)
-    model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True)
+    model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True).to(s.device)
     reward, clock = KeywordReward(), PhaseClock()
     model.generate = clock.wrap(model.generate, "generate")  # TRL generates with this very object on CPU
     trainer = GRPOTrainer(model=model, reward_funcs=[clock.wrap(reward, "score")],
@@ -170,6 +185,8 @@ def run_trl(hf_dir: str, dataset: str, s: BenchSettings, work: Path) -> dict:
     load_before = _load()
     t0 = time.perf_counter()
     trainer.train()
+    if s.device != "cpu":
+        torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     load_after = _load()
     if len(clock.steps) != s.steps:
@@ -200,6 +217,8 @@ def _write_run_config(config: str | None, s: BenchSettings, path: Path) -> None:
     data["train"] = apply_overrides(data.get("train") or {}, rlpipe_train_overrides(s))
     data["variants"] = {RLPIPE_VARIANT: {"mode": "colocated_sync"}}
     data["workflow"] = dict(data.get("workflow") or {}, threads_per_variant=s.threads, run_tests=False)
+    if s.device != "cpu":  # the colocated job declares its one GPU (a cuda run with none is refused)
+        data["workflow"]["gpus_per_colocated"] = 1
     data.pop("math", None)
     data["workflow"].pop("tracks", None)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -350,7 +369,7 @@ def notes(s: BenchSettings, rlpipe_base: str) -> list[str]:
         "ratios, with their min and max; compare each side's load_avg_per_pair before trusting a ratio from a "
         "shared machine",
         "lr schedule constant, no warm-up, AdamW eps 1e-8, grad clip "
-        f"{s.max_grad_norm}, fp32, CPU on both sides",
+        f"{s.max_grad_norm}, fp32, {'one GPU' if s.device == 'cuda' else 'CPU'} on both sides",
     ]
     if s.weight_decay:
         out.append(f"weight decay {s.weight_decay}: HF's Trainer skips biases and norm weights, rlpipe decays all")
@@ -423,11 +442,55 @@ def run_bench(checkpoint: str, dataset: str, config: str | None, s: BenchSetting
         torch.set_num_threads(threads_before)
     rl, tr = _summary([p["rlpipe"] for p in runs]), _summary([p["trl"] for p in runs])
     rl["val_reward_initial"], tr["val_reward_initial"] = initial[rl["base"]], initial["hf_dir"]
-    return {"bench": "trl", "skipped": False, "settings": asdict(s), "threads": s.threads,
+    peaks = chip_fractions(checkpoint, hf_dir, dataset, s, rl, tr, threads_before)
+    return {"bench": "trl", "skipped": False, "settings": asdict(s), "threads": s.threads, "device": s.device,
+            **peaks,
             "versions": _versions(), "checkpoint": checkpoint, "dataset": dataset, "cpus": os.cpu_count(),
             "load_avg_start": start_load, "load_avg_end": _load(), "rlpipe": rl, "trl": tr,
             "ratios_rlpipe_over_trl": _pair_ratios(runs), "pairs": runs, "decode_package": package,
             "notes": notes(s, rl["base"]) + _package_note(package)}
+
+
+def useful_flops(cfg: ModelConfig, prompt_lens: list[int], group_size: int, response_tokens: int) -> float:
+    """FLOPs of one side's run (``rlpipe.bench.flops``): each prompt's G samples prefilled and
+    decoded, then trained on (forward + backward, the LM head on the response tokens), every
+    response at the run's mean length ``response_tokens / samples`` (rounded; per-sample lengths
+    are not kept: at these lengths the attention term they change is a few percent)."""
+    samples = len(prompt_lens) * group_size
+    r = max(1, round(response_tokens / samples))
+    return float(group_size * sum(decode_flops(cfg, p, r, 1) + train_flops(cfg, [p + r], head_tokens=r)
+                                  for p in prompt_lens))
+
+
+def side_fractions(flops: float, wall_s: float, shape_peak: float, chip: dict) -> dict:
+    """One side's useful GFLOP/s and its two fractions (shape peak, device peak)."""
+    rate = flops / wall_s
+    return {"useful_gflops": gflops(rate), "fraction_of_shape_peak": fraction(rate, shape_peak),
+            "fraction_of_device_peak": fraction(rate, chip["flops_per_s"])}
+
+
+def chip_fractions(checkpoint: str, hf_dir: str, dataset: str, s: BenchSettings, rl: dict, tr: dict,
+                   threads: int) -> dict:
+    """Both sides' fractions of the shape and device peaks (into ``rl`` / ``tr``), measured here on
+    the bench's threads and device; the top level repeats rlpipe's with the peaks and the note."""
+    import torch
+
+    cfg = load_checkpoint(checkpoint).model_config
+    tok = load_tokenizer(hf_dir)
+    lens = [len(tok.encode(r["prompt"])) for r in prompt_sequence(dataset, s)]
+    torch.set_num_threads(s.threads)
+    try:
+        shape = max(matmul_peak(device=s.device)["flops_per_s"], matmul_peak(device=s.device)["flops_per_s"])
+        chip = device_peak(s.device, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
+    for side in (rl, tr):
+        side.update(side_fractions(useful_flops(cfg, lens, s.group_size, side["tokens"]), side["wall_s"], shape, chip))
+    return {"fraction_of_shape_peak": rl["fraction_of_shape_peak"], "shape_peak_gflops": gflops(shape),
+            "fraction_of_device_peak": rl["fraction_of_device_peak"], "device_peak_tflops": chip["tflops"],
+            "device_peak_dtype": chip["dtype"], "device_peak_matmul_size": chip["matmul_size"], "device_peak": chip,
+            "peak_note": PEAK_NOTE + " Here the FLOPs are useful_flops (see rlpipe.bench.trl) per side; the top-level "
+                         "pair is rlpipe's, each side carries its own."}
 
 
 def _package_note(package: dict | None) -> list[str]:
@@ -455,6 +518,11 @@ def table(result: dict) -> str:
         rows.append((f"s/step {phase}", "" if rv is None else f"{rv:g}", "" if tv is None else f"{tv:g}", ""))
     w = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(row)) for row in rows]
+    if r.get("fraction_of_device_peak") is not None:
+        lines.append(f"useful FLOP/s over the device peak ({result['device_peak_tflops']:g} TFLOP/s "
+                     f"{result['device_peak_dtype']}): rlpipe {r['fraction_of_device_peak']:.3g}, TRL "
+                     f"{t['fraction_of_device_peak']:.3g}; over the shape peak: rlpipe "
+                     f"{r['fraction_of_shape_peak']:.3g}, TRL {t['fraction_of_shape_peak']:.3g}")
     lines.append(f"{q['pairs']} interleaved pairs (ratio: median [min, max] over pairs); load avg "
                  f"{result['load_avg_start']} -> {result['load_avg_end']}, threads {result['threads']}, "
                  f"rlpipe base: {r['base']}, decode {result['settings'].get('decode', 'eager')}")
@@ -473,10 +541,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--pairs", type=int, default=3, help="interleaved (rlpipe, TRL) runs; ratios are medians over them")
     ap.add_argument("--prompts-per-step", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each side")
-    ap.add_argument("--decode", choices=DECODES, default="aot",
-                    help="rlpipe's sampler decode (default aot: the AOT-compiled step, its package built once "
-                         "before the pairs if this machine has none; eager: the pipeline's default; compiled "
-                         "pays its torch.compile time inside the first timed step; config: the config's "
+    ap.add_argument("--device", choices=DEVICES, default="cpu",
+                    help="both sides on this device (cuda: one GPU, in the same interleaved pairs)")
+    ap.add_argument("--decode", choices=DECODES, default=None,
+                    help="rlpipe's sampler decode (default on CPU aot: the AOT-compiled step, its package built once "
+                         "before the pairs if this machine has none; on cuda config; eager: the pipeline's default; "
+                         "compiled pays its torch.compile time inside the first timed step; config: the config's "
                          "train.decode)")
     ap.add_argument("--preset", default=None,
                     help="bench an untrained model of this preset (e.g. assignment: ~10x the default's parameters) "
@@ -490,23 +560,39 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main(argv=None) -> int:
     ap = _parser()
     a = ap.parse_args(argv)
+    if a.device == "cuda" and not _cuda_available():
+        ap.exit(2, "rlpipe bench trl: --device cuda: CUDA is not available here (no GPU, or a CPU-only torch); "
+                   "use --device cpu\n")
     try:
         train_cfg = check_inputs(a.checkpoint, a.dataset, a.config)
         s = settings_from_config(train_cfg, steps=a.steps, prompts_per_step=a.prompts_per_step, threads=a.threads)
         if a.val_size is not None:
             s = BenchSettings(**{**asdict(s), "val_size": a.val_size, "betas": s.betas})
-        if a.decode != "config":
-            s = BenchSettings(**{**asdict(s), "decode": a.decode, "betas": s.betas})
+        decode = a.decode or ("aot" if a.device == "cpu" else "config")
+        if decode == "aot" and a.device != "cpu":
+            raise BenchInputError("--decode aot is CPU only (an AOTInductor package for CPU); with --device cuda "
+                                  "choose eager, static, compiled or config")
+        if decode != "config":
+            s = BenchSettings(**{**asdict(s), "decode": decode, "betas": s.betas})
+        s = BenchSettings(**{**asdict(s), "device": a.device, "betas": s.betas})
         s.check()
         if a.pairs < 1:
             raise BenchInputError(f"--pairs must be >= 1, got {a.pairs}")
     except BenchInputError as e:
         ap.error(str(e))
     if import_trl() is None:
-        result = {"bench": "trl", "skipped": True, "reason": SKIP_REASON}
+        result = {"bench": "trl", "skipped": True, "reason": SKIP_REASON, "device": s.device,
+                  "fraction_of_shape_peak": None, "fraction_of_device_peak": None,
+                  "peak_note": "skipped: nothing was measured"}
         print(f"rlpipe bench trl: skipped: {SKIP_REASON}", flush=True)
     else:
         with (contextlib.nullcontext(a.work_dir) if a.work_dir else tempfile.TemporaryDirectory(

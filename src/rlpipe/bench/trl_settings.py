@@ -16,6 +16,8 @@ from rlpipe.tasks.keyword.dataset import load_split
 from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
 from rlpipe.tasks.keyword.task import KeywordInclusionTask
 
+DEVICES = ("cpu", "cuda")  # cuda: the one GPU accelerate picks (CUDA_VISIBLE_DEVICES selects it)
+
 
 class BenchInputError(ValueError):
     """An input of ``rlpipe bench trl`` (checkpoint, dataset, config, a setting) is unusable; the
@@ -44,6 +46,7 @@ class BenchSettings:
     advantage_eps: float = 1e-8  # rlpipe only: TRL hard-codes 1e-4
     decode: str = "eager"  # rlpipe only (train.decode): TRL always runs HF generate
     threads: int = 2
+    device: str = "cpu"  # both sides: cpu or cuda (one GPU; TRL through accelerate, rlpipe through train.device)
     seed: int = 0
     val_size: int = 64
     val_seed: int = 1234
@@ -56,6 +59,8 @@ class BenchSettings:
         for name in ("steps", "prompts_per_step", "max_new_tokens", "threads", "val_size"):
             if getattr(self, name) < 1:
                 raise BenchInputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.device not in DEVICES:
+            raise BenchInputError(f"device must be one of {list(DEVICES)}, got {self.device!r}")
         if self.group_size < 2:
             raise BenchInputError(f"group_size must be >= 2 (TRL's GRPO needs 2 generations), got {self.group_size}")
 
@@ -75,7 +80,7 @@ def settings_from_config(train_cfg, *, steps: int, prompts_per_step: int, thread
 
 def grpo_config_kwargs(s: BenchSettings, output_dir: str) -> dict:
     """``GRPOConfig(**kwargs)`` for the settings: on-policy (one generation batch per optimizer
-    step, one iteration), CPU fp32, constant LR, no KL, no eval, nothing saved or reported."""
+    step, one iteration), fp32 on ``s.device``, constant LR, no KL, no eval, nothing saved or reported."""
     return dict(
         output_dir=output_dir, max_steps=s.steps, per_device_train_batch_size=s.samples_per_step,
         gradient_accumulation_steps=1, num_generations=s.group_size, num_iterations=1,
@@ -84,7 +89,7 @@ def grpo_config_kwargs(s: BenchSettings, output_dir: str) -> dict:
         weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, optim="adamw_torch",
         lr_scheduler_type="constant", warmup_steps=0, epsilon=s.cliprange, beta=0.0, loss_type="grpo",
         scale_rewards="group", mask_truncated_completions=False, shuffle_dataset=False, seed=s.seed,
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, report_to="none",
+        use_cpu=s.device == "cpu", bf16=False, fp16=False, gradient_checkpointing=False, report_to="none",
         save_strategy="no", eval_strategy="no", logging_steps=s.steps, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False, remove_unused_columns=False,
     )
@@ -107,7 +112,7 @@ def rlpipe_train_overrides(s: BenchSettings) -> dict:
         "decode": s.decode, "kl_monitor": False, "kl_monitor_every": s.steps, "recompute_old_log_probs": False,
         "gradient_checkpointing": False,
         "val_every": s.steps, "val_size": s.val_size, "val_seed": s.val_seed, "checkpoint_every": s.steps,
-        "log_rollouts_every": s.steps, "device": "cpu", "dtype": "float32", "threads": s.threads, "seed": s.seed,
+        "log_rollouts_every": s.steps, "device": s.device, "dtype": "float32", "threads": s.threads, "seed": s.seed,
     }
 
 
@@ -147,13 +152,13 @@ def check_inputs(checkpoint: str, dataset: str, config: str | None):
 
 def validation_reward(model, tokenizer, dataset: str, s: BenchSettings) -> float:
     """Mean keyword reward of one sample per validation prompt (the first ``val_size``), sampled
-    with rlpipe's sampler at the training temperature and top-p with the fixed ``val_seed``: the
-    one evaluation path of both sides (and of rlpipe's own validation)."""
+    with rlpipe's sampler at the training temperature and top-p with the fixed ``val_seed`` on
+    ``s.device``: the one evaluation path of both sides (and of rlpipe's own validation)."""
 
     examples = load_split(dataset, "val")[: s.val_size]
     params = SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens,
                             seed=s.val_seed)
-    responses = generate(model, tokenizer, [e.prompt for e in examples], params, device="cpu").response_text
+    responses = generate(model, tokenizer, [e.prompt for e in examples], params, device=s.device).response_text
     rewards = [float(keyword_inclusion_reward_fn(r, e.keywords)["reward"])
                for r, e in zip(responses, examples, strict=True)]
     return round(sum(rewards) / len(rewards), 4)
@@ -161,7 +166,7 @@ def validation_reward(model, tokenizer, dataset: str, s: BenchSettings) -> float
 
 def _policy_reward(path: str, dataset: str, s: BenchSettings) -> float:
 
-    policy = load_policy(path, device="cpu")
+    policy = load_policy(path, device=s.device)
     return validation_reward(policy.model, policy.tokenizer, dataset, s)
 
 

@@ -47,9 +47,11 @@ from rlpipe.config import (
     resolve_variant,
     table_reference,
     to_dict,
+    track_pipeline,
     variant_gpus,
     workflow_tracks,
 )
+from rlpipe.config.checks import check_paths
 from rlpipe.config.identity import identity
 from rlpipe.config.run_command import CONFIG_SUFFIXES
 
@@ -66,8 +68,21 @@ for _f in workflow.overwrite_configfiles or ():
     if Path(str(_f)).suffix.lower() not in CONFIG_SUFFIXES:
         raise WorkflowError(f"{_f}: looks like a target; put targets before --configfile (or use `rlpipe run`)")
 
+def _run_trains(cfg) -> dict:
+    """Every run's resolved train settings by track and variant (their template and reward files are checked)."""
+    return {f"{n}/{v}: train": to_dict(resolve_variant(p, v)) for n in cfg.workflow.tracks
+            for p in [track_pipeline(cfg, n)] for v in p.variants}
+
+
+# Every key is checked before any job, the paths included (rlpipe.config.checks: inputs exist and are
+# readable, workflow.results_dir is writable), so that no job starts on an input it cannot read.
 try:
     CFG = parse_config(config)
+    check_paths(CFG, _run_trains(CFG))
+    if CFG.data.keywords_path and KEYWORD_TRACK in CFG.workflow.tracks:  # its lines, named file:line
+        from rlpipe.tasks.keyword.vocabulary import load_keywords
+
+        load_keywords(CFG.data.keywords_path)
 except ConfigError as e:
     raise WorkflowError(f"invalid rlpipe config: {e}") from None
 
@@ -138,11 +153,44 @@ def _check_user_task(t) -> None:
         raise WorkflowError(f"track {t.name}: {e}") from None
 
 
+def _check_prompts(t) -> None:
+    """Every prompt of a track's given dataset fits its model's context with room for the response,
+    for each run's settings (rlpipe.tasks.prompt_budget: tokens counted with the track's tokenizer
+    when it exists now, else bounded from the prompt's bytes; rlpipe train counts exactly again)."""
+    from rlpipe.tasks.base import DatasetError
+    from rlpipe.tasks.prompt_budget import base_context_length, check_prompt_lengths, preset_context_length
+    from rlpipe.tasks.registry import TaskLoadError
+
+    p = t.pipeline
+    context = (base_context_length(t.base_model) if t.base_model
+               else preset_context_length(p.model.preset, p.model.overrides))
+    if context is None:
+        return
+    trained = Path(f"{RESULTS}/{t.subdir}tokenizer/tokenizer.json")
+    tokenizer = p.tokenizer.path or (t.base_model if t.base_model and Path(t.base_model, "tokenizer.json").is_file()
+                                     else str(trained) if t.pretrains and trained.is_file() else None)
+    runs = [resolve_variant(p, v) for v in p.variants]
+    runs += [resolve_variant(FAMILY_CFG[f], v) for f in FAMILIES if CFG.families[f].base_track == t.name
+             for v in FAMILY_CFG[f].variants]
+    seen = set()
+    for train in runs:
+        key = json.dumps([train.task, to_dict(train.text), to_dict(train.math), train.task_options,
+                          train.sampling_max_tokens], sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            try:
+                check_prompt_lengths(train, t.dataset_dir, context, tokenizer)
+            except (DatasetError, FileNotFoundError, TaskLoadError, ValueError) as e:
+                raise WorkflowError(f"track {t.name}: {e}") from None
+
+
 for _t in TRACKS.values():
     if _t.name != KEYWORD_TRACK:
         _check_track_paths(_t)
     if _t.name not in (KEYWORD_TRACK, MATH_TRACK) and _t.dataset_dir:
         _check_user_task(_t)
+    if _t.dataset_dir:
+        _check_prompts(_t)
 # File names of a run directory (RUN_FILES: train_variant's declared outputs), of results/summary
 # (SUMMARY_FILES, SUMMARY_REPORT_FILES) and the figures (FIGURES: kind -> Figure(category, title,
 # ext)) come from the run-output contract, which the trainer's writer, aggregation, the plots and

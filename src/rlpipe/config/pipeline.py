@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from rlpipe.config.base import ConfigError, from_dict, to_dict
+from rlpipe.config.checks import check_model_overrides
 from rlpipe.config.root import PipelineConfig
 from rlpipe.config.sections import KEYWORD_TRACK, MATH_TRACK, SYSTEMS_TRACK
 from rlpipe.config.tracks import RESERVED_TRACKS, USER_TRACK_DIR, FamilyConfig, Track
@@ -60,6 +61,7 @@ def parse_config(data: dict[str, Any]) -> PipelineConfig:
         if isinstance(data.get(table), dict):
             data = dict(data, **{table: {k: v for k, v in data[table].items() if v is not None}})
     cfg = from_dict(PipelineConfig, data)
+    check_model_overrides(cfg)
     _check_names(cfg)
     _check_tracks(cfg)
     for name in cfg.variants:

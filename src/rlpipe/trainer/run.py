@@ -83,6 +83,7 @@ from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.provenance import provenance
 from rlpipe.tasks import check_task
 from rlpipe.tasks.base import DatasetError
+from rlpipe.tasks.prompt_budget import base_context_length, check_prompt_lengths
 from rlpipe.tasks.registry import TaskLoadError
 from rlpipe.trainer import conditions, ray_reaper, tensorboard
 from rlpipe.trainer import resume as resume_policy
@@ -141,6 +142,9 @@ def _check_inputs(train_cfg, base: str, dataset: str | None) -> str:
     tokenizer = _check_base(base)
     try:
         check_task(train_cfg, dataset)  # the task loads, its dataset reads, its reward runs on a few examples
+        context = base_context_length(base)
+        if context is not None:  # every prompt fits with the response, counted with the run's tokenizer
+            check_prompt_lengths(train_cfg, dataset, context, tokenizer)
     except TaskLoadError as e:
         raise InputError(str(e)) from None
     except DatasetError as e:

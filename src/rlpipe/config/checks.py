@@ -1,0 +1,113 @@
+"""Checks of a parsed config that the models' validators cannot make: the model overrides against the
+model's fields, and every path key against the file system. Each failure is a ``ConfigError`` naming
+the dotted key.
+
+``check_model_overrides`` runs inside ``parse_config`` (it needs nothing but the config), so
+``rlpipe train`` and the workflow both refuse ``model.overrides: {num_layer: 2}`` with "did you
+mean 'num_layers'?". ``check_paths`` runs where the paths are read: the workflow at parse time,
+before any job (``workflow/rules/common.smk``). It checks each input exists and is readable, and
+that the output directory (``workflow.results_dir``) is, or can be created, writable.
+
+``MODEL_FIELDS`` are the fields of ``rlpipe.lm.model.ModelConfig`` (the config layer does not import
+torch; a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+from rlpipe.config.base import ConfigError
+from rlpipe.config.root import PipelineConfig
+from rlpipe.config.sections import ModelSection
+
+#: ``rlpipe.lm.model.ModelConfig``'s fields, in order: what ``model.overrides`` may set.
+MODEL_FIELDS = ("vocab_size", "context_length", "num_layers", "d_model", "num_heads", "d_ff", "rope_theta")
+TIKTOKEN_PREFIX = "tiktoken:"
+
+
+def _model_sections(cfg: PipelineConfig) -> dict[str, ModelSection]:
+    out = {"model": cfg.model, "math.model": cfg.math.model}
+    out.update({f"tracks.{k}.model": t.model for k, t in cfg.tracks.items() if t is not None})
+    return out
+
+
+def check_model_overrides(cfg: PipelineConfig) -> None:
+    """Every ``*.model.overrides`` key is a model field, and its value a positive number (an int
+    except ``rope_theta``)."""
+    for key, section in _model_sections(cfg).items():
+        for name, value in section.overrides.items():
+            where = f"{key}.overrides.{name}"
+            if name not in MODEL_FIELDS:
+                close = difflib.get_close_matches(name, MODEL_FIELDS, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"the model's fields are {', '.join(MODEL_FIELDS)}"
+                raise ConfigError(f"unknown model field '{where}'; {hint}")
+            number = (int, float) if name == "rope_theta" else int
+            if isinstance(value, bool) or not isinstance(value, number) or not value > 0:
+                kind = "a positive number" if name == "rope_theta" else "a positive integer"
+                raise ConfigError(f"{where}: must be {kind}, got {value!r}")
+
+
+def _readable(key: str, path: str, kind: str) -> None:
+    """``path`` exists as a ``kind`` ('file', 'dir' or 'path': either) and can be read."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"{key}: {path} does not exist")
+    if kind == "file" and not p.is_file():
+        raise ConfigError(f"{key}: {path} is not a file")
+    if kind == "dir" and not p.is_dir():
+        raise ConfigError(f"{key}: {path} is not a directory")
+    if not os.access(p, os.R_OK | (os.X_OK if p.is_dir() else 0)):
+        raise ConfigError(f"{key}: {path} is not readable")
+
+
+def _writable(key: str, path: str) -> None:
+    """``path`` is a writable directory, or the nearest existing directory above it is."""
+    p = Path(path).expanduser().absolute()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{key}: {path} is not a directory")
+    existing = next(q for q in (p, *p.parents) if q.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == p else f" ({existing}, where it would be created, is not writable)"
+        raise ConfigError(f"{key}: {path} is not writable{where}")
+
+
+def _tokenizer(key: str, spec: str | None) -> None:
+    if spec is not None and not spec.startswith(TIKTOKEN_PREFIX):
+        _readable(key, spec, "path")
+
+
+def _train_files(key: str, train: dict[str, Any]) -> None:
+    text = train.get("text") or {}
+    if text.get("template_file"):
+        _readable(f"{key}.text.template_file", text["template_file"], "file")
+    reward = text.get("reward") or ""
+    if ".py:" in reward:
+        _readable(f"{key}.text.reward", reward.rpartition(":")[0], "file")
+
+
+def check_paths(cfg: PipelineConfig, trains: dict[str, dict[str, Any]] | None = None) -> None:
+    """Every path key of ``cfg`` that is set: inputs exist and are readable, the results directory is
+    writable. ``trains`` maps a dotted key to a resolved train section (as plain data) whose
+    template and reward files are checked too (the workflow passes every run's)."""
+    d = cfg.data
+    if d.corpus_source == "tinystories" and d.corpus_path:
+        _readable("data.corpus_path", d.corpus_path, "file")
+    if d.keywords_path:
+        _readable("data.keywords_path", d.keywords_path, "file")
+    for prefix, tok, model in [("", cfg.tokenizer, cfg.model), ("math.", cfg.math.tokenizer, cfg.math.model),
+                               *[(f"tracks.{k}.", t.tokenizer, t.model) for k, t in cfg.tracks.items() if t]]:
+        _tokenizer(f"{prefix}tokenizer.path", tok.path)
+        if model.base_checkpoint:
+            _readable(f"{prefix}model.base_checkpoint", model.base_checkpoint, "file")
+    for key, value, kind in [("math.dataset_dir", cfg.math.dataset_dir, "dir"),
+                             ("math.base_model_dir", cfg.math.base_model_dir, "dir"),
+                             *[(f"tracks.{k}.dataset_dir", t.dataset_dir, "dir") for k, t in cfg.tracks.items() if t],
+                             *[(f"tracks.{k}.base_model", t.base_model, "path") for k, t in cfg.tracks.items() if t]]:
+        if value:
+            _readable(key, value, kind)
+    for key, train in (trains or {}).items():
+        _train_files(key, train)
+    _writable("workflow.results_dir", cfg.workflow.results_dir)

@@ -16,7 +16,7 @@ from rlpipe.analysis.optimization_text import optimization_section
 from rlpipe.analysis.results_view import ResultsView
 
 FAMILIES = ("lr_sweep", "baselines", "length_norm", "std_norm", "offpolicy_sweep", "clip_ablation",
-            "prompt_ablation")
+            "prompt_ablation", "epochs_per_batch", "offpolicyness", "kl_drift")
 CLIP_CHECK = ("Mechanism check: the clip bound on few response tokens (loss/clip_frac, mean over steps and seeds: "
               "clip 0.3%; at most 1% in any step), below the 1% at which it would change the update noticeably. "
               "What would: more epochs.")
@@ -212,3 +212,90 @@ def test_family_answer_reads_a_sweep_along_its_axis():
     text = family_answer.trend_sentence(numbers)
     assert text == ("Along learning_rate, the final validation reward is 0.0001: 0.810 ± 0.020, 0.01: 0.780 ± 0.020; "
                     "it peaks at the smallest (learning_rate = 0.0001).")
+
+
+# --------------------------------------------------------------------------- replication wording
+
+
+def _with_systems(results, replicates: int) -> ResultsView:
+    d = results / "families" / "systems" / contract.FAMILY_REPORT_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    numbers = json.loads(json.dumps(family_numbers("systems", replicates=replicates)).replace('"a"', '"sysA"')
+                         .replace('"b"', '"sysB"'))  # variant names no other family uses
+    numbers["answer"] = family_answer.answer(numbers)
+    (d / contract.FAMILY_REPORT_FILES["numbers"]).write_text(json.dumps(numbers))
+    return ResultsView.load(results)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_replication_is_claimed_only_with_two_seeds_and_said_once(results, n):
+    done = deliverables.answers(_with_systems(results, n))
+    text = {d.anchor: " ".join(t) for d, t in done}
+    systems = [a for a, t in text.items() if "sysA" in t]
+    assert systems == ["s000-p7"]  # once, not under every systems question
+    p7 = text["s000-p7"]
+    if n == 1:
+        assert "The systems family ran one seed per variant, so this is a measurement, not a replication:" in p7
+        assert "one seed each, no interval" in p7
+        for t in text.values():
+            assert "Replicated" not in t and "95% CI over" not in t and "over seeds" not in t
+    else:
+        assert "The systems family over 2 seeds per variant:" in p7 and "mean ± 95% CI over 2 seeds" in p7
+        assert "one seed" not in p7
+
+
+def test_interval_and_seed_phrases_follow_n():
+    from rlpipe.analysis.stats import interval_phrase, seeds_phrase
+    assert interval_phrase([1, 1]) == "one seed each, no interval"
+    assert interval_phrase([2, 2]) == "mean ± 95% CI over 2 seeds"
+    assert interval_phrase([3, 2]) == "mean ± 95% CI over 2 to 3 seeds"
+    assert "one seed" in interval_phrase([1, 3]) and "two or more" in interval_phrase([1, 3])
+    assert seeds_phrase([1]) == "one seed each, so not replicated" and seeds_phrase([2, 2]) == "seed means over 2 seeds"
+    text = family_answer.trend_sentence(family_numbers("baselines", replicates=1))
+    assert text.endswith("(one seed each, no interval).") and "95%" not in text
+    text = family_answer.trend_sentence(family_numbers("baselines", replicates=2))
+    assert text.endswith("(mean ± 95% CI over 2 seeds).")
+
+
+def test_train_loop_says_replicated_only_when_a_family_is(results):
+    assert "the families repeat it" not in " ".join(answers_math.train_loop_answer(ResultsView.load(results)))
+    view = _with_systems(results, 3)
+    assert "(the families repeat it over 3 seeds)" in " ".join(answers_math.train_loop_answer(view))
+
+
+# --------------------------------------------------------------------------- scaled-down protocols
+
+
+def _sweep(results) -> ResultsView:
+    numbers = family_numbers("offpolicy_sweep")
+    settings = {"a": (1, 32), "b": (2, 16)}
+    for v, (epochs, tb) in settings.items():
+        numbers["variants"][v]["settings"] = {"task": "math", "n_grpo_steps": 20, "rollout_batch_size": 32,
+                                              "epochs_per_rollout_batch": epochs, "train_batch_size": tb}
+    path = results / "families" / "offpolicy_sweep" / contract.FAMILY_REPORT_DIR / contract.FAMILY_REPORT_FILES[
+        "numbers"]
+    path.write_text(json.dumps(numbers))
+    return ResultsView.load(results)
+
+
+def test_offpolicy_sweep_says_how_far_it_is_scaled_down(results):
+    d = next(d for d in deliverables.DELIVERABLES if d.problem == "grpo_off_policy_sweep")
+    text = " ".join(d.answer(_sweep(results)))
+    assert ("this run made one sweep of 2 variants (epochs_per_rollout_batch 1 to 2 x train_batch_size 16 to 32) "
+            "of 20 GRPO steps (within the seed's broad-sweep length) with rollout_batch_size 32 (12.5% of 256), "
+            "and no focused second stage") in text
+    lr = deliverables.family("lr_sweep")(_sweep(results))  # another math family: the generic scale
+    assert not any(s.startswith("Scaled down") for s in lr)  # its family.json has no settings
+    numbers = json.loads((results / "families" / "offpolicy_sweep" / contract.FAMILY_REPORT_DIR
+                          / contract.FAMILY_REPORT_FILES["numbers"]).read_text())
+    from rlpipe.analysis.scale_text import scale_sentence
+    assert scale_sentence(numbers) == ("Scaled down: each run took 20 GRPO steps of 32 rollouts, against seed 001's "
+                                       "200 steps of 256: at most 10% of its steps and 1.2% of its rollouts, so what "
+                                       "holds here may not hold at the seed's scale.")
+
+
+def test_problem_7_states_samples_per_second_in_words(results):
+    text = " ".join(deliverables.kstep_answer(ResultsView.load(results)))
+    runs = pd.read_parquet(results / "summary" / contract.SUMMARY_FILES["runs"]).set_index("variant")
+    assert "Samples per second, one run each: onpolicy " in text
+    assert f"k2 {runs.loc['k2', 'samples_per_s']:.3g}" in text

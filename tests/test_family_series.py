@@ -135,3 +135,16 @@ def test_kl_steepest_growth_averages_over_steps():
     df = pd.DataFrame({"step": steps, "kl": [0.0 if s <= 20 else 0.5 for s in steps]})
     step, slope = steepest_growth(df)
     assert step == 25 and slope == pytest.approx(0.1)
+
+
+def test_kl_answer_states_the_values_it_compares_at_one_step(fam, tmp_path):
+    """The kl_drift answer: KL with and without the penalty, both at the last step both logged
+    (the sparse run logs every 5th), as the health figure's last points show them."""
+    from rlpipe.analysis.expectations import PREFIX_NOT_SHOWN
+    numbers = families.build(fam, tmp_path / "out")
+    with_, without = (_expected(v, "kl/ref_k3", STEPS, 1, 1) for v in ("sparse", "dense"))
+    sentence = next(s for s in numbers["answer"] if "KL to reference (k3)" in s and s.startswith("Expected"))
+    # here the penalty run is the higher one, so the penalty's expected effect is not shown
+    assert sentence.startswith(PREFIX_NOT_SHOWN)
+    assert f"at step 20, sparse (kl_coef 0.05) {with_:.3g} vs dense (kl_coef 0) {without:.3g}" in sentence
+    assert numbers["variants"]["sparse"]["settings"]["kl_coef"] == 0.05

@@ -122,9 +122,15 @@ def train_loop_answer(view: ResultsView) -> list[str]:
         trend = "rose" if _num(b) > _num(a) else "did not rise"
         out.append(f"{label} on {track_name(view)}: validation answer reward {trend}, {_f(a)} at step 0 to "
                    f"{_f(b)} at step {r.get('final_step')} (best {_f(best)} at step {r.get('best_step')}); one run, "
-                   "so a measurement, not a finding (the families replicate it).")
+                   f"so a measurement, not a finding{_replicated_by(view)}.")
     note = not_run_note(view)
     return out + ([note] if note else [])
+
+
+def _replicated_by(view: ResultsView) -> str:
+    """' (the families repeat it over N seeds)' when a family ran two or more seeds, else ''."""
+    n = max((f.get("replicates") or 0 for f in view.families.values()), default=0)
+    return f" (the families repeat it over {n} seeds)" if n >= 2 else ""
 
 
 def _num(x) -> float:

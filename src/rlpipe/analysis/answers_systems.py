@@ -2,9 +2,11 @@
 experiment families (seeds 001/004), seed 003's toy sorting and seed 004's written-only question.
 
 The systems answers are the main discussion's computed sections (``rlpipe.analysis.report_text``,
-read back from ``summary/discussion.json``), followed by the replicated verdict of the ``systems``
-family when it ran; the family answers are ``rlpipe.analysis.family_answer``'s. Every answer says
-plainly what did not run instead of being empty.
+read back from ``summary/discussion.json``); the ``systems`` family's answer follows once, under
+seed 000 Problem 7, introduced by what its seed count allows ("one seed per variant" below two).
+The family answers are ``rlpipe.analysis.family_answer``'s, with how far each is scaled down from
+the seeds' protocols (``rlpipe.analysis.scale_text``). Every answer says plainly what did not run
+instead of being empty.
 
 Departure from the seeds: seed 004's length-normalisation question is answered without an
 experiment, as asked, but closes with what this run's response lengths imply for its own
@@ -16,6 +18,9 @@ from __future__ import annotations
 from rlpipe.analysis.answers_math import not_run_note, track_name
 from rlpipe.analysis.family_answer import answer as family_answer
 from rlpipe.analysis.results_view import ResultsView
+from rlpipe.analysis.scale_text import scale_sentence
+from rlpipe.analysis.stats import seeds_phrase
+from rlpipe.analysis.text_format import fnum
 
 
 def _not_run(what: str) -> list[str]:
@@ -23,14 +28,55 @@ def _not_run(what: str) -> list[str]:
 
 
 def sections_answer(view: ResultsView, *ids: str) -> list[str]:
-    """The sentences of the main discussion's sections ``ids``, then the systems family's answer."""
+    """The sentences of the main discussion's sections ``ids``."""
     out = [s for sid in ids for s in (view.section(sid) or {}).get("sentences", [])]
-    if not out:
-        return _not_run("the keyword track's runs (results/summary/discussion.json)")
+    return out or _not_run("the keyword track's runs (results/summary/discussion.json)")
+
+
+def systems_family_sentences(view: ResultsView) -> list[str]:
+    """The systems family's answer, once, introduced by what its seed count allows: "over N seeds"
+    only when every variant has two or more, else "one seed per variant, not a replication"."""
     fam = view.families.get("systems")
-    if fam:
-        out.append("Replicated in the systems family: " + " ".join(fam.get("answer") or family_answer(fam)))
-    return out
+    if not fam:
+        return []
+    ns = [v.get("val_reward_final_n") or v.get("replicates") or 0 for v in (fam.get("variants") or {}).values()]
+    ns = [n for n in ns if n] or [fam.get("replicates") or 0]
+    head = (f"The systems family over {min(ns)} seeds per variant:" if min(ns) >= 2 else
+            "The systems family ran one seed per variant, so this is a measurement, not a replication:"
+            if max(ns) < 2 else f"The systems family ({seeds_phrase(ns)}):")
+    return [head + " " + " ".join(fam.get("answer") or family_answer(fam))]
+
+
+def _sps_sentence(view: ResultsView) -> list[str]:
+    """Seed 000 Problem 7's samples/s in words: the reference and each colocated_k variant, each marked
+    "contended, indicative only" when its run was measured under load."""
+    t = view.runs
+    if not len(t) or not {"variant", "mode", "samples_per_s"} <= set(t.columns):
+        return []
+    ks = t[t["mode"] == "colocated_k"].sort_values("k") if "k" in t.columns else t[t["mode"] == "colocated_k"]
+    sync = t[t["mode"] == "colocated_sync"]
+    if "speedup_vs_ref" in t.columns and (sync["speedup_vs_ref"] == 1.0).any():
+        sync = sync[sync["speedup_vs_ref"] == 1.0]
+    rows = [*sync.head(1).to_dict("records"), *ks.to_dict("records")]
+    if len(rows) < 2:
+        return []
+
+    def one(r: dict) -> str:
+        busy = bool(r.get("contended"))
+        load = r.get("load_avg_max")
+        mark = (f" (contended, indicative only: load average up to {load:.1f})" if busy and isinstance(load, float)
+                and load == load else " (contended, indicative only)" if busy else "")
+        return f"{r['variant']} {fnum(r['samples_per_s'])}{mark}"
+    return ["Samples per second, one run each: " + "; ".join(one(r) for r in rows) + "."]
+
+
+def kstep_answer(view: ResultsView) -> list[str]:
+    """Seed 000 Problem 7 (and seed 002 Problem 9): the k-step section, the samples/s in words, and
+    the systems family's answer (given here once, not under every systems question)."""
+    out = sections_answer(view, "kstep")
+    if out[0].startswith("Not run"):
+        return out
+    return out + _sps_sentence(view) + systems_family_sentences(view)
 
 
 STRATEGY = {"uniform": "uniformly at random", "recency": "most recent first (recency-weighted)"}
@@ -47,13 +93,23 @@ def replay_answer(view: ResultsView) -> list[str]:
     return strategy + sections_answer(view, "replay")
 
 
-def family(name: str):
-    """The answer function of family ``name`` (its family.json ``answer``, else computed from it)."""
+SPEED_PREFIXES = ("Samples/s relative to", "Share of the driver's step time")
+
+
+def family(name: str, *, speed: bool = False, protocol=None):
+    """The answer function of family ``name``: its family.json ``answer`` (else computed from it),
+    how far it is scaled down from the seeds (``rlpipe.analysis.scale_text``; ``protocol``: a
+    function of family.json giving the seed protocol it scales down), and with ``speed`` the
+    family page's samples/s and step-time-share sentences (for questions that ask about runtime)."""
     def answer(view: ResultsView) -> list[str]:
         fam = view.families.get(name)
         if fam is None:
             return _not_run(f"the {name} family (results/families/{name}, see workflow.families)")
         out = list(fam.get("answer") or family_answer(fam))
+        if speed:
+            out += [s for s in fam.get("sentences") or [] if s.startswith(SPEED_PREFIXES)]
+        scale = (protocol or scale_sentence)(fam)
+        out += [scale] if scale else []
         if view.evals or view.math:  # a math-track family: say what it trained on
             out.insert(0, f"Trained on {track_name(view)}.")
             note = not_run_note(view)

@@ -286,7 +286,9 @@ def page(fam: Family, tab: pd.DataFrame, sentences: list[str], notes: list[str],
              f"<p><b>Question.</b> {html.escape(fam.question or '(none given)')}</p>",
              "<table border=1 cellpadding=4 style='border-collapse:collapse'><tr>"
              + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(body) + "</table>",
-             "<p>Intervals: Student t 95% over seeds; differences: Welch 95%.</p>",
+             "<p>" + ("Intervals: Student t 95% over seeds; differences: Welch 95%." if fam.replicates >= 2 else
+                      "One seed per variant: no interval over seeds; a difference is set against the "
+                      "validation sampling noise, and is not replicated.") + "</p>",
              "<h3>Answer (computed)</h3><p>" + html.escape(" ".join(prose)) + "</p>",
              "<h3>Discussion (computed)</h3><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in sentences) + "</ul>"]
     if notes:
@@ -314,8 +316,8 @@ def build(fam: Family, out_dir: str | Path) -> dict:
     return numbers
 
 
-SCALE_KEYS = ("n_grpo_steps", "rollout_batch_size", "group_size", "train_batch_size", "epochs_per_rollout_batch",
-              "learning_rate", "val_size", "sampling_max_tokens")
+SCALE_KEYS = ("task", "n_grpo_steps", "rollout_batch_size", "group_size", "train_batch_size",
+              "epochs_per_rollout_batch", "learning_rate", "val_size", "sampling_max_tokens")
 
 
 def scale_settings(fam: Family, variant: str) -> dict:

@@ -32,6 +32,9 @@ COMMANDS = {
     "schema": ("rlpipe.cli", "schema_main"),
     "config-reference": ("rlpipe.config.reference", "main"),
     "run": ("rlpipe.config.run_command", "main"),
+    "gpu-check": ("rlpipe.bench.gpu_check", "main"),
+    "gpu-report": ("rlpipe.bench.gpu_report", "main"),
+    "gpu-bundle": ("rlpipe.bench.gpu_bundle", "main"),
 }
 BENCHES = {"sampler": "rlpipe.bench.sampler", "update": "rlpipe.bench.update", "scaling": "rlpipe.bench.scaling",
            "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl"}

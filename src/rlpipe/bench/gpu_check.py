@@ -1,0 +1,237 @@
+"""``rlpipe gpu-check``: one command that checks a GPU machine, within a fixed time budget.
+
+    rlpipe gpu-check [--out results/gpu-check] [--budget-s 480] [--parts NAME ...]
+
+Writes ``gpu_check.json`` (after every part, atomically, so a killed check still leaves what it
+measured) and ``summary.md`` (``rlpipe.bench.gpu_report.render_result``) under ``--out``; the
+parts' work (base model, runs, logs) goes to ``--out``/work. Every part is a command run in its
+own process group with its own limit and a hard kill (``rlpipe.bench.part_runner``); a failed or
+timed-out part is recorded and the next one runs. The parts, in order (``PART_ORDER``):
+
+- ``machine``: GPU, driver, CUDA, torch, and the versions that differ from the lock
+  (``gpu_probe machine``). Without a CUDA device the check stops here: ``"gpu": null``, status
+  ``no GPU``, exit 0.
+- ``peaks``: bf16, fp32 and TF32 matmul at 8192^3, device-to-device copy (``gpu_probe peaks``).
+- ``data``, ``tokenizer``, ``pretrain``, ``dataset``: the pipeline's own commands on
+  ``config/config.yaml`` + ``config/gpu.yaml``, pretraining as configured (its
+  base model is the one the training runs start from).
+- ``bench_sampler``, ``bench_weight_sync``, ``bench_trl``, ``bench_update``: the benches' CLIs on
+  the GPU. A bench that has no ``--device`` flag yet is recorded as ``unsupported``.
+- ``train_onpolicy``, ``train_k4``, ``train_disagg``: ``rlpipe train`` of each mode at the
+  assignment scale, shortened to ``CHECK_OVERRIDES``' steps, with the GPU busy fraction sampled
+  through NVML every 100 ms (``rlpipe.bench.gpu_busy``; every part but ``machine`` is sampled).
+- ``qwen_step``: one GRPO step of a Qwen2.5-Math-1.5B-shaped policy, projected to seed 001's
+  scale (``rlpipe.bench.qwen_step``).
+
+Nothing is downloaded: every part runs offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from rlpipe.bench.gpu_busy import BusySampler
+from rlpipe.bench.gpu_report import render_result
+from rlpipe.bench.part_runner import Part, run_part, run_parts
+from rlpipe.config import ConfigError
+from rlpipe.config.base import to_dict
+from rlpipe.config.pipeline import apply_overrides, load_yaml, parse_config
+from rlpipe.io import write_json, write_text
+
+#: the shortened pipeline the check trains (over config/config.yaml + config/gpu.yaml)
+CHECK_OVERRIDES = {
+    "train": {"n_grpo_steps": 24, "val_every": 12, "checkpoint_every": 24, "log_rollouts_every": 24},
+    "workflow": {"run_tests": False, "families": []},
+}
+#: variant -> the base config's variant it copies (colocated on-policy, k steps, disaggregated)
+CHECK_VARIANTS = ("onpolicy", "k4", "disagg")
+PART_ORDER = ("machine", "peaks", "data", "tokenizer", "pretrain", "dataset", "bench_sampler",
+              "train_onpolicy", "train_k4", "train_disagg", "bench_weight_sync", "qwen_step", "bench_trl",
+              "bench_update")
+TRAIN_LIMIT_S = 100.0
+
+
+def check_config(config_dir: Path, results_dir: Path, gpus: int) -> dict:
+    """``config.yaml`` + ``gpu.yaml`` + ``CHECK_OVERRIDES``, its variants cut to ``CHECK_VARIANTS``
+    and the disaggregated mode's GPUs to what the machine has. Validated; raises ``ConfigError``."""
+    data = load_yaml(config_dir / "config.yaml")
+    data = apply_overrides(data, load_yaml(config_dir / "gpu.yaml"))
+    missing = [v for v in CHECK_VARIANTS if v not in (data.get("variants") or {})]
+    if missing:
+        raise ConfigError(f"{config_dir / 'config.yaml'}: variants {missing} are missing (the check trains "
+                          f"{', '.join(CHECK_VARIANTS)})")
+    data["variants"] = {v: data["variants"][v] for v in CHECK_VARIANTS}
+    data = apply_overrides(data, CHECK_OVERRIDES)
+    data = apply_overrides(data, {"workflow": {"results_dir": str(results_dir),
+                                               "gpus_per_disaggregated": max(1, min(2, gpus))}})
+    return to_dict(parse_config(data))
+
+
+def _rl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rlpipe.cli", *args]
+
+
+def _train_collect(run: Path):
+    def collect() -> dict | None:
+        import pandas as pd
+
+        info_file = run / "run_info.json"
+        if not info_file.is_file():
+            return None
+        info = yaml.safe_load(info_file.read_text())
+        info.pop("config", None)
+        wall = pd.read_parquet(run / "metrics.parquet", columns=["step", "wall_time"]).sort_values("step")
+        steps = wall["wall_time"].diff()[wall["step"] >= 1].dropna()
+        return {**info, "steps": int(info.get("total_optimizer_steps") or 0),
+                "s_per_step_median": round(float(steps.median()), 4) if len(steps) else None}
+    return collect
+
+
+def build_parts(out: Path, config: Path, gpus: int, dtype: str = "float32") -> list[Part]:
+    """The check's parts in ``PART_ORDER`` (``machine`` first); ``dtype`` is the config's
+    ``train.dtype`` (the learner's, for ``bench update``)."""
+    w, parts_dir = out / "work", out / "parts"
+    corpus, tok, base, ds = (w / "data/corpus.txt", w / "tokenizer/tokenizer.json", w / "base/model.pt",
+                             w / "data/keywords")
+    c, threads = str(config), str(max(2, min(8, (os.cpu_count() or 2) // 2)))
+    probe = [sys.executable, "-m", "rlpipe.bench.gpu_probe"]
+
+    def res(name: str) -> str:
+        return str(parts_dir / f"{name}.json")
+
+    parts = [
+        Part("machine", [*probe, "machine", "--out", res("machine")], 60, res("machine")),
+        Part("peaks", [*probe, "peaks", "--out", res("peaks")], 60, res("peaks")),
+        Part("data", _rl("build-corpus", "--config", c, "--out", str(corpus)), 60),
+        Part("tokenizer", _rl("train-tokenizer", "--config", c, "--corpus", str(corpus), "--out", str(tok)), 60,
+             needs=("data",)),
+        Part("pretrain", _rl("pretrain", "--config", c, "--corpus", str(corpus), "--tokenizer", str(tok),
+                             "--out", str(base), "--no-progress"), 90, needs=("tokenizer",)),
+        Part("dataset", _rl("build-dataset", "--config", c, "--out", str(ds)), 60),
+        Part("bench_sampler", _rl("bench", "sampler", "--device", "cuda", "--preset", "assignment", "--batch", "64",
+                                  "--new-tokens", "60", "--repeats", "3", "--no-aot", "--out", res("bench_sampler")),
+             120, res("bench_sampler")),
+        *[Part(f"train_{v}", _rl("train", "--config", c, "--variant", v, "--base", str(base), "--dataset", str(ds),
+                                 "--out", str(w / "runs" / v), "--threads", threads),
+               TRAIN_LIMIT_S, needs=("pretrain", "dataset"), collect=_train_collect(w / "runs" / v))
+          for v in CHECK_VARIANTS],
+        Part("bench_weight_sync", _rl("bench", "weight-sync", "--checkpoint", str(base), "--sizes-mb", "100,1000",
+                                      "--placements", "gpu-shared,gpu" if gpus >= 2 else "gpu-shared", "--repeats",
+                                      "3", "--timeout-s", "30", "--out", res("bench_weight_sync")),
+             150, res("bench_weight_sync"), needs=("pretrain",)),
+        Part("qwen_step", [sys.executable, "-m", "rlpipe.bench.qwen_step", "--out", res("qwen_step")], 150,
+             res("qwen_step")),
+        Part("bench_trl", _rl("bench", "trl", "--device", "cuda", "--checkpoint", str(base), "--dataset", str(ds),
+                              "--config", c, "--decode", "config", "--steps", "8", "--pairs", "1", "--threads",
+                              threads, "--work-dir", str(w / "trl"), "--out", res("bench_trl")),
+             180, res("bench_trl"), needs=("pretrain", "dataset")),
+        Part("bench_update", _rl("bench", "update", "--device", "cuda", "--dtype", dtype, "--checkpoint", str(base),
+                                 "--repeats", "3", "--out", res("bench_update")), 90, res("bench_update"),
+             needs=("pretrain",)),
+    ]
+    assert tuple(p.name for p in parts) == PART_ORDER
+    return parts
+
+
+def select(parts: list[Part], wanted: list[str] | None) -> list[Part]:
+    """``machine``, the ``wanted`` parts and every part they need, in ``PART_ORDER``."""
+    if not wanted:
+        return parts
+    by_name = {p.name: p for p in parts}
+    keep, todo = {"machine"}, list(wanted)
+    while todo:
+        name = todo.pop()
+        if name not in keep:
+            keep.add(name)
+            todo += list(by_name[name].needs)
+    return [p for p in parts if p.name in keep]
+
+
+def _git() -> dict:
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+
+
+def _write(out: Path, result: dict) -> None:
+    write_json(out / "gpu_check.json", result)
+    write_text(out / "summary.md", "# rlpipe gpu-check\n\n" + render_result(result))
+
+
+def _status(records: dict) -> str:
+    return "ok" if all(r["status"] == "ok" for r in records.values()) else "partial"
+
+
+def run_check(out: Path, budget_s: float, wanted: list[str] | None, config_dir: Path) -> dict:
+    """Run the check; the result is written to ``out`` after every part."""
+    t0 = time.monotonic()
+    result = {"kind": "rlpipe gpu-check", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+              "host": platform.node(), "git": _git(), "budget_s": budget_s, "status": "running",
+              "load_avg_start": list(os.getloadavg()), "gpu": None, "machine": None, "parts": {}}
+    parts = build_parts(out, out / "work" / "config.yaml", gpus=0)
+    rec = run_part(parts[0], out / "logs", limit_s=budget_s)
+    result["parts"]["machine"] = rec
+    result["machine"] = rec["result"] if isinstance(rec["result"], dict) else None
+    result["gpu"] = (result["machine"] or {}).get("gpu")
+    if result["gpu"] is None:
+        result["status"] = "no GPU" if rec["status"] == "ok" else "failed"
+    else:
+        cfg = check_config(config_dir, out / "work" / "results", result["gpu"]["count"])
+        write_text(out / "work" / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+        parts = build_parts(out, out / "work" / "config.yaml", result["gpu"]["count"], cfg["train"]["dtype"])
+        parts = select(parts, wanted)[1:]
+
+        def progress(r: dict) -> None:
+            result["parts"][r["name"]] = r
+            result["wall_s"] = round(time.monotonic() - t0, 1)
+            _write(out, result)
+
+        run_parts(parts, out / "logs", budget_s - (time.monotonic() - t0), monitor_for=lambda p: BusySampler(),
+                  on_record=progress)
+        result["status"] = _status(result["parts"])
+    result["wall_s"] = round(time.monotonic() - t0, 1)
+    result["load_avg_end"] = list(os.getloadavg())
+    _write(out, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rlpipe gpu-check", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/gpu-check", help="folder for gpu_check.json, summary.md, work/, logs/")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="the whole check's time limit in seconds")
+    ap.add_argument("--parts", nargs="+", default=None, metavar="NAME",
+                    help="run only these parts (and the parts they need): " + ", ".join(PART_ORDER))
+    ap.add_argument("--config-dir", default="config", help="the folder holding config.yaml and gpu.yaml")
+    a = ap.parse_args(argv)
+    if a.budget_s < 10:
+        ap.error(f"--budget-s must be >= 10, got {a.budget_s}")
+    unknown = sorted(set(a.parts or ()) - set(PART_ORDER))
+    if unknown:
+        ap.error(f"--parts: unknown {unknown}; choose from {', '.join(PART_ORDER)}")
+    config_dir = Path(a.config_dir)
+    for name in ("config.yaml", "gpu.yaml"):
+        if not (config_dir / name).is_file():
+            ap.error(f"--config-dir: {config_dir / name} does not exist (run from the project root)")
+    out = Path(a.out).resolve()
+    try:  # bad config files fail here, before any part runs
+        check_config(config_dir, out / "work" / "results", gpus=1)
+    except ConfigError as e:
+        ap.error(str(e))
+    result = run_check(out, a.budget_s, a.parts, config_dir)
+    print(f"rlpipe gpu-check: {result['status']} in {result['wall_s']} s -> {out / 'gpu_check.json'}, "
+          f"{out / 'summary.md'}")
+    return 0

@@ -1,0 +1,281 @@
+"""``rlpipe gpu-check`` and its pieces, on CPU: the no-GPU path end to end, the part runner's
+limits, kills and failures, the lock differences, the Qwen-shaped config, the projection, the
+busy-fraction arithmetic, every part's command line, the docs generator and the wheel bundle's
+selection and trimming."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlpipe.bench import gpu_bundle, gpu_check, gpu_report, part_runner, qwen_step
+from rlpipe.bench.gpu_busy import summarize
+from rlpipe.bench.lock_diff import lock_differences
+from rlpipe.bench.part_runner import Part, run_parts
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine this would run the whole check")
+def test_gpu_check_without_a_gpu_says_so_and_exits_0(tmp_path):
+    r = subprocess.run([PY, "-m", "rlpipe.cli", "gpu-check", "--out", str(tmp_path / "gc")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads((tmp_path / "gc" / "gpu_check.json").read_text())
+    assert result["gpu"] is None and result["status"] == "no GPU"
+    assert list(result["parts"]) == ["machine"] and result["parts"]["machine"]["status"] == "ok"
+    assert result["machine"]["torch"] == torch.__version__
+    summary = (tmp_path / "gc" / "summary.md").read_text()
+    assert "No GPU" in summary and "no GPU" in summary
+    assert not list((tmp_path / "gc").glob(".*.tmp"))  # atomic writes leave no temporary file
+
+
+def _script(tmp_path: Path, name: str, body: str) -> list[str]:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return [PY, str(path)]
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_part_over_its_limit_is_killed_with_its_children_and_the_next_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(part_runner, "GRACE_S", 1.0)
+    pid_file = tmp_path / "child.pid"
+    sleepy = _script(tmp_path, "sleepy", f"""
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # only SIGKILL ends it
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        print("started", file=sys.stderr, flush=True)
+        time.sleep(60)
+    """)
+    parts = [Part("sleepy", sleepy, limit_s=2.0), Part("next", [PY, "-c", "print('ran')"], limit_s=30)]
+    t0 = time.monotonic()
+    records = run_parts(parts, tmp_path / "logs", budget_s=100)
+    assert time.monotonic() - t0 < 20
+    assert records[0]["status"] == "timeout" and 2.0 <= records[0]["seconds"] < 10
+    assert records[0]["stderr_tail"] == ["started"]
+    assert _gone(int(pid_file.read_text())), "the part's child outlived the kill"
+    assert records[1]["status"] == "ok"
+    assert (tmp_path / "logs" / "next.out").read_text().strip() == "ran"
+
+
+def test_a_failing_part_is_recorded_and_the_next_still_runs(tmp_path):
+    bad = _script(tmp_path, "bad", """
+        import sys
+        print("line one", file=sys.stderr)
+        print("boom: it broke", file=sys.stderr)
+        sys.exit(3)
+    """)
+    out = tmp_path / "r.json"
+    good = [PY, "-c", f"import json; json.dump({{'x': 1}}, open({str(out)!r}, 'w'))"]
+    records = run_parts([Part("bad", bad, 30), Part("good", good, 30, result_file=str(out))], tmp_path, 100)
+    assert records[0]["status"] == "failed" and records[0]["returncode"] == 3
+    assert records[0]["stderr_tail"][-1] == "boom: it broke"
+    assert records[1]["status"] == "ok" and records[1]["result"] == {"x": 1}
+
+
+def test_an_unknown_flag_is_unsupported_and_needs_and_budget_skip(tmp_path):
+    refuse = _script(tmp_path, "refuse", """
+        import argparse
+        argparse.ArgumentParser().parse_args()
+    """)
+    parts = [Part("bench", [*refuse, "--device", "cuda"], 30), Part("after", [PY, "-c", "pass"], 30, needs=("bench",)),
+             Part("free", [PY, "-c", "pass"], 30)]
+    records = run_parts(parts, tmp_path, 100)
+    assert records[0]["status"] == "unsupported" and "--device cuda" in records[0]["note"]
+    assert records[1]["status"] == "skipped" and "needs bench" in records[1]["note"]
+    assert records[2]["status"] == "ok"
+    spent = run_parts([Part("late", [PY, "-c", "pass"], 30)], tmp_path, budget_s=1.0)
+    assert spent[0]["status"] == "skipped" and "budget" in spent[0]["note"]
+
+
+def test_lock_differences_of_a_constructed_lock():
+    lock = textwrap.dedent("""\
+        # header
+        alpha==1.0
+            # via beta
+        beta==2.0
+        Gamma_Pkg[extra]==3.0 ; python_version >= "3.11"
+        torch==2.13.0
+        pip==24.0
+    """)
+    installed = {"alpha": "1.0.0", "beta": "2.1", "gamma-pkg": None, "torch": "2.11.0+cu130", "pip": "1.0"}
+    assert lock_differences(lock, installed) == {
+        "beta": {"lock": "2.0", "installed": "2.1"},
+        "gamma-pkg": {"lock": "3.0", "installed": None},
+        "torch": {"lock": "2.13.0", "installed": "2.11.0+cu130"},
+    }
+
+
+def test_qwen_shaped_policy_has_about_1_5b_parameters_without_allocating():
+    model = qwen_step.build_policy(qwen_step.qwen_config(), "meta")
+    assert all(p.is_meta for p in model.parameters())
+    n = qwen_step.parameter_count(model)
+    assert 1.50e9 < n < 1.58e9, n  # Qwen2.5-Math-1.5B: 1.54e9 with its embeddings tied
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.vocab_size) == (1536, 28, 12, 2, 8960, 151936)
+
+
+def test_projection_arithmetic():
+    measured = {"gen_s": 2.0, "gen_rows": 32, "gen_tokens": 256, "micro_rows": 2, "logprob_s_per_micro": 0.1,
+                "update_s_per_micro": 0.3, "optimizer_s": 0.5}
+    p = qwen_step.project(measured, rollouts=256, response_tokens=1024)
+    assert p["micro_batches"] == 128
+    assert p["generate_s_by_tokens"] == 64.0   # 2 s x (256 x 1024) / (32 x 256)
+    assert p["generate_s_by_steps"] == 8.0     # 2 s x 1024 / 256
+    assert p["logprob_s"] == 12.8 and p["update_s"] == 38.9  # 128 x 0.3 + 0.5
+    assert p["step_s_upper"] == 115.7 and p["step_s_lower"] == 59.7
+    assert "projection" in p["note"]
+
+
+def test_busy_fraction_of_samples():
+    samples = [(0.0, [0.0, 0.0]), (0.1, [50.0, 10.0]), (0.2, [100.0, 0.0]), (0.3, [0.0, 0.0])]
+    s = summarize(samples, "test")
+    assert s["per_device"] == [0.375, 0.025] and s["busy_fraction"] == 0.375
+    assert s["busy_fraction_active"] == 0.75 and s["active_seconds"] == 0.1
+    assert summarize([], None)["busy_fraction"] is None
+
+
+def test_check_config_is_shortened_and_valid(tmp_path):
+    cfg = gpu_check.check_config(ROOT / "config", tmp_path / "results", gpus=1)
+    assert sorted(cfg["variants"]) == sorted(gpu_check.CHECK_VARIANTS)
+    assert cfg["train"]["n_grpo_steps"] == gpu_check.CHECK_OVERRIDES["train"]["n_grpo_steps"]
+    assert cfg["train"]["device"] == "cuda" and cfg["model"]["preset"] == "assignment"
+    assert cfg["workflow"]["gpus_per_disaggregated"] == 1
+    assert gpu_check.check_config(ROOT / "config", tmp_path, gpus=8)["workflow"]["gpus_per_disaggregated"] == 2
+
+
+class _Parsed(Exception):
+    pass
+
+
+def test_every_part_command_line_parses(tmp_path, monkeypatch):
+    """Each part's arguments are accepted by its command's parser (nothing runs), except the
+    ``--device`` flag of a bench that has none yet, which the check records as unsupported."""
+    unknown: dict[str, list[str]] = {}
+
+    def parse(self, args=None, namespace=None):
+        ns, rest = argparse.ArgumentParser.parse_known_args(self, args, namespace)
+        unknown[current] = rest
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse)
+    parts = [*gpu_check.build_parts(tmp_path, tmp_path / "config.yaml", gpus=1, dtype="bfloat16"),
+             *gpu_check.build_parts(tmp_path, tmp_path / "config.yaml", gpus=2)]
+    for part in parts:
+        current = part.name
+        assert part.argv[:2] == [PY, "-m"], part.argv
+        module = __import__(part.argv[2], fromlist=["main"])
+        with pytest.raises(_Parsed):
+            module.main(part.argv[3:])
+        assert unknown[part.name] in ([], ["--device", "cuda"]), (part.name, unknown[part.name])
+        if unknown[part.name]:
+            assert part.name.startswith("bench_"), part.name
+
+
+def test_parts_selection_adds_what_they_need(tmp_path):
+    parts = gpu_check.build_parts(tmp_path, tmp_path / "c.yaml", gpus=1)
+    names = [p.name for p in gpu_check.select(parts, ["bench_trl"])]
+    assert names == ["machine", "data", "tokenizer", "pretrain", "dataset", "bench_trl"]
+
+
+def _result(tmp_path: Path) -> dict:
+    return {"kind": "rlpipe gpu-check", "date": "2026-12-01T10:00:00+00:00", "status": "partial", "wall_s": 400.0,
+            "budget_s": 480.0, "gpu": {"name": "NVIDIA H100 80GB HBM3", "count": 1, "compute_capability": "9.0",
+                                       "memory_gib": 79.2, "driver": "580.1", "cuda": "13.0"},
+            "machine": {"torch": "2.11.0+cu130", "lock_differences": {"torch": {"lock": "2.13.0",
+                                                                                "installed": "2.11.0+cu130"}}},
+            "parts": {"peaks": {"status": "ok", "seconds": 12.0, "result": {
+                          "matmul_bf16": {"shape": [8192] * 3, "tflops": 712.5},
+                          "memcpy": {"bytes": 2**30, "gbps": 1510.0, "traffic_gbps": 3020.0}}},
+                      "train_k4": {"status": "ok", "seconds": 40.0, "monitor": {"busy_fraction": 0.2,
+                                                                                 "busy_fraction_active": 0.31},
+                                   "result": {"mode": "colocated_k", "steps": 24, "s_per_step_median": 0.42,
+                                              "wall_time_s": 15.0}},
+                      "bench_update": {"status": "unsupported", "seconds": 3.0,
+                                       "note": "not supported by this bench yet: --device cuda", "result": None},
+                      "bench_sampler": {"status": "ok", "seconds": 50.0,
+                                        "result": {"kv_tokens_per_s": 23097.0, "device": "cuda"}}}}
+
+
+def test_docs_generator_empty_and_with_a_result(tmp_path):
+    assert gpu_report.render_results(tmp_path / "none") == gpu_report.EMPTY + "\n"
+    (tmp_path / "2026-12-01-h100.json").write_text(json.dumps(_result(tmp_path)))
+    text = gpu_report.render_results(tmp_path)
+    assert "NVIDIA H100 80GB HBM3: `benchmarks/gpu/2026-12-01-h100.json`" in text
+    assert "bf16 matmul at 8192x8192x8192: 712 TFLOP/s" in text
+    assert "1,510 GB/s copied" in text
+    assert "| k4 | colocated_k | 24 | 0.42 | 15 | 0.2 | 0.31 |" in text
+    assert "| bench_update | unsupported | 3 | not supported by this bench yet: --device cuda |" in text
+    assert "kv_tokens_per_s: 23,097" in text
+    assert "torch 2.11.0+cu130 (lock 2.13.0)" in text
+    page = f"head\n{gpu_report.BEGIN}\nold\n{gpu_report.END}\ntail\n"
+    assert gpu_report.replace_section(page, "new") == f"head\n{gpu_report.BEGIN}\n\nnew\n\n{gpu_report.END}\ntail\n"
+    with pytest.raises(ValueError, match="needs one"):
+        gpu_report.replace_section("no markers", "new")
+
+
+def test_the_committed_gpu_page_is_the_generators_output():
+    page = (ROOT / "docs" / "gpu-and-clusters.md").read_text()
+    body = gpu_report.render_results(ROOT / "benchmarks" / "gpu")
+    assert gpu_report.replace_section(page, body) == page, (
+        "docs/gpu-and-clusters.md is stale: rlpipe gpu-report --results benchmarks/gpu --page docs/gpu-and-clusters.md")
+
+
+def test_bundle_selection_of_a_constructed_lock():
+    lock = "ray==2.60.0\ntorch==2.13.0\nnvidia-cublas-cu12==12.8\nmkdocs==1.6\nsnakemake==9.27.1\n"
+    take, left_out = gpu_bundle.wanted(lock, gpu_bundle.IMAGE_PACKAGES)
+    assert take == ["ray==2.60.0", "snakemake==9.27.1"]
+    assert left_out == {"torch": "in the image", "nvidia-cublas-cu12": "CUDA library (the image's torch brings "
+                        "its own)", "mkdocs": "development only"}
+    freeze_take, _ = gpu_bundle.wanted(lock, frozenset({"ray"}))
+    assert freeze_take == ["torch==2.13.0", "snakemake==9.27.1"]
+
+
+def test_bundle_trims_a_wheel_and_its_record(tmp_path):
+    src = tmp_path / "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"
+    files = {"ray/__init__.py": b"x = 1\n", "ray/jars/big.jar": b"\0" * 100, "ray/rllib/a.py": b"",
+             "ray/dashboard/client/build/x.js": b"", "ray/dashboard/app.js.map": b"{}",
+             "ray-2.60.0.dist-info/METADATA": b"Name: ray\n"}
+    record = "".join(f"{n},sha256=abc,1\n" for n in files) + "ray-2.60.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(src, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("ray-2.60.0.dist-info/RECORD", record)
+    dst = tmp_path / "out" / src.name
+    assert gpu_bundle.trim_wheel(src, dst, gpu_bundle.TRIM["ray"]) == 4
+    with zipfile.ZipFile(dst) as z:
+        assert sorted(z.namelist()) == ["ray-2.60.0.dist-info/METADATA", "ray-2.60.0.dist-info/RECORD",
+                                        "ray/__init__.py"]
+        rows = z.read("ray-2.60.0.dist-info/RECORD").decode().splitlines()
+    assert [r.split(",")[0] for r in rows] == ["ray/__init__.py", "ray-2.60.0.dist-info/METADATA",
+                                               "ray-2.60.0.dist-info/RECORD"]
+
+
+def test_bundle_reads_an_image_freeze(tmp_path):
+    f = tmp_path / "freeze.txt"
+    f.write_text("# image\nTorch==2.11.0+cu130\nnumpy @ file:///x\nPyYAML==6.0\n\n")
+    assert gpu_bundle.image_names(f) == frozenset({"torch", "numpy", "pyyaml"})

@@ -122,10 +122,16 @@ weight-sync --thp`` measures it). Even then the object store wins on CPU: fewer 
 round trips. RDT's advantage needs GPUs (NCCL, CUDA IPC, NIXL), which this CPU machine cannot
 measure.
 
+On one device (the colocated worker's ``local`` copy, a packed ``rdt/cuda_ipc`` payload, the
+sender's pack) every tensor moves in one fused call, ``torch._foreach_copy_`` (``payload.copy_all``):
+on a GPU a few multi-tensor kernels for the whole model, with no per-tensor launch from Python,
+no host round trip and no CPU staging. It is not one ``copy_`` into a flat buffer re-pointed as the
+receiver's storage, because the receiver's tensors must keep their storage (see below).
+
 Timing and failures: every sync is timed on the driver (``SyncStats.seconds``: from submitting
 the export to the last receiver's ack), logged with bytes and GB/s (decimal, bytes moved to all
 receivers / seconds), and bounded by ``ray.get(..., timeout=timeout_s)``; a timeout raises
-``WeightSyncTimeout`` naming transport/backend and, for rdt, the
+``WeightSyncTimeout`` naming transport/backend, ``train.weight_sync.timeout_s`` and, for rdt, the
 ``RAY_rdt_fetch_fail_timeout_milliseconds`` knob.
 
 Departures from the seeds: seed 000 §3.4 uses NCCL and seed 002 Problem 12 uses NIXL with

@@ -141,9 +141,12 @@ def at_common_step(fam: Family, a: str, b: str, signal: str, window: int) -> tup
     return float(step), float(curves[0][step]), float(curves[1][step])
 
 
-def _setting(fam: Family, v: str, key: str) -> str:
+def _named(fam: Family, v: str, key: str) -> str:
+    """The variant with its setting, 'kl005 (kl_coef 0.05)'; just the name when it is the value."""
     value = flatten(fam.settings.get(v, {})).get(key)
-    return f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
+    if str(value) == v:
+        return v
+    return f"{v} ({key} {value:g})" if isinstance(value, float) else f"{v} ({key} {value})"
 
 
 def shows(e: Expectation, low_value: float, high_value: float) -> bool:
@@ -167,8 +170,8 @@ def check(fam: Family, e: Expectation) -> str | None:
     label = LABELS.get(e.signal, e.signal)
     where = ("at the same step" if e.window <= 1 else
              f"averaged over the {e.window} steps up to the same step")
-    facts = "; ".join(f"at step {step:.0f}, {b} ({_setting(fam, b, e.key)}) {fnum(vb)} vs {a} "
-                      f"({_setting(fam, a, e.key)}) {fnum(va)}" for a, b, step, va, vb in found)
+    facts = "; ".join(f"at step {step:.0f}, {_named(fam, b, e.key)} {fnum(vb)} vs {_named(fam, a, e.key)} {fnum(va)}"
+                      for a, b, step, va, vb in found)
     seeds = seeds_phrase([len(fam.of(v)) for a, b, *_ in found for v in (a, b)])
     if all(shows(e, va, vb) for _, _, _, va, vb in found):
         return (f"{PREFIX_SHOWN} {what} {verb} the {label}, because {e.why}; the runs show it ({label} "

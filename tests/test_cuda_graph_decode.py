@@ -155,3 +155,23 @@ def test_static_decode_stops_soon_after_every_row_finished_without_a_host_read_p
     assert eager_look.response_ids == lazy.response_ids and eager_look.finish_reason == lazy.finish_reason
     for x, y in zip(eager_look.logprobs, lazy.logprobs, strict=True):
         assert torch.equal(x, y)
+
+
+def test_bench_sampler_cudagraph_rows_run_the_decode_under_the_asked_precision():
+    """``rlpipe bench sampler --device cuda``'s CUDA-graph rows, on CPU (their timing is not checked):
+    the bf16 row runs its decode under bf16 autocast, the fp32 one without, and both fill their keys."""
+    from rlpipe.bench.sampler import _cudagraph_rows, _under
+
+    cpu, seen = torch.device("cpu"), []
+
+    def decode():
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"))
+
+    out = {"batch": 4, "new_tokens": 8}
+    for key, dtype in (("cudagraph", "float32"), ("cudagraph_bf16", "bfloat16")):
+        seconds = _cudagraph_rows(out, key, lambda: None, _under(dtype, cpu, decode), flops=1e6, peak=1e9,
+                                  repeats=2, hf_gen_s=1.0)
+        assert seconds > 0
+        assert {f"{key}_{k}" for k in ("tokens_per_s", "over_eager", "over_hf_generate", "fraction_of_peak",
+                                       "capture_s")} <= set(out)
+    assert seen == [False] * 3 + [torch.bfloat16] * 3  # the capture call, then two repeats each

@@ -24,6 +24,12 @@ Prints ONE JSON line (and with ``--out`` also writes it atomically):
   step compiled ahead of time (``generate(decode="aot")``, ``rlpipe.lm.decode_package``) against the
   eager sampler; ``aot_build_s`` is the package build when this machine had none (null: it was
   cached). CPU only; ``--no-aot`` skips it.
+- ``cudagraph_tokens_per_s`` / ``cudagraph_over_eager`` / ``cudagraph_over_hf_generate`` /
+  ``cudagraph_fraction_of_peak`` / ``cudagraph_capture_s``, and the same with ``cudagraph_bf16_``:
+  the fixed-shape step replayed from a CUDA graph (``generate(decode="cudagraph")``,
+  ``rlpipe.lm.cuda_graph_decode``), in the model's fp32 and under bf16 autocast (``train.dtype:
+  bfloat16``, the GPU config), against the eager sampler in fp32 and HF ``generate``; the capture
+  time is the first call's wall minus a steady call's. CUDA only (``--device cuda``).
 - ``best_over_hf_generate``: the fastest of our decodes on our model against HF ``generate`` on
   the HF model of the same shape (the same FLOPs per token).
 - ``kv_fraction_of_device_peak`` (and ``compiled_``/``aot_fraction_of_device_peak``): the same
@@ -57,6 +63,7 @@ import torch
 from rlpipe.bench import emit
 from rlpipe.bench.flops import decode_flops, device_peak, fraction, gflops, matmul_peak, peak_fields
 from rlpipe.lm import decode_package
+from rlpipe.lm.device import autocast
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
 from rlpipe.lm.tokenizer import Tokenizer, train_bpe
@@ -64,6 +71,7 @@ from rlpipe.lm.tokenizer import Tokenizer, train_bpe
 TEMPERATURE = 0.8  # seed 000 §3.1.2 sampling_temperature
 GOAL_FRACTION_OF_PEAK = 0.25  # of the same-run matmul peak, at batch 32 on the default model
 GOAL_OVER_HF = 2.0  # our best decode against HF generate on a model of the same shape
+GOAL_GRAPH_OVER_EAGER = 10.0  # the CUDA-graph decode against the eager one (assignment preset, batch 64, H100)
 
 
 def bench_tokenizer(vocab_size: int, tmpdir: str) -> Tokenizer:
@@ -172,7 +180,17 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
     if aot and dev.type == "cpu":
         best_s = min(best_s, _aot_rows(out, model, ours(model), lambda: generate(
             model, tok, prompts, params, device=dev, decode="aot"), kv_flops, peak, repeats))
-    for key in ("compiled", "aot"):
+    if dev.type == "cuda":  # the CUDA-graph decode in the model's fp32 (one of the best_s candidates) and
+        # under bf16 autocast, whose device fraction is against the bf16 peak
+        def graph(dtype):
+            return _under(dtype, dev, lambda: generate(model, tok, prompts, params, device=dev, decode="cudagraph"))
+        best_s = min(best_s, _cudagraph_rows(out, "cudagraph", ours(model), graph("float32"), kv_flops, peak,
+                                             repeats, hf_gen_s))
+        bf16_s = _cudagraph_rows(out, "cudagraph_bf16", ours(model), graph("bfloat16"), kv_flops, peak, repeats,
+                                 hf_gen_s)
+        out["cudagraph_bf16_fraction_of_device_peak"] = fraction(
+            kv_flops / bf16_s, device_peak(dev, torch.bfloat16)["flops_per_s"])
+    for key in ("compiled", "aot", "cudagraph"):
         if f"{key}_tokens_per_s" in out:  # the same tokens and FLOPs at that rate
             out[f"{key}_fraction_of_device_peak"] = fraction(
                 kv_flops / (n_tok / out[f"{key}_tokens_per_s"]), chip["flops_per_s"])
@@ -180,11 +198,43 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
     out["best_over_hf_generate"] = round(hf_gen_s / best_s, 2)
     best_fraction = max(out["kv_fraction_of_peak"], out.get("compiled_fraction_of_peak", 0.0),
                         out.get("aot_fraction_of_peak", 0.0))
+    if "cudagraph_over_eager" in out:
+        best_fraction = max(best_fraction, out["cudagraph_fraction_of_peak"], out["cudagraph_bf16_fraction_of_peak"])
     out["goals"] = {"fraction_of_peak": GOAL_FRACTION_OF_PEAK,
                     "fraction_of_peak_met": best_fraction >= GOAL_FRACTION_OF_PEAK,
                     "over_hf_generate": GOAL_OVER_HF,
                     "over_hf_generate_met": out["best_over_hf_generate"] >= GOAL_OVER_HF, "stated_for_batch": 32}
+    if "cudagraph_over_eager" in out:  # stated for the assignment preset at batch 64 on one H100
+        best_graph = max(out["cudagraph_over_eager"], out["cudagraph_bf16_over_eager"])
+        out["goals"].update(cudagraph_over_eager=GOAL_GRAPH_OVER_EAGER,
+                            cudagraph_over_eager_met=best_graph >= GOAL_GRAPH_OVER_EAGER)
     return out
+
+
+def _under(dtype: str, dev: torch.device, fn):
+    """``fn`` run under ``train.dtype``'s autocast (``rlpipe.lm.device.autocast``)."""
+    def run():
+        with autocast(dev, dtype):
+            fn()
+        _sync(dev)
+    return run
+
+
+def _cudagraph_rows(out: dict, key: str, eager, graph, flops: float, peak: float, repeats: int,
+                    hf_gen_s: float) -> float:
+    """The CUDA-graph decode against the eager sampler (and HF ``generate``) into ``out`` under
+    ``key``; ``{key}_capture_s``: the first call's wall minus a steady call's (warm-up and capture).
+    Returns its seconds."""
+    n_tok = out["batch"] * out["new_tokens"]
+    t0 = time.perf_counter()
+    graph()  # captures the graph of this batch shape
+    first_s = time.perf_counter() - t0
+    eager_s, graph_s = _paired_median_seconds(eager, graph, repeats)
+    out.update({f"{key}_tokens_per_s": round(n_tok / graph_s, 1), f"{key}_over_eager": round(eager_s / graph_s, 2),
+                f"{key}_over_hf_generate": round(hf_gen_s / graph_s, 2),
+                f"{key}_fraction_of_peak": round(flops / graph_s / peak, 4),
+                f"{key}_capture_s": round(max(first_s - graph_s, 0.0), 2)})
+    return graph_s
 
 
 def _compiled_rows(out: dict, eager, comp, flops: float, peak: float, repeats: int) -> float:

@@ -279,3 +279,32 @@ def test_bundle_reads_an_image_freeze(tmp_path):
     f = tmp_path / "freeze.txt"
     f.write_text("# image\nTorch==2.11.0+cu130\nnumpy @ file:///x\nPyYAML==6.0\n\n")
     assert gpu_bundle.image_names(f) == frozenset({"torch", "numpy", "pyyaml"})
+
+
+def test_the_gpu_path_records_every_part_and_goes_on(tmp_path, monkeypatch):
+    """The check's GPU branch on CPU: the machine part is replaced by one that reports a GPU, and
+    the other parts by small commands (one fails); every part is recorded, the JSON and summary
+    are written, and the status says not everything succeeded."""
+    gpu = {"name": "Test GPU", "count": 1, "compute_capability": "9.0", "memory_gib": 80.0, "driver": "1",
+           "cuda": "13.0"}
+
+    def fake_parts(out, config, gpus, dtype="float32"):
+        res = out / "parts" / "machine.json"
+        write = f"import json, pathlib; p = pathlib.Path({str(res)!r}); p.parent.mkdir(parents=True, exist_ok=True); "
+        return [Part("machine", [PY, "-c", write + f"p.write_text(json.dumps({{'gpu': {gpu!r}, 'torch': 'x'}}))"],
+                     30, str(res)),
+                Part("peaks", [PY, "-c", "import sys; sys.exit('no peaks here')"], 30),
+                Part("train_k4", [PY, "-c", f"assert {gpus} == 1 and {str(config)!r}.endswith('config.yaml')"], 30)]
+
+    monkeypatch.setattr(gpu_check, "build_parts", fake_parts)
+    result = gpu_check.run_check(tmp_path, 60.0, None, ROOT / "config")
+    assert result["gpu"] == gpu and result["status"] == "partial"
+    assert {n: r["status"] for n, r in result["parts"].items()} == {"machine": "ok", "peaks": "failed",
+                                                                     "train_k4": "ok"}
+    assert result["parts"]["peaks"]["stderr_tail"] == ["no peaks here"]
+    assert "monitor" in result["parts"]["train_k4"]
+    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert written["parts"].keys() == result["parts"].keys()
+    assert (tmp_path / "work" / "config.yaml").is_file()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "### Test GPU" in summary and "| peaks | failed |" in summary and "no peaks here" in summary

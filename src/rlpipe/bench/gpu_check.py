@@ -15,7 +15,7 @@ timed-out part is recorded and the next one runs. The parts, in order (``PART_OR
 - ``data``, ``tokenizer``, ``pretrain``, ``dataset``: the pipeline's own commands on
   ``config/config.yaml`` + ``config/gpu.yaml``, pretraining as configured (its
   base model is the one the training runs start from).
-- ``bench_sampler``, ``bench_weight_sync``, ``bench_trl``, ``bench_update``: the benches' CLIs on
+- ``bench_sampler``, ``bench_weight_sync``, ``bench_update``, ``bench_trl``: the benches' CLIs on
   the GPU. A bench that has no ``--device`` flag yet is recorded as ``unsupported``.
 - ``train_onpolicy``, ``train_k4``, ``train_disagg``: ``rlpipe train`` of each mode at the
   assignment scale, shortened to ``CHECK_OVERRIDES``' steps, with the GPU busy fraction sampled
@@ -55,8 +55,8 @@ CHECK_OVERRIDES = {
 #: variant -> the base config's variant it copies (colocated on-policy, k steps, disaggregated)
 CHECK_VARIANTS = ("onpolicy", "k4", "disagg")
 PART_ORDER = ("machine", "peaks", "data", "tokenizer", "pretrain", "dataset", "bench_sampler",
-              "train_onpolicy", "train_k4", "train_disagg", "bench_weight_sync", "qwen_step", "bench_trl",
-              "bench_update")
+              "train_onpolicy", "train_k4", "train_disagg", "bench_weight_sync", "qwen_step", "bench_update",
+              "bench_trl")
 TRAIN_LIMIT_S = 100.0
 
 
@@ -130,13 +130,13 @@ def build_parts(out: Path, config: Path, gpus: int, dtype: str = "float32") -> l
              150, res("bench_weight_sync"), needs=("pretrain",)),
         Part("qwen_step", [sys.executable, "-m", "rlpipe.bench.qwen_step", "--out", res("qwen_step")], 150,
              res("qwen_step")),
+        Part("bench_update", _rl("bench", "update", "--device", "cuda", "--dtype", dtype, "--checkpoint", str(base),
+                                 "--repeats", "3", "--out", res("bench_update")), 90, res("bench_update"),
+             needs=("pretrain",)),
         Part("bench_trl", _rl("bench", "trl", "--device", "cuda", "--checkpoint", str(base), "--dataset", str(ds),
                               "--config", c, "--decode", "config", "--steps", "8", "--pairs", "1", "--threads",
                               threads, "--work-dir", str(w / "trl"), "--out", res("bench_trl")),
              180, res("bench_trl"), needs=("pretrain", "dataset")),
-        Part("bench_update", _rl("bench", "update", "--device", "cuda", "--dtype", dtype, "--checkpoint", str(base),
-                                 "--repeats", "3", "--out", res("bench_update")), 90, res("bench_update"),
-             needs=("pretrain",)),
     ]
     assert tuple(p.name for p in parts) == PART_ORDER
     return parts

@@ -159,10 +159,10 @@ def run_parts(parts: list[Part], log_dir: Path, budget_s: float, cwd: str | Path
         left = deadline - time.monotonic()
         if missing:
             rec = skipped(part, f"needs {', '.join(missing)}, which did not succeed")
-        elif left < MIN_PART_S:
+        elif left - GRACE_S < MIN_PART_S:
             rec = skipped(part, f"the check's time budget ({budget_s:.0f} s) was spent")
         else:
-            rec = run_part(part, log_dir, limit_s=left, cwd=cwd,
+            rec = run_part(part, log_dir, limit_s=left - GRACE_S, cwd=cwd,  # the kill's grace fits too
                            monitor=monitor_for(part) if monitor_for else None)
         records[part.name] = rec
         if on_record is not None:

@@ -308,3 +308,19 @@ def test_the_gpu_path_records_every_part_and_goes_on(tmp_path, monkeypatch):
     assert (tmp_path / "work" / "config.yaml").is_file()
     summary = (tmp_path / "summary.md").read_text()
     assert "### Test GPU" in summary and "| peaks | failed |" in summary and "no peaks here" in summary
+
+
+def test_a_training_part_reads_its_run(tmp_path):
+    import pandas as pd
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run_info.json").write_text(json.dumps({"mode": "colocated_k", "total_optimizer_steps": 3,
+                                                   "wall_time_s": 9.0, "config": {"big": 1}}))
+    pd.DataFrame({"step": [0, 2, 1, 3], "wall_time": [0.5, 3.0, 2.0, 3.2]}).to_parquet(run / "metrics.parquet")
+    r = gpu_check._train_collect(run)()
+    assert r["steps"] == 3 and r["mode"] == "colocated_k" and "config" not in r
+    assert r["s_per_step_median"] == 1.0  # step-to-step: 1.5, 1.0, 0.2
+    assert gpu_check._train_collect(tmp_path / "absent")() is None
+    named = gpu_check.committed_name({"date": "2026-12-01T10:00:00+00:00", "gpu": {"name": "NVIDIA H100 80GB HBM3"}})
+    assert named == "2026-12-01-nvidia-h100-80gb-hbm3.json"

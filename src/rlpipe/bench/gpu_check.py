@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -87,7 +89,7 @@ def _train_collect(run: Path):
         info_file = run / "run_info.json"
         if not info_file.is_file():
             return None
-        info = yaml.safe_load(info_file.read_text())
+        info = json.loads(info_file.read_text())
         info.pop("config", None)
         wall = pd.read_parquet(run / "metrics.parquet", columns=["step", "wall_time"]).sort_values("step")
         steps = wall["wall_time"].diff()[wall["step"] >= 1].dropna()
@@ -172,6 +174,12 @@ def _write(out: Path, result: dict) -> None:
     write_text(out / "summary.md", "# rlpipe gpu-check\n\n" + render_result(result))
 
 
+def committed_name(result: dict) -> str:
+    """The file name a GPU result gets under ``benchmarks/gpu/``: ``<date>-<gpu>.json``."""
+    gpu = re.sub(r"[^a-z0-9]+", "-", ((result.get("gpu") or {}).get("name") or "no-gpu").lower()).strip("-")
+    return f"{result['date'][:10]}-{gpu}.json"
+
+
 def _status(records: dict) -> str:
     return "ok" if all(r["status"] == "ok" for r in records.values()) else "partial"
 
@@ -234,4 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_check(out, a.budget_s, a.parts, config_dir)
     print(f"rlpipe gpu-check: {result['status']} in {result['wall_s']} s -> {out / 'gpu_check.json'}, "
           f"{out / 'summary.md'}")
+    if result["gpu"] is not None:
+        print(f"to publish it: cp {out / 'gpu_check.json'} benchmarks/gpu/{committed_name(result)} && "
+              "rlpipe gpu-report --results benchmarks/gpu --page docs/gpu-and-clusters.md")
     return 0

@@ -37,7 +37,7 @@ def _num(x: Any, digits: int = 3) -> str:
     return f"{x:,.{digits}g}" if abs(x) < 1e3 else f"{x:,.0f}"
 
 
-def flatten(obj: Any, prefix: str = "", depth: int = 4) -> dict[str, Any]:
+def flatten(obj: Any, prefix: str = "", depth: int = 5) -> dict[str, Any]:
     """{dotted key: leaf} of nested dicts, ``depth`` levels down."""
     if not isinstance(obj, dict) or depth == 0:
         return {prefix: obj}

@@ -73,7 +73,8 @@ def _write_run(d, variant: str, seed: int, every: int):
 def fam(tmp_path):
     cfg = {"workflow": {"tracks": ["keyword"]},
            "families": {"fam": {"track": "keyword", "question": "Q?", "base": {"n_grpo_steps": STEPS},
-                                "replicates": 2, "variants": {"dense": {}, "sparse": {"kl_coef": 0.05}}}}}
+                                "replicates": 2, "x": "kl_coef",
+                                "variants": {"dense": {}, "sparse": {"kl_coef": 0.05}}}}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     runs = []
     for variant, every in (("dense", 1), ("sparse", 5)):
@@ -91,12 +92,14 @@ def _expected(variant: str, column: str, step: int, every: int, window: int) -> 
 
 
 def _drawn(monkeypatch, draw, fam, tmp_path) -> dict[str, dict[str, np.ndarray]]:
-    """Axis title -> line label -> the (x, y) points handed to matplotlib."""
+    """Axis title -> line label -> the (x, y) points handed to matplotlib (the first line under a label)."""
     seen: dict[str, dict[str, np.ndarray]] = {}
 
     def capture(fig, out):
         for ax in fig.axes:
-            seen[ax.get_title()] = {ln.get_label(): ln.get_xydata() for ln in ax.get_lines()}
+            lines = seen.setdefault(ax.get_title(), {})
+            for ln in ax.get_lines():
+                lines.setdefault(ln.get_label(), ln.get_xydata())
     monkeypatch.setattr(families, "save", capture)
     draw(fam, tmp_path / "x.png", [])
     return seen
@@ -125,6 +128,10 @@ def test_every_reward_curve_ends_at_the_last_validation(fam, tmp_path, monkeypat
         step_line = next(xy for label, xy in by_step.items() if label.startswith(variant + " "))
         assert step_line[-1] == pytest.approx([STEPS, want])
         assert by_time[variant][-1] == pytest.approx([3.0 * STEPS, want])
+    sweep = drawn["final reward vs kl_coef"]  # the sweep panel: each variant's final reward at its x
+    points = next(iter(sweep.values()))  # errorbar's data line comes first, then its caps
+    assert points[:, 0] == pytest.approx([0.0, 0.05])
+    assert points[:, 1] == pytest.approx([_expected(v, VAL, STEPS, 10, 1) for v in ("dense", "sparse")])
 
 
 def test_kl_steepest_growth_averages_over_steps():

@@ -155,3 +155,14 @@ def test_kl_answer_states_the_values_it_compares_at_one_step(fam, tmp_path):
     assert sentence.startswith(PREFIX_NOT_SHOWN)
     assert f"at step 20, sparse (kl_coef 0.05) {with_:.3g} vs dense (kl_coef 0) {without:.3g}" in sentence
     assert numbers["variants"]["sparse"]["settings"]["kl_coef"] == 0.05
+
+
+def test_kl_family_answer_says_how_fast_kl_grows(fam, tmp_path):
+    numbers = families.build(fam, tmp_path / "out")
+    first, last = (_expected("dense", "kl/ref_k3", s, 1, 1) for s in (1, STEPS))
+    want = (f"KL growth: in dense (seed mean, kl/ref_k3), KL to the reference went from {first:.3g} at step 1 to "
+            f"{last:.3g} at step {STEPS}, closest to linear in the step")
+    assert any(s.startswith(want) for s in numbers["answer"]), numbers["answer"]
+    assert any(s.startswith("KL growth: in sparse") and "from" in s for s in numbers["answer"])
+    fam.settings["sparse"]["kl_coef"] = 0.0  # a family that does not vary the penalty says nothing of it
+    assert families.kl_sentences(fam) == []

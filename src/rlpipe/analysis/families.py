@@ -69,7 +69,8 @@ from rlpipe.analysis.family_data import (
 )
 from rlpipe.analysis.findings import FINDING, NO_DATA, NOISE, UNREPLICATED, is_finding
 from rlpipe.analysis.frames import col
-from rlpipe.analysis.mechanism import mechanism_sentences
+from rlpipe.analysis.kl_text import kl_growth_sentence
+from rlpipe.analysis.mechanism import mechanism_sentences, varied
 from rlpipe.analysis.plots import no_data, save
 from rlpipe.analysis.provenance import provenance_sentences
 from rlpipe.analysis.series import band, replicate_frame
@@ -152,11 +153,23 @@ def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
     return out
 
 
+def kl_sentences(fam: Family) -> list[str]:
+    """Each variant's KL drift, in a family that varies the KL penalty (seed 001 Problem 15)."""
+    if "kl_coef" not in varied(fam):
+        return []
+    out = []
+    for v in fam.variants:
+        kl, val = (_band(fam, v, c).set_index("step")["mean"] for c in ("kl/ref_k3", VAL))
+        if len(kl) and (s := kl_growth_sentence(v, kl, val)):
+            out.append(s)
+    return out
+
+
 def discussion(fam: Family) -> tuple[list[dict], list[str]]:
     comps = [comparison(fam, v) for v in fam.variants if v != fam.reference and fam.of(v)]
     sentences = (reward_sentences(fam, comps) + mechanism_sentences(fam) + expectation_sentences(fam)
                  + health_sentences(fam))
-    sentences += speed_sentences(fam, comps)
+    sentences += kl_sentences(fam) + speed_sentences(fam, comps)
     sentences += provenance_sentences(pd.DataFrame([r.row for r in fam.runs]), "runs of this family")
     return comps, sentences
 

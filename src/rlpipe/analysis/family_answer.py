@@ -27,6 +27,7 @@ import math
 from rlpipe.analysis.contract import HEALTH_COLUMNS
 from rlpipe.analysis.expectations import PREFIX_NOT_SHOWN, PREFIX_SHOWN
 from rlpipe.analysis.findings import FINDING, UNREPLICATED, Verdict
+from rlpipe.analysis.kl_text import KL_GROWTH
 from rlpipe.analysis.stats import interval_phrase
 
 SIGNAL_GAP = 1.5  # largest / smallest end value of a health signal before it is named
@@ -118,8 +119,9 @@ def signal_sentence(numbers: dict) -> str | None:
 
 def expected_sentences(numbers: dict) -> list[str]:
     """The family page's expected-effect sentences (``rlpipe.analysis.expectations``): each names a
-    direction and says whether the runs show it."""
-    return [s for s in numbers.get("sentences") or [] if s.startswith((PREFIX_SHOWN, PREFIX_NOT_SHOWN))]
+    direction and says whether the runs show it; and, where the family varies the KL penalty, each
+    variant's KL growth (``rlpipe.analysis.kl_text.kl_growth_sentence``)."""
+    return [s for s in numbers.get("sentences") or [] if s.startswith((PREFIX_SHOWN, PREFIX_NOT_SHOWN, KL_GROWTH))]
 
 
 def stalled_sentence(numbers: dict) -> str | None:

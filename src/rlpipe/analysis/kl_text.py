@@ -157,3 +157,30 @@ def negative_k1_sentences(metrics: pd.DataFrame) -> list[str]:
             "the k1 estimator, log(pi / pi_ref) of the sampled tokens, which is unbiased but not non-negative, "
             "so its batch average dips below 0 when the two policies are close; k3 (ratio - 1 - log ratio, "
             "with ratio = pi_ref / pi) is also unbiased and is non-negative for every token."]
+
+
+KL_GROWTH = "KL growth:"
+
+
+def kl_growth_sentence(variant: str, kl: pd.Series, val: pd.Series, column: str = "kl/ref_k3") -> str | None:
+    """One family variant's KL drift (seed 001 Problem 15: how fast it grows, whether it goes with
+    reward): ``kl`` and ``val`` are seed-mean curves indexed by step. None with fewer than 4 KL points."""
+    kl = kl.dropna()
+    kl = kl[kl.index > 0]
+    fit = fit_growth(kl.index, kl.values)
+    if fit["best"] is None and not fit["constant"]:
+        return None
+    shape = fit["best"] if fit["best"] and fit["r2"][fit["best"]] >= SHAPE_R2 else None
+    how = ("it stayed flat, so the policy did not measurably move" if fit["constant"] else
+           f"closest to {shape} in the step (R^2 {fit['r2'][shape]:.2f})" if shape else
+           f"no two-parameter model fits it (best R^2 {max(fit['r2'].values()):.2f} < {SHAPE_R2})")
+    out = (f"{KL_GROWTH} in {variant} (seed mean, {column}), KL to the reference went from {fnum(float(kl.iloc[0]))} "
+           f"at step {kl.index[0]:.0f} to {fnum(float(kl.iloc[-1]))} at step {kl.index[-1]:.0f}, {how}")
+    both = pd.concat({"kl": kl, "val": val.dropna()}, axis=1).dropna()
+    if len(both) >= 3 and both["kl"].std() > 0 and both["val"].std() > 0:
+        r = float(np.corrcoef(both["kl"], both["val"])[0, 1])
+        few = f", an indication only below {CORR_MIN_POINTS} points" if len(both) < CORR_MIN_POINTS else ""
+        out += (f"; at the steps with a validation, higher KL goes with {'higher' if r > 0 else 'lower'} validation "
+                f"reward (Pearson r = {r:.2f}, {len(both)} points{few})")
+    return out + "."
+

@@ -422,8 +422,8 @@ def test_schema_is_draft_2020_12_closed_and_has_no_defaults(schema):
     assert not [n for n in nodes if "default" in n or "$ref" in n or "$defs" in n]
     sections = [n for n in nodes if "properties" in n]
     # 10 sections + train.math, train.text, math, math.arithmetic, the math track's tokenizer/model/pretrain,
-    # logging, a family, a user's track and its tokenizer/model/pretrain
-    assert len(sections) == 23 and all(n["additionalProperties"] is False for n in sections)
+    # logging, a family, a user's track and its tokenizer/model/pretrain, smoke
+    assert len(sections) == 24 and all(n["additionalProperties"] is False for n in sections)
     train = schema["properties"]["train"]["properties"]
     assert (train["val_every"]["minimum"], train["sampling_top_p"]["exclusiveMinimum"],
             train["sampling_top_p"]["maximum"]) == (1, 0, 1)

@@ -10,9 +10,10 @@
 #
 # Rerun policy (why params and the config file look the way they do):
 # - Every command reads the resolved config from a content-addressed file,
-#   results/config/pipeline-<hash>.yaml, written here when the workflow is parsed (atomically, only if
-#   absent) and passed as a param, never as an input. An edit therefore gives a new file and changes
-#   no input, and a lost .snakemake directory can never leave a command reading a stale config.
+#   results/config/pipeline-<hash>.yaml, named here when the workflow is parsed, written (atomically,
+#   only if absent) when it starts running jobs (onstart: a dry run writes none), and passed as a
+#   param, never as an input. An edit therefore gives a new file and changes no input, and a lost
+#   .snakemake directory can never leave a command reading a stale config.
 # - Every stage declares the config sections it depends on as `params`, in canonical JSON (sorted
 #   keys, so reordering YAML keys changes nothing), and Snakemake's params trigger reruns exactly the stages
 #   whose settings changed, in the same invocation: editing `train.*` or one variant reruns the
@@ -27,6 +28,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -43,6 +45,8 @@ from rlpipe.config import (
     eval_base_settings,
     family_pipeline,
     family_seeds,
+    load_yaml,
+    overlay_list_replacements,
     parse_config,
     resolve_variant,
     table_reference,
@@ -87,16 +91,32 @@ except ConfigError as e:
     raise WorkflowError(f"invalid rlpipe config: {e}") from None
 
 RESULTS = CFG.workflow.results_dir.rstrip("/")
+# Snakemake merges --configfile overlays key by key but replaces a list whole: say so when one
+# overlay replaces a list another set (e.g. a shrinking overlay placed after the user's).
+for _msg in overlay_list_replacements([(str(f), load_yaml(f)) for f in workflow.overwrite_configfiles or ()]):
+    print(f"rlpipe config: warning: {_msg}", file=sys.stderr)
 REPO = Path(workflow.basedir)
 
 
+# path -> text of every resolved config this invocation's jobs may read; written by `onstart` below,
+# i.e. only when jobs are about to run: a dry run (-n), --report, --lint or an invocation that fails
+# before its first job leaves nothing in results/config/.
+RESOLVED_CONFIGS = {}
+
+
 def write_resolved(name: str, cfg) -> str:
-    """Write ``cfg`` to results/config/<name>-<hash of its content>.yaml (once) and return the path."""
+    """The path results/config/<name>-<hash of its content>.yaml of ``cfg``; the file is written
+    (once: only if absent) when the workflow starts running jobs."""
     text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
     path = f"{RESULTS}/config/{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
-    if not os.path.exists(path):
-        io.write_text(path, text)
+    RESOLVED_CONFIGS[path] = text
     return path
+
+
+onstart:
+    for _path, _text in RESOLVED_CONFIGS.items():
+        if not os.path.exists(_path):
+            io.write_text(_path, _text)
 
 
 CONFIG_FILE = write_resolved("pipeline", CFG)
@@ -110,6 +130,12 @@ TRACK_CONFIG_FILES = {n: CONFIG_FILE if n == KEYWORD_TRACK else write_resolved(n
                                                                                t.pipeline)
                       for n, t in TRACKS.items()}
 KEYWORD_ON = KEYWORD_TRACK in TRACKS
+# The course's unit-test gate and seed 003's toy grid belong to the built-in tracks: a run of a user's
+# tracks only (workflow.tracks names neither keyword nor math) skips them, so its overlay needs no key
+# that switches them off.
+BUILTIN_ON = KEYWORD_ON or MATH_TRACK in TRACKS
+RUN_TESTS = CFG.workflow.run_tests and BUILTIN_ON
+TOY_SORT_SEEDS = CFG.workflow.toy_sort_seeds if BUILTIN_ON else []
 VARIANTS = list(CFG.variants) if KEYWORD_ON else []
 # Experiment families: each runs on a pipeline config of its own (rlpipe.config.family_pipeline:
 # its track's, with the family's base and variants), written like the others; FAMILIES = those whose
@@ -271,7 +297,7 @@ def forced(rule: str, outputs) -> bool:
 def tests_done() -> list:
     """Training waits for the unit tests (a broken package never burns GPU hours). ancient():
     re-running the tests later does not make finished runs look outdated."""
-    return [ancient(res("tests", "junit.xml"))] if CFG.workflow.run_tests else []
+    return [ancient(res("tests", "junit.xml"))] if RUN_TESTS else []
 
 
 def optional_file(path: str | None) -> list:
@@ -494,7 +520,7 @@ def all_targets() -> list:
     targets = [res("RESULTS.md")]
     targets += [p for t in TRACKS.values() for p in track_targets(t)]
     targets += family_targets()
-    if CFG.workflow.toy_sort_seeds:
+    if TOY_SORT_SEEDS:
         targets += [res("toy_sort", f) for f in TOY_SORT_FILES.values()]
     if not KEYWORD_ON:
         return targets
@@ -519,7 +545,7 @@ def results_page_inputs() -> list:
     # the math track's report and seed 003's grid, for the parts this run has
     inputs += [res("summary", SUMMARY_FILES["discussion_json"])] if KEYWORD_ON else []
     inputs += [track_res(MATH_TRACK, "report", MATH_REPORT_FILES["math_json"])] if MATH_TRACK in TRACKS else []
-    inputs += [res("toy_sort", TOY_SORT_FILES["table_csv"])] if CFG.workflow.toy_sort_seeds else []
+    inputs += [res("toy_sort", TOY_SORT_FILES["table_csv"])] if TOY_SORT_SEEDS else []
     return inputs
 
 

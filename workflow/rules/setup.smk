@@ -2,7 +2,7 @@
 # path reaches the shell as a resource, not a param: a moved project directory reruns nothing.
 
 
-if CFG.workflow.run_tests:
+if RUN_TESTS:  # workflow.run_tests, with a built-in track (common.smk)
 
 
     # lint: conda (no environment on purpose, see common.smk)

@@ -4,7 +4,7 @@ The package: ``base`` (the strict section base and ``ConfigError`` messages), ``
 ``train`` section and its options), ``sections`` (every other section and ``PipelineConfig``),
 ``tracks`` (a user's tracks, families and the workflow's ``Track`` record), ``root``
 (``PipelineConfig``), ``pipeline`` (loading, overrides, each track's and family's derived pipeline,
-variants) and ``schema`` (the generated JSON schema). Import everything from ``rlpipe.config``.
+variants), ``smoke`` (the smoke switch's caps, applied to every track) and ``schema`` (the generated JSON schema). Import everything from ``rlpipe.config``.
 
 A pipeline config is a YAML file with one section per stage (``data``, ``tokenizer``, ``model``,
 ``pretrain``, ``train``, ``ray``, ``workflow``) plus a ``variants`` table. Every key is a pydantic
@@ -81,6 +81,7 @@ from rlpipe.config.sections import (
     TokenizerConfig,
     WorkflowConfig,
 )
+from rlpipe.config.smoke import SmokeConfig, overlay_list_replacements
 from rlpipe.config.tracks import CORPUS_FILE, RESERVED_TRACKS, FamilyConfig, Track, TrackConfig
 from rlpipe.config.train import (
     TASK_SPEC_PATTERN,
@@ -101,5 +102,5 @@ __all__ = [
     "eval_base_settings", "family_base_track", "family_pipeline", "family_reference", "family_seeds", "from_dict",
     "json_schema", "load_config", "load_yaml", "math_pipeline", "parse_config", "resolve_variant", "table_reference",
     "to_dict", "variant_gpus", "CORPUS_FILE", "RESERVED_TRACKS", "Track", "TrackConfig", "track_pipeline",
-    "user_track_pipeline", "workflow_tracks",
+    "user_track_pipeline", "workflow_tracks", "SmokeConfig", "overlay_list_replacements",
 ]

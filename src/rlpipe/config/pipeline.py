@@ -13,6 +13,7 @@ from rlpipe.config.base import ConfigError, from_dict, to_dict
 from rlpipe.config.checks import check_model_overrides
 from rlpipe.config.root import PipelineConfig
 from rlpipe.config.sections import KEYWORD_TRACK, MATH_TRACK, SYSTEMS_TRACK
+from rlpipe.config.smoke import shrink_pipeline, shrink_train, smoke_train
 from rlpipe.config.tracks import RESERVED_TRACKS, USER_TRACK_DIR, FamilyConfig, Track
 from rlpipe.config.train import TrainConfig
 
@@ -61,6 +62,8 @@ def parse_config(data: dict[str, Any]) -> PipelineConfig:
         if isinstance(data.get(table), dict):
             data = dict(data, **{table: {k: v for k, v in data[table].items() if v is not None}})
     cfg = from_dict(PipelineConfig, data)
+    if cfg.smoke.enabled:  # every track's pretraining, evaluation and families (trains: resolve_variant)
+        cfg = from_dict(PipelineConfig, shrink_pipeline(to_dict(cfg), cfg.smoke))
     check_model_overrides(cfg)
     _check_names(cfg)
     _check_tracks(cfg)
@@ -128,6 +131,7 @@ def user_track_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
         train = apply_overrides(to_dict(cfg.train), dict(t.train))
     except ConfigError as e:
         raise ConfigError(f"{prefix}.train: {e}") from None
+    train = smoke_train(train, cfg.smoke)
     from_dict(TrainConfig, train, f"{prefix}.train")
     data = dict(to_dict(cfg), tokenizer=to_dict(t.tokenizer), model=to_dict(t.model), pretrain=to_dict(t.pretrain),
                 train=train, variants={k: v or {} for k, v in t.variants.items() if v is not None}, families={})
@@ -168,6 +172,7 @@ def math_pipeline(cfg: PipelineConfig) -> PipelineConfig:
         train = apply_overrides(to_dict(cfg.train), dict(m.train))
     except ConfigError as e:
         raise ConfigError(f"{MATH_PREFIX}.train: {e}") from None
+    train = smoke_train(train, cfg.smoke)
     train["task"] = "math"
     from_dict(TrainConfig, train, f"{MATH_PREFIX}.train")
     data = dict(to_dict(cfg), tokenizer=to_dict(m.tokenizer), model=to_dict(m.model),
@@ -254,6 +259,7 @@ def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
         train = apply_overrides(to_dict(track.train), fam.base)
     except ConfigError as e:
         raise ConfigError(f"{prefix}.base: {e}") from None
+    train = smoke_train(train, cfg.smoke)
     from_dict(TrainConfig, train, f"{prefix}.base")
     data = dict(to_dict(track), train=train, families={}, variants=variants)
     data["workflow"] = dict(data["workflow"], families=None)  # the derived config holds no families
@@ -292,7 +298,10 @@ def resolve_variant(cfg: PipelineConfig, name: str) -> TrainConfig:
         merged = apply_overrides(to_dict(cfg.train), cfg.variants[name] or {})
     except ConfigError as e:
         raise ConfigError(f"variants.{name}: {e}") from None
-    return from_dict(TrainConfig, merged, f"variants.{name}")
+    train = from_dict(TrainConfig, merged, f"variants.{name}")
+    if cfg.smoke.enabled:
+        train = from_dict(TrainConfig, shrink_train(to_dict(train), cfg.smoke), f"variants.{name} (smoke)")
+    return train
 
 
 #: the train settings ``rlpipe eval-base`` samples with; its Snakemake rule depends on these alone

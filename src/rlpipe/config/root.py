@@ -17,6 +17,7 @@ from rlpipe.config.sections import (
     TokenizerConfig,
     WorkflowConfig,
 )
+from rlpipe.config.smoke import SmokeConfig
 from rlpipe.config.tracks import FamilyConfig, TrackConfig
 from rlpipe.config.train import TrainConfig
 
@@ -43,3 +44,6 @@ class PipelineConfig(_Section):
     families: dict[str, FamilyConfig | None] = Field(
         {}, description="Experiment families: name -> a replicated family of variants with its own "
                         "report section (results/families/<name>/). null drops one.")
+    smoke: SmokeConfig = Field(
+        default_factory=SmokeConfig, description="A smoke run: caps that shrink every track, the user's "
+        "included, without replacing any list of the config (config/smoke.yaml switches it on).")

@@ -102,7 +102,7 @@ class LoggingConfig(_Section):
                            "(live curves: tensorboard --logdir results/runs); needs pip install -e '.[tb]'.")
     flush_every_s: float = Field(
         5.0, ge=0, description="Seconds between rewrites of a running job's metrics, events and TensorBoard files "
-                               "(each rewrite stalls the actors for tens of milliseconds); checkpoints and the end "
+                               "(each rewrite pauses the actors while it writes); checkpoints and the end "
                                "of the run always write them. 0 writes after every round.")
 
 
@@ -132,7 +132,7 @@ class WorkflowConfig(_Section):
         "replicates compare speed on a machine of their own, workflow.threads_per_variant).")
     toy_sort_seeds: list[Annotated[int, Field(ge=0)]] = Field(
         [5, 6, 7], description="Seeds of seed 003's toy-sorting grid (delta modes x loss modes; `rlpipe toy-sort`); "
-                               "[] skips it.")
+                               "[] skips it. Runs with a built-in track (keyword or math in workflow.tracks) only.")
     toy_sort_epochs: int | None = Field(
         None, ge=1, description="Epochs per toy-sorting run (null: seed 003's 100).")
     results_dir: str = Field("results", min_length=1, description="Where every output goes.")
@@ -140,7 +140,9 @@ class WorkflowConfig(_Section):
     gpus_per_disaggregated: int = Field(0, ge=0, description="GPUs a disaggregated variant declares.")
     threads_per_variant: int = Field(
         2, ge=1, description="Snakemake threads per training job (passed to torch and Ray).")
-    run_tests: bool = Field(True, description="Run the unit tests as the first rule.")
+    run_tests: bool = Field(
+        True, description="Run the unit tests as the first rule, with a built-in track (keyword or math in "
+                          "workflow.tracks) only: a run of a user's tracks only skips them.")
     test_args: str = Field("-m 'not slow and not workflow'", description="pytest selection for run_unit_tests.")
     bench_repeats: int = Field(5, ge=1, description="Repeats for the benchmark rules.")
     bench_sizes_mb: list[Annotated[float, Field(gt=0, le=4096)]] = Field(
@@ -148,7 +150,7 @@ class WorkflowConfig(_Section):
         description="Synthetic payload sweep of the weight-sync benchmark, in MB.")
     bench_scaling: bool = Field(
         True, description="Run `rlpipe bench scaling` (real short runs over model size, batch and response "
-        "length; a few minutes on the CPU default) and put its curves in the report.")
+        "length, scaling_steps GRPO steps per point) and put its curves in the report; keyword track only.")
     scaling_sizes: list[Annotated[int, Field(ge=8, le=4096)]] = Field(
         [64, 256], description="`rlpipe bench scaling`: model widths (d_model; the base's own is added).")
     scaling_batches: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
@@ -177,7 +179,7 @@ class ArithmeticConfig(_Section):
         40000, ge=1, description="Pretraining documents: worked solutions of problems (never val ones).")
     drill_fraction: float = Field(
         0.75, ge=0, lt=1, description="Fraction of corpus documents that are drills: the prompt's last two lines "
-        "(User/Assistant) and the worked solution, without the r1_zero preamble (5x more arithmetic per token).")
+        "(User/Assistant) and the worked solution, without the r1_zero preamble (more arithmetic per token).")
     slip_rate: float = Field(
         0.35, ge=0, lt=1, description="In corpus solutions, probability that a step miscopies its operator (+ for "
         "-, computed right and carried on, when the chain stays in range): sets the zero-shot accuracy.")

@@ -150,12 +150,12 @@ def test_zero_shot_reads_ten_examples_and_attributes_faults(results):
 
 
 def test_track_is_named_truthfully(results, tmp_path):
-    text = " ".join(answers_math.zero_shot_answer(ResultsView.load(results)))
+    text = " ".join(answers_math.zero_shot_metrics_answer(ResultsView.load(results)))
     assert "synthetic arithmetic task with a ~1.3M-parameter model of our own" in text
     assert "Qwen2.5-Math-1.5B on MATH was not run" in text and "on MATH:" not in text
     real = tmp_path / "real"
     write_math(real, {"dataset_dir": "/data/MATH", "base_model_dir": "/models/qwen"})
-    text = " ".join(answers_math.zero_shot_answer(ResultsView.load(real)))
+    text = " ".join(answers_math.zero_shot_metrics_answer(ResultsView.load(real)))
     assert "MATH-format data from math.dataset_dir with the local HuggingFace model in /models/qwen" in text
     assert "was not run" not in text
 
@@ -225,6 +225,12 @@ def _with_systems(results, replicates: int) -> ResultsView:
     numbers["answer"] = family_answer.answer(numbers)
     (d / contract.FAMILY_REPORT_FILES["numbers"]).write_text(json.dumps(numbers))
     return ResultsView.load(results)
+
+
+def test_the_not_run_note_is_said_once_per_question_that_needs_it(results):
+    done = deliverables.answers(ResultsView.load(results))
+    with_note = [d.anchor for d, t in done if any("Qwen2.5-Math-1.5B on MATH was not run" in s for s in t)]
+    assert with_note == ["s001-p1c", "s001-p9"]
 
 
 @pytest.mark.parametrize("n", [1, 2])

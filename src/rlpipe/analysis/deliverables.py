@@ -99,7 +99,7 @@ DELIVERABLES = (
     Deliverable("001", "Problem 8", "a GRPO train loop whose validation reward rises", "s001-p8",
                 _math("learning_png"), train_loop_answer),
     Deliverable("001", "Problem 9", "learning-rate sweep: curves and 2 sentences on other metrics", "s001-p9",
-                _fam("lr_sweep"), family("lr_sweep"), also=(("004", "grpo_learning_rate"),)),
+                _fam("lr_sweep"), family("lr_sweep", target_note=True), also=(("004", "grpo_learning_rate"),)),
     Deliverable("001", "Problem 10", "no_baseline vs reinforce_with_baseline: curves and trends", "s001-p10",
                 _fam("baselines"), family("baselines"), also=(("004", "grpo_baselines"),)),
     Deliverable("001", "Problem 13", "one step vs several epochs per rollout batch: convergence, stability, "

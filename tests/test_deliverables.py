@@ -290,6 +290,14 @@ def test_offpolicy_sweep_says_how_far_it_is_scaled_down(results):
     assert ("this run made one sweep of 2 variants (epochs_per_rollout_batch 1 to 2 x train_batch_size 16 to 32) "
             "of 20 GRPO steps (within the seed's broad-sweep length) with rollout_batch_size 32 (12.5% of 256), "
             "and no focused second stage") in text
+    numbers = family_numbers("epochs_per_batch")
+    for row in numbers["variants"].values():
+        row["settings"] = {"task": "keyword_inclusion", "n_grpo_steps": 16, "rollout_batch_size": 32}
+    (results / "families" / "epochs_per_batch" / contract.FAMILY_REPORT_DIR / contract.FAMILY_REPORT_FILES[
+        "numbers"]).write_text(json.dumps(numbers))
+    keyword = " ".join(deliverables.family("epochs_per_batch")(ResultsView.load(results)))
+    assert "Trained on" not in keyword and "Scaled down" not in keyword  # a keyword-track family
+    assert text.startswith("Trained on the synthetic arithmetic task")
     lr = deliverables.family("lr_sweep")(_sweep(results))  # another math family: the generic scale
     assert not any(s.startswith("Scaled down") for s in lr)  # its family.json has no settings
     numbers = json.loads((results / "families" / "offpolicy_sweep" / contract.FAMILY_REPORT_DIR

@@ -112,7 +112,9 @@ def family(name: str, *, speed: bool = False, protocol=None, target_note: bool =
             out += [s for s in fam.get("sentences") or [] if s.startswith(SPEED_PREFIXES)]
         scale = (protocol or scale_sentence)(fam)
         out += [scale] if scale else []
-        if view.evals or view.math:  # a math-track family: say what it trained on
+        tasks = {(row.get("settings") or {}).get("task") for row in (fam.get("variants") or {}).values()}
+        math_track = tasks == {"math"} if tasks - {None} else bool(view.evals or view.math)
+        if math_track:  # say what it trained on
             out.insert(0, f"Trained on {track_name(view)}.")
             note = not_run_note(view) if target_note else ""
             out += [note] if note else []

@@ -143,6 +143,29 @@ def _sweep_payload(nbytes: int, obj_s: float, gloo_s: float, memcpy_s: float) ->
                            "rdt/gloo@cpu": {"median_s": gloo_s, "all_s": [gloo_s] * 3}}}
 
 
+def test_a_contended_weight_sync_bench_is_flagged_a_quiet_one_is_not(tmp_path):
+    """The CPU verdict and each bench ratio carry the bench's recorded load; contended by the
+    training runs' rule, they are marked "contended, indicative only"."""
+    payload = {"cpus": 2, "load_avg_start": [5.1, 3.0, 2.0], "load_avg_end": [5.7, 3.0, 2.0],
+               "payloads": {"model": _sweep_payload(5 * 10**6, 0.01, 0.02, 0.001),
+                            "synthetic_100MB": _sweep_payload(10**8, 0.05, 0.2, 0.015)}}
+    p = tmp_path / "weight_sync.json"
+    p.write_text(json.dumps(payload))
+    disc = report_text.discussion(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(),
+                                  aggregate.read_bench_weight_sync(p), "onpolicy", {"weight_sync": payload})
+    sec = next(x for x in disc["sections"] if x["id"] == "rdt")
+    text = " ".join(sec["sentences"])
+    assert ("RDT's best latency is 2.00x to 4.00x the best object-store path's (load 5.7 on 2 CPUs: contended, "
+            "indicative only)") in text
+    assert "faster than rdt/gloo in the benchmark (model, cpu) (load 5.7 on 2 CPUs: contended" in text
+    assert sec["numbers"]["bench_contended"] is True
+    quiet = {**payload, "load_avg_start": [1.1, 1.0, 1.0], "load_avg_end": [1.9, 1.0, 1.0]}
+    disc = report_text.discussion(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(),
+                                  aggregate.read_bench_weight_sync(p), "onpolicy", {"weight_sync": quiet})
+    text = " ".join(next(x for x in disc["sections"] if x["id"] == "rdt")["sentences"])
+    assert "the best object-store path's (load 1.9 on 2 CPUs)." in text and "indicative" not in text
+
+
 def test_bench_sweep_memcpy_rows_and_cpu_verdict(tmp_path):
     """The sweep shape: the memcpy bound becomes a row; the report compares the best object-store
     path with the best RDT backend per payload, names the CPU winner and the memcpy multiples."""
@@ -274,6 +297,8 @@ def test_device_hours_unit_follows_the_drivers_device_type(tmp_path, device_type
     assert sentences[0].startswith(f"Wall time and {unit}")
     assert f"its {unit}." in sentences[1]
     assert ("GPU-hours" in " ".join(sentences)) == (device_type == "gpu")
+    each = re.findall(r"= [0-9.e-]+ ?(\S*)", sentences[0])  # every device-hours value carries its unit
+    assert len(each) >= 2 and all(x.rstrip(";.") == unit for x in each), each
     assert f"<th>{unit}</th>" in aggregate.table_html(table)
 
 
@@ -328,7 +353,8 @@ def test_contended_run_is_flagged_and_draws_no_conclusion(tmp_path, make_runs):
             "from this comparison") in disagg
     # neither the speedup nor the share of the overlap bound is stated as a finding
     assert "speedup 1.60x" not in disagg and "of the bound" not in disagg and "exceeds the overlap bound" not in disagg
-    assert "disagg 25 s x 2 = 0.0139 (contended)" in disagg and "onpolicy 40 s x 1 = 0.0111;" in disagg
+    assert "disagg 25 s x 2 = 0.0139 device-hours (contended)" in disagg
+    assert "onpolicy 40 s x 1 = 0.0111 device-hours;" in disagg
     assert sec["disagg"]["numbers"]["contended_disagg"] is True
     # the uncontended pair (k2 vs onpolicy) still gets its conclusion
     kstep = " ".join(sec["kstep"]["sentences"])

@@ -35,6 +35,7 @@ def test_a_lead_in_every_pair_is_stated_with_its_spread_and_phases():
     assert "TRL: a step takes 0.51 s" in text and "other 0.2 s (39%)" in text
     assert "within the sampling noise" in text  # 0.85 vs 0.80 on 64 prompts
     assert "indicative only" not in text  # load stayed below the CPU count
+    assert "(load 1 on 2 CPUs)" in text  # every ratio carries the load it was measured at
 
 
 def test_pairs_that_disagree_are_no_finding_and_load_is_flagged():
@@ -43,17 +44,21 @@ def test_pairs_that_disagree_are_no_finding_and_load_is_flagged():
     t["trl"]["load_avg_per_pair"] = [[[3.5, 2.0, 1.0], [4.0, 2.0, 1.0]]]
     text = _text(trl_section({"trl": t}))
     assert "not a consistent difference: the pairs disagree" in text
-    assert "reached 4 on 2 CPUs" in text and "indicative only" in text
+    assert "faster in every pair (load 4 on 2 CPUs: contended, indicative only)" in text
 
 
-def test_a_skipped_bench_is_one_sentence_on_how_to_run_it():
-    skipped = {"bench": "trl", "skipped": True, "reason": "trl is not installed: pip install -e '.[bench]'"}
-    text = _text(trl_section({"trl": skipped}))
-    assert "Not measured in this run" in text and "pip install -e '.[bench]'" in text
-    listing = _text(bench_section({"trl": skipped, "sampler": {"kv_gflops": 1.0}, "weight_sync": {}}))
-    assert "rlpipe against TRL's GRPOTrainer: not measured, trl is not installed" in listing
-    assert "snakemake results/bench/trl.json" in listing
-    assert "=" not in listing and "{" not in listing  # no key = value or JSON dumps
+def test_a_run_without_trl_says_once_how_to_add_it_and_has_no_trl_section():
+    for bench in ({"sampler": {"kv_gflops": 1.0}, "weight_sync": {}},  # the default run: no trl.json at all
+                  {"trl": {"bench": "trl", "skipped": True,  # an older run's skip record
+                           "reason": "trl is not installed: pip install -e '.[bench]'"}}):
+        assert trl_section(bench) is None
+        listing = _text(bench_section(bench))
+        assert listing.count("rlpipe against TRL's GRPOTrainer: not in this run") == 1
+        assert listing.count("pip install -e '.[bench]'") == 1  # said once, not "...; to run it: <same>"
+        assert "rerun snakemake --cores all" in listing
+        assert "=" not in listing and "{" not in listing  # no key = value or JSON dumps
+    measured = _text(bench_section({"trl": TRL}))
+    assert "rlpipe against TRL's GRPOTrainer: measured" in measured and "pip install" not in measured
 
 
 def test_the_aot_decode_package_is_said_to_be_outside_the_timing():
@@ -80,3 +85,17 @@ def test_limits_name_the_compiled_decodes_and_the_heads_memory():
     assert "170 MB with the LM head on response tokens only" in text and "189 MB with the head over every" in text
     text = _text(limits_section({"sampler": {k: v for k, v in sampler.items() if "aot" not in k}}))
     assert "ahead of time" not in text and "Peak memory" not in text
+
+
+SAMPLER = {"kv_fraction_of_peak": 0.11, "kv_gflops": 18.0, "batch": 32, "matmul_peak_gflops": 160.0,
+           "aot_fraction_of_peak": 0.17, "aot_over_eager": 1.46, "torch_threads": 2, "load_avg_1m": 5.7,
+           "provenance": {"cpus": 2}}
+
+
+def test_a_contended_bench_flags_every_ratio_and_a_quiet_one_does_not():
+    busy = _text(limits_section({"sampler": SAMPLER}))
+    assert "1.46x the eager sampler measured beside it (load 5.7 on 2 CPUs: contended, indicative only)" in busy
+    assert "GFLOP/s; load 5.7 on 2 CPUs: contended, indicative only)" in busy
+    quiet = _text(limits_section({"sampler": {**SAMPLER, "load_avg_1m": 2.1}}))  # its own 2 threads
+    assert "1.46x the eager sampler measured beside it (load 2.1 on 2 CPUs)" in quiet
+    assert "indicative" not in quiet

@@ -86,3 +86,37 @@ def test_main_page_says_its_gaps_are_measurements(tmp_path, make_runs):
                                   aggregate.stack_frames(runs, "versions"), aggregate.weight_sync_frame(runs, []),
                                   "onpolicy", {}, aggregate.rollouts_frame(runs))
     assert "a gap between variants is a measurement, not a finding" in report_text.render_html(disc)
+
+
+# --------------------------------------------------------------------------- timings and their load
+
+
+def test_a_bench_is_contended_by_the_training_runs_rule():
+    """Others' cores = the highest 1-minute load minus the bench's own cores, decided by the same
+    decide_contended (and threshold) as a training run's CPU-time measure."""
+    busy = findings.timing_load({"load_avg_1m": 5.7, "torch_threads": 2, "provenance": {"cpus": 2}})
+    assert busy.contended is True and busy.clause() == "load 5.7 on 2 CPUs: contended, indicative only"
+    quiet = findings.timing_load({"load_avg_1m": 2.1, "torch_threads": 2, "cpus": 2})  # the bench's own 2 threads
+    assert quiet.contended is False and quiet.clause() == "load 2.1 on 2 CPUs"
+    # the threshold is contract.OTHER_CPU_THRESHOLD of the machine beyond the idle cores
+    assert findings.timing_load({"load_avg_1m": 2.19, "torch_threads": 2, "cpus": 2}).contended is False
+    assert findings.timing_load({"load_avg_1m": 2.21, "torch_threads": 2, "cpus": 2}).contended is True
+    # one thread on 2 CPUs leaves a core idle: another process there does not contend it
+    assert findings.timing_load({"load_avg_1m": 2.1, "torch_threads": 1, "cpus": 2}).contended is False
+    # the weight-sync and TRL shapes: os.getloadavg() triples, before/after per pair, nested
+    assert findings.timing_load({"cpus": 2, "load_avg_start": [0.4, 0.3, 0.2],
+                                 "load_avg_end": [5.7, 2.0, 1.0]}).load == 5.7
+    assert findings.timing_load({"cpus": 2, "threads": 2, "rlpipe": {
+        "load_avg_per_pair": [[[0.9, 0.5, 0.5], [3.5, 1.0, 1.0]]]}}).contended is True
+    # a nested run's own conditions (CPU time over its interval) decide first
+    pts = {"cpus": 2, "points": [{"conditions": {"contended": True, "load_avg_start": 0.5, "cpus": 2}}]}
+    assert findings.timing_load(pts).contended is True
+    unknown = findings.timing_load({"cpus": 2})
+    assert unknown.contended is None and unknown.clause() == "load not recorded"
+
+
+def test_the_contention_rule_is_shared_with_the_trainer():
+    from rlpipe.trainer import conditions
+
+    assert conditions.decide_contended is contract.decide_contended
+    assert conditions.OTHER_CPU_THRESHOLD is contract.OTHER_CPU_THRESHOLD

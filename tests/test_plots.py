@@ -100,6 +100,7 @@ def test_rollouts_html_before_after(full_summary, tmp_path):
     assert text.index("<h3>onpolicy</h3>") < text.index("<h3>k2</h3>")  # reference first
     assert "before (first logged step)" in text and "after (last step)" in text
     assert "the cat sat" in text
+    assert "<td>cat</td>" in text and "[&quot;cat&quot;]" not in text  # keywords as words, not a JSON list
 
 
 def test_main_requires_summary(tmp_path):
@@ -154,3 +155,32 @@ def test_throughput_marks_contended_and_unreplicated_bars(tmp_path, make_runs, m
     assert hatches[0][1] == ["//", "..", None]  # the speedup panel: disagg (contended), k2 (n=1), reference
     assert "1.60\ncontended" in texts and "1.25\nn=1" in texts and "1.00" in texts
     assert_png_not_blank(tmp_path / "t.png")
+
+
+def test_reward_vs_time_and_in_run_sync_mark_contended_and_single_runs(tmp_path, make_runs, monkeypatch):
+    """The timing figures beside throughput.png follow its marks: in reward-vs-time a contended run's
+    line is dashed and labelled [contended], a quiet single run [n=1]; the in-run weight-sync bars
+    are hatched the same way. With no contended run, nothing says contended."""
+    def busy_disagg(runs):
+        p = runs / "disagg" / contract.RUN_INFO_FILE
+        p.write_text(json.dumps({**json.loads(p.read_text()), "conditions": BUSY}))
+
+    figs = []
+    save = figure_kit.save
+    monkeypatch.setattr(figure_kit, "save", lambda fig, out: (figs.append(fig), save(fig, out)))
+    for mutate, busy in ((busy_disagg, True), (None, False)):
+        s = plots.load_summary(summary_dir(make_runs, tmp_path / str(busy), ("onpolicy", "disagg"), mutate))
+        figs.clear()
+        plots.plot_reward_vs_time(s, tmp_path / "rt.png")
+        lines = {ln.get_label(): ln.get_linestyle() for ln in figs[0].axes[0].lines}
+        disagg = "disagg [contended]" if busy else "disagg [n=1]"
+        assert lines[disagg] == ("--" if busy else "-") and lines["onpolicy [n=1]"] == "-"
+        footer = " ".join(t.get_text() for t in figs[0].texts)
+        assert ("contended, indicative only" in footer) is busy and "'n=1': one run" in footer
+        figs.clear()
+        plots.plot_weight_sync(s, tmp_path / "ws.png")
+        left = figs[0].axes[0]
+        hatches = [b.get_hatch() for b in left.patches]
+        texts = [t.get_text() for t in left.texts]
+        assert None not in hatches and ("//" in hatches) is busy, hatches  # every bar is one run: none unmarked
+        assert any(t.endswith("\ncontended") for t in texts) is busy and any(t.endswith("\nn=1") for t in texts)

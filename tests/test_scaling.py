@@ -9,7 +9,7 @@ import math
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import scaling
+from rlpipe.analysis import findings, scaling
 from rlpipe.analysis.contract import SCALING_MODES, SCALING_REPORT_FILES, scaling_phase_key
 from rlpipe.bench import scaling as bench
 
@@ -111,3 +111,34 @@ def test_bench_names_a_missing_input(tmp_path, capsys):
         bench.main(["--config", str(tmp_path / "c.yaml"), "--base", "b.pt", "--dataset", "d"])
     err = capsys.readouterr().err
     assert "--config" in err and "does not exist" in err
+
+
+def _bench(load: float, contended_points: bool) -> dict:
+    pts = [{**p, "conditions": {"load_avg_start": load, "load_avg_end": load, "cpus": 2, "contended":
+                                contended_points and p["axis"] == "batch"}} for p in synthetic_points()]
+    return {"bench": "scaling", "steps": 4, "threads": 2, "load_avg_1m_end": load, "points": pts,
+            "provenance": {"cpus": 2}}
+
+
+def test_contended_exponents_are_flagged_and_drawn_hollow_quiet_ones_are_not(tmp_path):
+    """Every exponent sentence carries the bench's load; a contended bench (one of its runs
+    contended by the training runs' rule) marks them "contended, indicative only", and the figure
+    draws that run's points hollow with a footnote saying so."""
+    for load, busy in ((5.7, True), (1.2, False)):
+        src = tmp_path / f"scaling_{busy}.json"
+        src.write_text(json.dumps(_bench(load, busy)))
+        pts = scaling.load_points(src)
+        assert list(pts["contended"]) == [busy and a == "batch" for a in pts["axis"]]
+        tab = scaling.exponents(pts)
+        text = scaling.sentences(tab, pts, findings.timing_load(json.loads(src.read_text())))
+        flagged = [s for s in text if s.endswith(f"(load {load:g} on 2 CPUs: contended, indicative only).")]
+        assert len(flagged) == (len(text) if busy else 0), text
+        assert all(f"(load {load:g} on 2 CPUs" in s for s in text)
+        note = scaling.footnote(pts, findings.timing_load(json.loads(src.read_text())), None)
+        assert ("Hollow points" in note) is busy and "one short run (n=1)" in note
+    # the figure: the contended points are hollow markers, the quiet ones filled
+    fig, ax = scaling.plt.subplots()
+    scaling._panel(ax, pts.assign(contended=pts["axis"] == "batch"), "batch", "samples_per_s", "s", "k", [])
+    faces = [ln.get_markerfacecolor() for ln in ax.lines if ln.get_marker() == "o"]
+    assert "none" in faces and any(f != "none" for f in faces)
+    scaling.plt.close(fig)

@@ -129,6 +129,32 @@ RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions", "provenance")
 RUN_CONDITIONS_KEYS = ("load_avg_start", "load_avg_end", "cpus", "run_cores", "wall_s", "own_cpu_s",
                        "other_cpu_s", "other_cpu_frac", "contended", "note")
 
+#: Share of the machine's CPUs that other processes may take, beyond the cores the run leaves
+#: idle, before the run's timings count as measured under contention. 10%: on the idle 2-core
+#: machine the system's own daemons take a few percent; one other busy process takes 50%. The one
+#: rule for every timing: training runs (``rlpipe.trainer.conditions``) and benchmarks
+#: (``rlpipe.analysis.findings.timing_load``) both decide with ``decide_contended``.
+OTHER_CPU_THRESHOLD = 0.10
+
+
+def decide_contended(other_s: float, wall_s: float, cpus: int, run_cores: float | None = None) -> bool | None:
+    """Whether timings were measured under contention: other processes kept busy, on average, more
+    cores than the run left idle (``cpus - run_cores``, 0 when ``run_cores`` is None) plus
+    ``OTHER_CPU_THRESHOLD`` of the machine. ``None`` when unmeasured.
+
+    Why CPU time and not the load average: it is measured over exactly the run's interval and
+    only counts other processes that actually ran, i.e. took a core the run could have had; the
+    load average lags by a minute, includes the run itself, and counts tasks blocked on I/O. Why
+    the idle-core allowance: on a machine with more cores than the run uses, other work on the
+    spare cores does not take the run's CPU time (it still shares caches and memory bandwidth,
+    which this does not see). On the 2-core machine every run fills the cores, so the rule is
+    "others took more than 10% of the machine". It is an average: short bursts of contention in
+    an otherwise quiet run can stay under it."""
+    if any(isinstance(x, float) and x != x for x in (other_s, wall_s)) or not wall_s > 0 or cpus <= 0:
+        return None
+    idle = 0.0 if run_cores is None else max(cpus - run_cores, 0.0)
+    return other_s / wall_s > idle + OTHER_CPU_THRESHOLD * cpus
+
 #: run_info ``provenance`` (and every benchmark JSON's): what the numbers came from
 #: (``rlpipe.provenance``). ``cpu_capability`` is the ATen kernel set torch used (AVX512, AVX2,
 #: DEFAULT...), ``aten_cpu_capability`` the ``ATEN_CPU_CAPABILITY`` override if one was set,

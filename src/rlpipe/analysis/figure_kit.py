@@ -20,7 +20,9 @@ import pandas as pd
 from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES
+from rlpipe.analysis.findings import INDICATIVE
 from rlpipe.analysis.frames import col
+from rlpipe.analysis.summary_rows import contended
 
 STACK = (*contract.STACK_PHASES, contract.OTHER)
 STEP_PHASES = contract.STEP_STACK_PHASES
@@ -90,8 +92,10 @@ def colors(variants: list[str]) -> dict[str, tuple]:
     return {v: cmap(i % 10) for i, v in enumerate(variants)}
 
 
-def save(fig, out: str | Path) -> None:
-    fig.tight_layout()
+def save(fig, out: str | Path, rect: tuple | None = None) -> None:
+    """Lay out (``rect``: the area the axes may take, leaving room for a footnote) and write the
+    PNG atomically."""
+    fig.tight_layout(rect=rect)
     with io.atomic_path(out, suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)
 
@@ -137,15 +141,44 @@ def figure(kind: str, layout: Layout) -> Callable[[Callable], PlotFn]:
     return deco
 
 
-def line_per_variant(ax, s: Summary, x: str, y: str, notes: list[str], what: str, **kw) -> int:
-    """One line per variant of ``y`` against ``x`` (NaN rows dropped); returns lines drawn."""
+#: Why a timing is no finding, as figures mark it (the report's honesty rule, ``rlpipe.analysis.findings``).
+MARK_CONTENDED = "contended"
+MARK_UNREPLICATED = "n=1"
+
+
+def run_marks(s: Summary) -> dict[str, str]:
+    """Per variant, how a timing figure marks its run: ``MARK_CONTENDED`` when it was timed under
+    contention, else ``MARK_UNREPLICATED`` (each variant of the main comparison is one run)."""
+    return {str(row["variant"]): MARK_CONTENDED if contended(row) else MARK_UNREPLICATED
+            for row in (s.runs.to_dict("records") if len(s.runs) else [])}
+
+
+def marks_footnote(fig, marks: dict[str, str] | list[str]) -> None:
+    """The footnote that says what a figure's marks mean (only the marks it uses)."""
+    used = set(marks.values() if isinstance(marks, dict) else marks)
+    parts = ([f"dashed / hatched '{MARK_CONTENDED}': timed while other processes took the CPU ({INDICATIVE}, "
+              "no conclusion)"] if MARK_CONTENDED in used else [])
+    parts += ([f"'{MARK_UNREPLICATED}': one run, a measurement, not a finding (replicated comparisons: the "
+               "systems family page)"] if MARK_UNREPLICATED in used else [])
+    if parts:
+        fig.text(0.5, 0.005, "; ".join(parts).capitalize() + ".", ha="center", fontsize=7, color="#555555")
+
+
+def line_per_variant(ax, s: Summary, x: str, y: str, notes: list[str], what: str,
+                     marks: dict[str, str] | None = None, **kw) -> int:
+    """One line per variant of ``y`` against ``x`` (NaN rows dropped); returns lines drawn. With
+    ``marks`` (``run_marks``), a timing figure's legend names each run's mark and a contended run's
+    line is dashed."""
     c = colors(s.variants())
     drawn = 0
     for v in s.variants():
         m = s.of("metrics", v)
         d = pd.DataFrame({"x": col(m, x), "y": col(m, y)}).dropna().sort_values("x")
         if len(d):
-            ax.plot(d["x"], d["y"], marker="o" if len(d) < 30 else None, ms=3, color=c[v], label=v, **kw)
+            mark = (marks or {}).get(v, "")
+            style = {"linestyle": "--"} if mark == MARK_CONTENDED else {}
+            ax.plot(d["x"], d["y"], marker="o" if len(d) < 30 else None, ms=3, color=c[v],
+                    label=f"{v} [{mark}]" if mark else v, **style, **kw)
             drawn += 1
     if not drawn:
         no_data(ax, f"no variant has {what} ({y})", notes)

@@ -13,7 +13,14 @@ stated as a result by the other. The main discussion has one run per variant, so
 measurements, never findings; the replicated comparison is a family's.
 
 Contention applies to timings: a reward does not depend on how fast the machine computed it, so
-reward comparisons pass ``contended=False``.
+reward comparisons pass ``contended=False``. Every timing-derived ratio or exponent, in text or
+figure, benchmarks included, carries the load recorded when it was measured (``TimingLoad.clause``)
+and is marked ``INDICATIVE`` when contended, decided by the one rule the training runs use
+(``rlpipe.analysis.contract.decide_contended``). A training run measures other processes' CPU time
+over its own interval; a benchmark JSON records only 1-minute load averages, so for it the cores
+others kept busy are estimated as the highest recorded load minus the bench's own cores
+(``timing_load``), and any run it holds that recorded its own ``conditions`` (the scaling bench's
+points) decides by those.
 
 Departure from the seeds: the seeds ask for comparisons in prose and do not define when a
 difference counts; this rule is ours, chosen so that no sentence outruns its numbers.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rlpipe.analysis.contract import decide_contended
 from rlpipe.analysis.stats import Difference, MeanCI, Ratio
 
 MIN_REPLICATES = 2
@@ -84,3 +92,90 @@ def is_finding(diff, contended: bool = False, null: float = 0.0) -> Verdict:
 def single_runs(a: float, b: float, contended: bool = False) -> Verdict:
     """The verdict on a gap between two single runs (values ``a`` and ``b``): never a finding."""
     return is_finding((b - a, math.nan, math.nan, 1), contended)
+
+
+# --------------------------------------------------------------------------- timings and their load
+
+#: How a contended timing is marked, in text and in figures' legends.
+INDICATIVE = "contended, indicative only"
+
+
+@dataclass(frozen=True)
+class TimingLoad:
+    """The load recorded while a timing was measured: the highest 1-minute load average (NaN when
+    none was recorded), the machine's CPUs (0: unknown), and whether the timing was contended
+    (``None``: undecidable, no load recorded)."""
+
+    load: float
+    cpus: int
+    contended: bool | None
+
+    def clause(self) -> str:
+        """'load 5.7 on 2 CPUs: contended, indicative only', 'load 0.9 on 2 CPUs' or 'load not
+        recorded'; every timing-derived ratio or exponent carries it."""
+        if not math.isfinite(self.load):
+            return "load not recorded" + (f": {INDICATIVE}" if self.contended else "")
+        on = f" on {self.cpus} CPUs" if self.cpus else ""
+        return f"load {self.load:.3g}{on}" + (f": {INDICATIVE}" if self.contended else "")
+
+
+def _loads(data, out: list[float], flags: list[bool]) -> None:
+    """Every 1-minute load average under ``load_avg*`` keys of ``data`` (a number, an
+    ``os.getloadavg()`` triple whose first entry is the 1-minute value, or lists of those), and
+    every ``contended`` flag of a nested run ``conditions`` record."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if str(k).startswith("load_avg"):
+                _load_values(v, out)
+            elif k == "conditions" and isinstance(v, dict):
+                if isinstance(v.get("contended"), bool):
+                    flags.append(v["contended"])
+                _loads(v, out, flags)
+            elif isinstance(v, (dict, list)):
+                _loads(v, out, flags)
+    elif isinstance(data, list):
+        for v in data:
+            _loads(v, out, flags)
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _load_values(v, out: list[float]) -> None:
+    if _number(v):
+        out.append(float(v))
+    elif isinstance(v, list) and v and all(_number(x) for x in v):
+        out.append(float(v[0]))  # os.getloadavg(): (1 min, 5 min, 15 min)
+    elif isinstance(v, list):
+        for x in v:
+            _load_values(x, out)
+
+
+def _cpus(data: dict) -> int:
+    for d in (data, data.get("provenance") if isinstance(data.get("provenance"), dict) else {}):
+        if _number(d.get("cpus")) and d["cpus"] > 0:
+            return int(d["cpus"])
+    return 0
+
+
+def timing_load(data: dict | None, own_cores: float | None = None) -> TimingLoad:
+    """The load a benchmark JSON recorded and whether its timings were contended. Nested runs' own
+    ``conditions`` (CPU time over each run's interval) decide when there are any: one contended run
+    contends the whole bench. Otherwise others' cores are estimated as the highest 1-minute load average minus
+    the bench's own cores (``own_cores``; else its ``torch_threads`` / ``threads`` capped at the
+    CPUs; else all CPUs, the most lenient reading) and passed to ``decide_contended``."""
+    data = data if isinstance(data, dict) else {}
+    loads: list[float] = []
+    flags: list[bool] = []
+    _loads(data, loads, flags)
+    cpus = _cpus(data)
+    load = max(loads) if loads else math.nan
+    if flags:  # measured by CPU time over each run's own interval: the better measure decides
+        return TimingLoad(load, cpus, any(flags))
+    if not loads or not cpus:
+        return TimingLoad(load, cpus, None)
+    if own_cores is None:
+        threads = next((data[k] for k in ("torch_threads", "threads") if _number(data.get(k))), cpus)
+        own_cores = min(float(threads), float(cpus))
+    return TimingLoad(load, cpus, bool(decide_contended(max(load - own_cores, 0.0), 1.0, cpus, own_cores)))

@@ -36,9 +36,11 @@ from rlpipe.analysis.figure_kit import (
     figure,
     line_per_variant,
     load_summary,
+    marks_footnote,
     no_data,
     plt,
     register,
+    run_marks,
     save,
 )
 from rlpipe.analysis.frames import col
@@ -53,6 +55,7 @@ from rlpipe.analysis.plots_systems import (
     plot_timeline,
     plot_weight_sync,
 )
+from rlpipe.analysis.text_format import words
 
 __all__ = ["KINDS", "MARK_CONTENDED", "MARK_UNREPLICATED", "PHASE_COLORS", "Summary", "bar_marks", "colors",
            "line_per_variant", "load_summary", "main", "no_data", "plot_kl", "plot_phase_breakdown",
@@ -71,13 +74,17 @@ def plot_reward_vs_step(s: Summary, ax, notes: list[str]) -> None:
         ax.grid(alpha=0.3)
 
 
-@figure("reward_vs_time", {"figsize": (7, 4.2)})
+@figure("reward_vs_time", {"figsize": (7, 4.6)})
 def plot_reward_vs_time(s: Summary, ax, notes: list[str]) -> None:
-    if line_per_variant(ax, s, "wall_time", "reward/val_mean", notes, "validation reward"):
+    """Validation reward against wall time: a timing figure, so each run's line carries its mark
+    (``figure_kit.run_marks``: dashed "contended", or "n=1"), as ``throughput.png``'s bars do."""
+    marks = run_marks(s)
+    if line_per_variant(ax, s, "wall_time", "reward/val_mean", notes, "validation reward", marks=marks):
         ax.set(xlabel="wall-clock time (s since training start)", ylabel="validation reward",
                title="Validation reward vs wall-clock time")
-        ax.legend(fontsize=8, ncol=2)
+        ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3)
+        marks_footnote(ax.figure, marks)
 
 
 @figure("kl", {"ncols": 3, "figsize": (15, 4.2)})
@@ -211,7 +218,7 @@ def rollouts_html(s: Summary) -> tuple[str, list[str]]:
             for _, x in r[r["step"] == step].iterrows():
                 ok = "r1" if x["reward"] > 0 else "r0"
                 rows.append(f"<tr><td>{label}</td><td>{step}</td><td>{html.escape(str(x['prompt']))}</td>"
-                            f"<td>{html.escape(str(x['response']))}</td><td>{html.escape(str(x['ground_truth']))}</td>"
+                            f"<td>{html.escape(str(x['response']))}</td><td>{html.escape(words(x['ground_truth']))}</td>"
                             f"<td class='{ok}'>{x['reward']:.2f}</td></tr>")
         parts.append("<table>" + "".join(rows) + "</table>")
     if not order or not len(s.rollouts):

@@ -17,6 +17,8 @@ import pandas as pd
 from rlpipe.analysis import contract
 from rlpipe.analysis.contract import SUMMARY_FILES, phase_seconds_column
 from rlpipe.analysis.figure_kit import (
+    MARK_CONTENDED,
+    MARK_UNREPLICATED,
     PHASE_COLORS,
     STACK,
     STEP_PHASES,
@@ -27,7 +29,7 @@ from rlpipe.analysis.figure_kit import (
     figure,
     no_data,
 )
-from rlpipe.analysis.findings import CONTENDED, single_runs
+from rlpipe.analysis.findings import CONTENDED, INDICATIVE, single_runs
 from rlpipe.analysis.frames import col
 from rlpipe.analysis.summary_rows import contended, contention_caveat, row_of
 
@@ -123,10 +125,6 @@ def _bars(ax, r: pd.DataFrame, column: str, title: str, notes: list[str], fmt: s
     ax.grid(axis="y", alpha=0.3)
 
 
-MARK_CONTENDED = "contended"
-MARK_UNREPLICATED = "n=1"
-
-
 def bar_marks(r: pd.DataFrame, reference: str) -> list[str]:
     """Per row of the summary table, why its comparison with the reference is no finding, by the
     report's one honesty rule (``rlpipe.analysis.findings``): ``MARK_CONTENDED`` when it or the
@@ -184,16 +182,41 @@ def plot_weight_sync(s: Summary, axes, notes: list[str]) -> None:
             no_data(ax, f"no weight-sync latency {title}", notes)
             continue
         if source == "run":
-            by = sub["median_s"].groupby(sub["label"].astype(str)).median().sort_values()  # one bar per transport
-            ax.bar(by.index, by.to_numpy() * 1e3, color=[_sync_color(k) for k in by.index])
-            for i, val in enumerate(by.to_numpy()):
-                ax.annotate(f"{val * 1e3:.3g} ms", (i, val * 1e3), ha="center", va="bottom", fontsize=8)
-            ax.tick_params(axis="x", rotation=30)
+            _run_sync_bars(ax, sub, s.runs)
         else:
             _latency_vs_payload(ax, sub)
         ax.set(ylabel="median sync latency (ms)", title=f"Weight sync: {title}")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
+
+
+def sync_marks(sub: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
+    """Per transport label of the in-run sync latencies, its mark by the report's honesty rule:
+    ``MARK_CONTENDED`` when any run behind it was timed under contention, else ``MARK_UNREPLICATED``
+    when one run measured it (a transport over two or more runs is unmarked)."""
+    out = {}
+    for label, g in sub.groupby(sub["label"].astype(str)):
+        variants = [str(v) for v in g["variant"].unique()] if "variant" in g.columns else []
+        busy = any(contended(row_of(runs, v)) for v in variants)
+        out[label] = MARK_CONTENDED if busy else MARK_UNREPLICATED if len(variants) < 2 else ""
+    return pd.Series(out, dtype=object)
+
+
+def _run_sync_bars(ax, sub: pd.DataFrame, runs: pd.DataFrame) -> None:
+    """One bar per transport (median over its runs), hatched "contended" or dotted "n=1" as
+    ``throughput.png``'s bars are."""
+    by = sub["median_s"].groupby(sub["label"].astype(str)).median().sort_values()
+    marks = sync_marks(sub, runs).reindex(by.index).fillna("")
+    bars = ax.bar(by.index, by.to_numpy() * 1e3, color=[_sync_color(k) for k in by.index])
+    for i, (bar, val, mark) in enumerate(zip(bars, by.to_numpy(), marks, strict=True)):
+        if mark:
+            bar.set_hatch("//" if mark == MARK_CONTENDED else "..")
+            bar.set_alpha(0.55)
+        ax.annotate(f"{val * 1e3:.3g} ms" + (f"\n{mark}" if mark else ""), (i, val * 1e3), ha="center",
+                    va="bottom", fontsize=8)
+    ax.tick_params(axis="x", rotation=30)
+    if (marks == MARK_CONTENDED).any():
+        ax.set_xlabel(f"hatched //: contended ({INDICATIVE})", fontsize=8)
 
 
 # object-store paths the weight-sync bench measures only for comparison (the trainer never uses them)

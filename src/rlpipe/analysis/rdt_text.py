@@ -6,7 +6,9 @@ Choices the seeds leave open: latencies are medians (the first sync's warm-up is
 latency is set against the in-run memcpy of the same payload (the bench's ``memcpy@<placement>``
 rows), the floor any transport on one host pays. A comparison between training runs is between
 single runs, stated with ``rlpipe.analysis.findings.single_runs``'s verdict, and draws no
-conclusion when one of the runs was contended (``contention_caveat``).
+conclusion when one of the runs was contended (``contention_caveat``). Every benchmark ratio
+carries the load the bench recorded (``findings.timing_load``) and, when contended, the mark
+``findings.INDICATIVE``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from rlpipe.analysis.findings import single_runs
+from rlpipe.analysis.findings import TimingLoad, single_runs
 from rlpipe.analysis.summary_rows import contention_caveat, row_of
 from rlpipe.analysis.text_format import fnum, fsec, fx, nan, section
 
@@ -70,8 +72,9 @@ class _Pair(NamedTuple):
     memcpy_s: float
 
 
-def _cpu_verdict(cpu: list[_Pair]) -> list[str]:
-    """Which path wins on CPU across the bench's payloads, and why, from the measured latencies."""
+def _cpu_verdict(cpu: list[_Pair], load: TimingLoad) -> list[str]:
+    """Which path wins on CPU across the bench's payloads, and why, from the measured latencies,
+    with the load the bench recorded (contended: indicative only)."""
     cpu = sorted(cpu, key=lambda c: 0 if nan(c.nbytes) else c.nbytes)
     obj_wins = [c for c in cpu if c.obj_s < c.rdt_s]
     rdt_wins = [c for c in cpu if c not in obj_wins]
@@ -79,14 +82,14 @@ def _cpu_verdict(cpu: list[_Pair]) -> list[str]:
     if not rdt_wins:
         ratios = [c.rdt_s / c.obj_s for c in cpu]
         s = [f"On CPU the object store wins at every benchmarked payload ({names(cpu)}): RDT's best latency is "
-             f"{fx(min(ratios))} to {fx(max(ratios))} the best object-store path's."]
+             f"{fx(min(ratios))} to {fx(max(ratios))} the best object-store path's ({load.clause()})."]
     elif not obj_wins:
         ratios = [c.obj_s / c.rdt_s for c in cpu]
         s = [f"On CPU RDT wins at every benchmarked payload ({names(cpu)}): the best object-store path's latency "
-             f"is {fx(min(ratios))} to {fx(max(ratios))} RDT's."]
+             f"is {fx(min(ratios))} to {fx(max(ratios))} RDT's ({load.clause()})."]
     else:
         s = [f"On CPU the winner depends on the payload: the object store wins at {names(obj_wins)}, RDT at "
-             f"{names(rdt_wins)}."]
+             f"{names(rdt_wins)} ({load.clause()})."]
     big, small = cpu[-1], cpu[0]
     if nan(big.memcpy_s):
         return s
@@ -109,11 +112,13 @@ def _cpu_verdict(cpu: list[_Pair]) -> list[str]:
     return s + [units + why + fixed]
 
 
-def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None) -> dict:
+def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None, bench_load: TimingLoad | None = None) -> dict:
     """Every group's latencies (with GB/s and fraction of the memcpy bound where known), the best
     RDT backend against the best object-store path per group, and a CPU verdict over the bench.
     A comparison between training runs draws no conclusion when one of them was contended
-    (``table``: the summary table holding their conditions)."""
+    (``table``: the summary table holding their conditions); a benchmark comparison carries the
+    load the bench recorded (``bench_load``, ``findings.timing_load`` of its JSON)."""
+    bench_load = bench_load or TimingLoad(math.nan, 0, None)
     title = "Weight-sync latency: object store vs RDT (seed 000 Problem 9, seed 002 Problem 12)"
     s, nums, cpu = [], {}, []
     for source, what, pay, place, nbytes, by, variants in _transport_groups(sync):
@@ -121,7 +126,8 @@ def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None) -> dict:
         lat = by.drop(MEMCPY_LABEL, errors="ignore")
         if not len(lat):
             continue
-        s.append(f"Median sync latency {what}: {_latencies(lat, nbytes, bound)}.")
+        at = f" ({bench_load.clause()})" if source != "run" else ""
+        s.append(f"Median sync latency {what}: {_latencies(lat, nbytes, bound)}{at}.")
         rdt = {k: v for k, v in lat.items() if str(k).startswith("rdt")}
         obj = {k: v for k, v in lat.items() if str(k).startswith("object_store")}
         if obj and rdt:
@@ -133,7 +139,8 @@ def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None) -> dict:
                 s.append(f"{bo} vs {br} {what}: {caveat}.")
                 nums[f"contended_{source}"] = True
             else:
-                one = f" ({single_runs(1.0, ratio).clause()})" if source == "run" else ""  # one run per side
+                one = (f" ({single_runs(1.0, ratio).clause()})" if source == "run"  # one run per side
+                       else f" ({bench_load.clause()})")
                 s.append(f"{win} is {fx(ratio if ratio > 1 else 1 / ratio)} faster than {lose} {what}{one}.")
             nums.setdefault(f"rdt_gain_{source}", ratio)
             if source == "bench" and place == "cpu":
@@ -142,7 +149,8 @@ def rdt_section(sync: pd.DataFrame, table: pd.DataFrame | None = None) -> dict:
         return section("rdt", title, [("No data: no weight-sync latency was measured (no disaggregated run "
                                       "and no readable results/bench/weight_sync.json).")])
     if cpu:
-        s += _cpu_verdict(cpu)
+        s += _cpu_verdict(cpu, bench_load)
+        nums["bench_contended"] = bench_load.contended
         big = max(cpu, key=lambda c: 0 if nan(c.nbytes) else c.nbytes)
         nums["cpu_rdt_over_object_store"] = float(big.rdt_s / big.obj_s)  # at the largest payload; < 1: RDT faster
         nums["cpu_best_fraction_of_memcpy"] = float(big.memcpy_s / min(big.obj_s, big.rdt_s))

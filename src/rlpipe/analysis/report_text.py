@@ -29,7 +29,7 @@ import pandas as pd
 from rlpipe.analysis import contract
 from rlpipe.analysis.bench_text import bench_section, limits_section, trl_section
 from rlpipe.analysis.contract import phase_seconds_column, phase_share_column
-from rlpipe.analysis.findings import single_runs
+from rlpipe.analysis.findings import single_runs, timing_load
 from rlpipe.analysis.kl_text import kl_section
 from rlpipe.analysis.optimization_text import optimization_section
 from rlpipe.analysis.provenance import provenance_section
@@ -212,7 +212,8 @@ def disagg_section(table: pd.DataFrame, ref: str) -> dict:
     unit = hours_unit(base)
     rows = [base] + [r for _, r in table[table["mode"] == "colocated_k"].iterrows()] + [r for _, r in dis.iterrows()]
     s = ["Wall time and " + unit + ": " + "; ".join(
-        f"{r['variant']} {fsec(r['wall_time_s'])} x {fnum(r['devices'])} = {fnum(r['device_hours'], 3)}"
+        f"{r['variant']} {fsec(r['wall_time_s'])} x {fnum(r['devices'])} = {fnum(r['device_hours'], 3)} "
+        f"{unit.split(' ')[0]}"
         + (" (contended)" if contended(r) else "") for r in rows) + "."]
     nums = {}
     for _, r in dis.iterrows():
@@ -306,13 +307,13 @@ def replay_section(table: pd.DataFrame) -> dict:
 def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFrame, sync: pd.DataFrame,
                reference: str, bench: dict | None = None, rollouts: pd.DataFrame | None = None) -> dict:
     rollouts = rollouts if rollouts is not None else pd.DataFrame(columns=["variant", "step", "reward"])
-    return {"reference": reference, "sections": [
+    return {"reference": reference, "sections": [sec for sec in [
         profiling_section(table, metrics, reference),
         rollouts_section(rollouts, table, reference),
         kl_section(table, metrics, reference),
         kstep_section(table, reference),
         disagg_section(table, reference),
-        rdt_section(sync, table),
+        rdt_section(sync, table, timing_load((bench or {}).get("weight_sync"))),
         versions_section(table, versions),
         replay_section(table),
         bench_section(bench or {}),
@@ -320,7 +321,7 @@ def discussion(table: pd.DataFrame, metrics: pd.DataFrame, versions: pd.DataFram
         trl_section(bench or {}),
         optimization_section(table, reference),
         provenance_section(table),
-    ]}
+    ] if sec is not None]}  # None: a section with nothing to say in this run (TRL not installed)
 
 
 def render_html(disc: dict) -> str:

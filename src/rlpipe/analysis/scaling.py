@@ -11,6 +11,11 @@ writes ``SCALING_REPORT_FILES`` into ``--out``:
   the range it holds over is in the table);
 - ``scaling.html``: sentences computed from the exponents.
 
+Every exponent is timing-derived, so every sentence carries the load its bench recorded and, when
+contended by the training runs' rule (``rlpipe.analysis.findings.timing_load``: a point's own run
+``conditions`` first), the mark "contended, indicative only"; in the figure a contended point is
+drawn hollow and each point is one short run (n=1), as the figure's footnote says.
+
 How to read an exponent: a phase whose seconds per step grow as batch^1 does work proportional to
 the batch with no fixed cost; b < 1 means fixed per-step costs (Python, kernel launches, small
 matrices that do not fill the machine) are still amortising; samples/s growing as batch^(1-b)
@@ -42,6 +47,7 @@ from rlpipe.analysis.contract import (
     SCALING_X,
     scaling_phase_key,
 )
+from rlpipe.analysis.findings import INDICATIVE, TimingLoad, timing_load
 from rlpipe.analysis.plots import no_data, save
 
 AXIS_LABEL = {"model": "parameters", "batch": "responses per rollout batch", "length": "response tokens"}
@@ -66,6 +72,8 @@ def load_points(path: str | Path) -> pd.DataFrame:
     need = {"mode", "axis", *SCALING_X.values(), "samples_per_s"}
     if pts.empty or not need <= set(pts.columns):
         raise ValueError(f"{path}: not an `rlpipe bench scaling` result (needs points with {sorted(need)})")
+    pts["contended"] = [bool(timing_load({"conditions": c, "cpus": c.get("cpus")}).contended)
+                        if isinstance(c, dict) else False for c in pts.get("conditions", [None] * len(pts))]
     return pts
 
 
@@ -100,45 +108,71 @@ def _fmt(b: float) -> str:
     return "n/a" if not math.isfinite(b) else f"{b:.2f}"
 
 
-def sentences(tab: pd.DataFrame, pts: pd.DataFrame) -> list[str]:
+def sentences(tab: pd.DataFrame, pts: pd.DataFrame, load: TimingLoad | None = None,
+              sync_load: TimingLoad | None = None) -> list[str]:
+    """The exponents in words; each sentence ends with the load its bench recorded (``load`` for
+    the training points, ``sync_load`` for the weight-sync payload curve)."""
+    at = f" ({(load or TimingLoad(math.nan, 0, None)).clause()})"
+    sync_at = f" ({(sync_load or TimingLoad(math.nan, 0, None)).clause()})"
     out = []
     gen, upd = scaling_phase_key("generate"), scaling_phase_key("update")
     for mode in pts["mode"].unique():
         parts = [f"{AXIS_LABEL[a]}^{_fmt(_exp(tab, mode, a, upd))} (update) and ^{_fmt(_exp(tab, mode, a, gen))} "
                  f"(generation)" for a in SCALING_AXES if a in set(pts["axis"])]
-        out.append(f"{mode}: per-step time grows as " + "; as ".join(parts) + ".")
+        out.append(f"{mode}: per-step time grows as " + "; as ".join(parts) + f"{at}.")
         b = _exp(tab, mode, "batch", "samples_per_s")
         if math.isfinite(b):
             verdict = ("so larger batches still amortise fixed per-step costs" if b > 0.1 else
                        "so throughput no longer improves with batch: the work is proportional to it")
-            out.append(f"{mode}: samples/s grows as batch^{_fmt(b)}, {verdict}.")
+            out.append(f"{mode}: samples/s grows as batch^{_fmt(b)}, {verdict}{at}.")
     for mode in pts["mode"].unique():
         g, u = _exp(tab, mode, "model", gen), _exp(tab, mode, "model", upd)
         if math.isfinite(g) and math.isfinite(u):
             slower = "generation" if g < u else "the update"
             out.append(f"{mode}: against model size, {slower} grows more slowly (exponent {_fmt(min(g, u))} vs "
                        f"{_fmt(max(g, u))}); an exponent under 1 means that phase is bound by per-token overhead "
-                       f"rather than by FLOPs (which grow as parameters^1 at fixed depth and length).")
+                       f"rather than by FLOPs (which grow as parameters^1 at fixed depth and length){at}.")
     sync = tab[tab["axis"] == "payload"]
     for r in sync.itertuples():
         out.append(f"weight sync {r.mode}: latency grows as payload^{_fmt(r.exponent)} from "
                    f"{r.x_min / 1e6:.3g} MB to {r.x_max / 1e6:.3g} MB "
                    f"({r.y_min * 1e3:.3g} ms to {r.y_max * 1e3:.3g} ms); "
-                   f"under 1 means a fixed per-sync cost still matters at the small end.")
+                   f"under 1 means a fixed per-sync cost still matters at the small end{sync_at}.")
     return out
 
 
 def _panel(ax, pts: pd.DataFrame, axis: str, q: str, label: str, color, notes: list[str]) -> None:
+    """One line per mode; a contended point (``pts["contended"]``) is drawn hollow, as the figure's
+    footnote says."""
     for mode, d in pts[pts["axis"] == axis].groupby("mode", sort=False):
         d = d.sort_values(SCALING_X[axis])
         if q in d and (d[q] > 0).any():
-            ax.plot(d[SCALING_X[axis]], d[q], MODE_STYLE.get(mode, ":"), marker="o", color=color,
-                    label=f"{label} ({mode})")
+            ax.plot(d[SCALING_X[axis]], d[q], MODE_STYLE.get(mode, ":"), color=color, label=f"{label} ({mode})")
+            busy = d["contended"].astype(bool) if "contended" in d else pd.Series(False, index=d.index)
+            ax.plot(d[SCALING_X[axis]][~busy], d[q][~busy], "o", color=color)
+            if busy.any():
+                ax.plot(d[SCALING_X[axis]][busy], d[q][busy], "o", color=color, markerfacecolor="none")
 
 
-def draw(pts: pd.DataFrame, sync: pd.DataFrame | None, out: str | Path) -> list[str]:
+def footnote(pts: pd.DataFrame, load: TimingLoad, sync_load: TimingLoad | None) -> str:
+    """The figure's footnote: the loads it was measured at, and what the marks mean."""
+    text = f"Each point is one short run (n=1): a measurement, not a finding. Training points: {load.clause()}"
+    if sync_load is not None:
+        text += f"; weight-sync bench: {sync_load.clause()}"
+    if "contended" in pts and pts["contended"].any():
+        text += f". Hollow points: that run was contended ({INDICATIVE})"
+    return text + "."
+
+
+def draw(pts: pd.DataFrame, sync: pd.DataFrame | None, out: str | Path, load: TimingLoad | None = None,
+         sync_load: TimingLoad | None = None) -> list[str]:
     notes: list[str] = []
+    load = load or TimingLoad(math.nan, 0, None)
+    if load.contended and "contended" in pts:  # a bench contended as a whole contends every point
+        pts = pts.assign(contended=True)
     fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+    fig.text(0.5, 0.003, footnote(pts, load, sync_load if sync is not None else None), ha="center",
+             fontsize=8, color="#555555")
     cmap = plt.get_cmap("tab10")
     try:
         for j, axis in enumerate(SCALING_AXES):
@@ -158,14 +192,14 @@ def draw(pts: pd.DataFrame, sync: pd.DataFrame | None, out: str | Path) -> list[
                 ax.set_yscale("log")
                 ax.grid(alpha=0.3, which="both")
                 ax.legend(fontsize=7)
-        _draw_sync(axes[0, 3], axes[1, 3], sync, notes)
-        save(fig, out)
+        _draw_sync(axes[0, 3], axes[1, 3], sync, notes, sync_load)
+        save(fig, out, rect=(0, 0.03, 1, 1))  # room for the footnote
     finally:
         plt.close(fig)
     return notes
 
 
-def _draw_sync(top, bottom, sync: pd.DataFrame | None, notes: list[str]) -> None:
+def _draw_sync(top, bottom, sync: pd.DataFrame | None, notes: list[str], load: TimingLoad | None) -> None:
     d = None if sync is None else sync.dropna(subset=["median_s", "bytes"])
     if d is None or d.empty:
         no_data(top, "no weight-sync bench JSON", notes)
@@ -175,7 +209,8 @@ def _draw_sync(top, bottom, sync: pd.DataFrame | None, notes: list[str]) -> None
         g = g.sort_values("bytes")
         bottom.plot(g["bytes"] / 1e6, g["median_s"] * 1e3, marker="o", label=label)
         top.plot(g["bytes"] / 1e6, g["bytes"] / g["median_s"] / 1e9, marker="o", label=label)
-    top.set(title="weight sync throughput vs payload", ylabel="GB/s")
+    busy = f"\n({INDICATIVE})" if load is not None and load.contended else ""
+    top.set(title=f"weight sync throughput vs payload{busy}", ylabel="GB/s")
     bottom.set(title="weight sync latency vs payload", ylabel="ms", xlabel="payload (MB)")
     for ax in (top, bottom):
         ax.set_xscale("log")
@@ -188,14 +223,15 @@ def page(tab: pd.DataFrame, text: list[str], meta: dict, notes: list[str]) -> st
     rows = "".join(
         f"<tr><td>{html.escape(str(r.mode))}</td><td>{r.axis}</td><td>{r.quantity}</td><td>{_fmt(r.exponent)}</td>"
         f"<td>{r.x_min:.4g} to {r.x_max:.4g}</td><td>{r.points}</td></tr>" for r in tab.itertuples())
-    cond = html.escape(json.dumps({k: meta.get(k) for k in ("steps", "threads", "center", "load_avg_1m_end",
-                                                             "seconds")}))
+    center = ", ".join(f"{k} {v}" for k, v in (meta.get("center") or {}).items())
+    cond = html.escape(f"{meta.get('steps')} optimizer steps per point, {meta.get('threads')} thread(s), centre "
+                       f"point {center or 'n/a'}, {meta.get('seconds')} s in all")
     return ("<html><body style='font-family:sans-serif'><h3>Scaling: growth exponents (y ~ x^b)</h3>"
             + "".join(f"<p>{html.escape(s)}</p>" for s in text)
             + "<table border=1 cellpadding=4 style='border-collapse:collapse'><tr><th>mode / transport</th>"
               "<th>axis</th><th>quantity</th><th>exponent b</th><th>x range</th><th>points</th></tr>"
             + rows + "</table>"
-            + f"<p>Bench settings and load: {cond}</p>"
+            + f"<p>Bench settings: {cond}.</p>"
             + "".join(f"<p><i>Empty panel: {html.escape(n)}</i></p>" for n in notes)
             + "</body></html>")
 
@@ -207,9 +243,11 @@ def write(bench: str | Path, weight_sync: str | Path | None, out: str | Path) ->
     if sync is not None:
         sync = sync[sync["source"] == "bench"]
     tab = exponents(pts, sync)
+    load = timing_load(meta)
+    sync_load = timing_load(json.loads(Path(weight_sync).read_text())) if sync is not None else None
     out = Path(out)
-    notes = draw(pts, sync, out / SCALING_REPORT_FILES["figure"])
-    text = sentences(tab, pts)
+    notes = draw(pts, sync, out / SCALING_REPORT_FILES["figure"], load, sync_load)
+    text = sentences(tab, pts, load, sync_load)
     io.write_text(out / SCALING_REPORT_FILES["table"], tab.to_csv(index=False))
     io.write_text(out / SCALING_REPORT_FILES["discussion"], page(tab, text, meta, notes))
     return tab

@@ -3,6 +3,7 @@ that writes report sentences)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 
@@ -27,6 +28,19 @@ def fx(x) -> str:
 
 def fpct(x) -> str:
     return "n/a" if nan(x) else f"{100 * x:.0f}%"
+
+
+def words(value) -> str:
+    """A ground truth as a reader reads it: a list of keywords (or its JSON text, as the summary
+    stores non-string ground truths) becomes ``cupcake, bread``; anything else is its text."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(x) for x in value)
+    return "" if value is None else str(value)
 
 
 def section(sid: str, title: str, sentences: list[str], numbers: dict | None = None) -> dict:

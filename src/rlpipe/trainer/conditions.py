@@ -45,12 +45,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlpipe.analysis.contract import RUN_CONDITIONS_KEYS
+from rlpipe.analysis.contract import (  # the one contention rule, shared with the benchmarks' text
+    OTHER_CPU_THRESHOLD,  # noqa: F401 - re-exported
+    RUN_CONDITIONS_KEYS,
+    decide_contended,
+)
 
-#: Share of the machine's CPUs that other processes may take, beyond the cores the run leaves
-#: idle, before the run's timings count as measured under contention. 10%: on the idle 2-core
-#: machine the system's own daemons take a few percent; one other busy process takes 50%.
-OTHER_CPU_THRESHOLD = 0.10
 #: /proc/stat columns that are busy time (after "cpu"): user nice system idle iowait irq softirq
 #: steal guest guest_nice. guest/guest_nice are already counted in user/nice.
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
@@ -145,25 +145,6 @@ def other_cpu_seconds(busy_start: float, busy_end: float, own_s: float, hz: floa
     """CPU seconds of everything but the run: the machine's busy seconds minus the run's own,
     clamped at 0 (the two are read at slightly different moments)."""
     return max((busy_end - busy_start) / hz - own_s, 0.0)
-
-
-def decide_contended(other_s: float, wall_s: float, cpus: int, run_cores: float | None = None) -> bool | None:
-    """Whether the run's timings were measured under contention: other processes kept busy, on
-    average, more cores than the run left idle (``cpus - run_cores``, 0 when ``run_cores`` is
-    None) plus ``OTHER_CPU_THRESHOLD`` of the machine. ``None`` when unmeasured.
-
-    Why CPU time and not the load average: it is measured over exactly the run's interval and
-    only counts other processes that actually ran, i.e. took a core the run could have had; the
-    load average lags by a minute, includes the run itself, and counts tasks blocked on I/O. Why
-    the idle-core allowance: on a machine with more cores than the run uses, other work on the
-    spare cores does not take the run's CPU time (it still shares caches and memory bandwidth,
-    which this does not see). On the 2-core machine every run fills the cores, so the rule is
-    "others took more than 10% of the machine". It is an average: short bursts of contention in
-    an otherwise quiet run can stay under it."""
-    if any(isinstance(x, float) and math.isnan(x) for x in (other_s, wall_s)) or not wall_s > 0 or cpus <= 0:
-        return None
-    idle = 0.0 if run_cores is None else max(cpus - run_cores, 0.0)
-    return other_s / wall_s > idle + OTHER_CPU_THRESHOLD * cpus
 
 
 def conditions_between(start: Sample, end: Sample, hz: float, run_cores: float | None = None,

@@ -109,3 +109,20 @@ def test_a_grad_norm_collapsing_to_zero_is_noticed():
     assert "r1_zero" not in text
     health["question_only"]["optim/grad_norm"] = [1.06, 0.5]
     assert family_answer.stalled_sentence({"health": health}) is None
+
+
+def test_main_kl_section_compares_the_penalty_at_one_step():
+    """The systems runs' KL section: the run without the penalty logs KL every 5th step and its last
+    point (step 15) is not the penalty run's last (step 18); both are compared at step 15."""
+    from rlpipe.analysis import kl_text
+    rows = [{"variant": "kl_penalty", "step": s, "kl/ref_k3": 0.01 * s} for s in range(1, 19)]
+    rows += [{"variant": "onpolicy", "step": s, "kl/ref_k3": 0.02 * s} for s in (5, 10, 15)]
+    metrics = pd.DataFrame(rows)
+    pen = {"variant": "kl_penalty", "kl_coef": 0.05, "val_reward_final": 0.5}
+    base = {"variant": "onpolicy", "kl_coef": 0.0, "val_reward_final": 0.5}
+    text = kl_text.penalty_sentence(metrics, pen, base)
+    assert "(kl/ref_k3) at step 15, the last step both runs measured, is 0.15 vs 0.3 without ('onpolicy'): " \
+           "lower" in text
+    metrics.loc[metrics["variant"] == "kl_penalty", "kl/ref_k3"] *= 3  # reversed: 0.45 vs 0.3
+    text = kl_text.penalty_sentence(metrics, pen, base)
+    assert "is 0.45 vs 0.3 without" in text and "the data do not show the expected effect of the penalty" in text

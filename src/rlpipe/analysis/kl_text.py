@@ -130,15 +130,50 @@ def kl_section(table: pd.DataFrame, metrics: pd.DataFrame, ref: str) -> dict:
     pen = (first_row(table, (table["kl_coef"] > 0) & (table["mode"] == base["mode"]))
            if base and has_columns(table, "kl_coef", "mode") and not base["kl_coef"] > 0 else None)
     if pen and base:
-        s.append(f"With the k3 penalty ({pen['variant']}, kl_coef {fnum(pen['kl_coef'])}) the final KL is "
-                 f"{fnum(pen['kl_ref_final'])} vs "
-                 f"{fnum(base['kl_ref_final'])} without, and the final validation reward "
-                 f"{fnum(pen['val_reward_final'])} vs {fnum(base['val_reward_final'])} "
-                 f"({single_runs(base['val_reward_final'], pen['val_reward_final']).clause()}).")
+        s.append(penalty_sentence(metrics, pen, base))
     s += negative_k1_sentences(metrics)
     nums = {"best_fit": fit["best"], "shape": shape, "power": fit["power"], "corr_kl_val": corr, "steepest_step": step,
             **{f"r2_{k}": v for k, v in fit["r2"].items()}}
     return section("kl", title, s, nums)
+
+
+PENALTY_MARGIN = 0.1  # the penalty run's KL must be this fraction below the other's to show its effect
+
+
+def at_common_step(metrics: pd.DataFrame, a: str, b: str, column: str) -> tuple[float, float, float]:
+    """(step, value of a, value of b) at the last step both variants logged ``column`` (NaNs when none):
+    runs that log KL at different cadences are compared at one step, not at their own last points."""
+    def curve(v: str) -> pd.Series:
+        m = metrics[metrics["variant"] == v] if "variant" in metrics.columns else metrics.iloc[0:0]
+        if column not in m.columns:
+            return pd.Series(dtype=float)
+        return m[["step", column]].dropna().groupby("step")[column].mean()
+    ca, cb = curve(a), curve(b)
+    common = sorted(set(ca.index) & set(cb.index))
+    if not common:
+        return math.nan, math.nan, math.nan
+    return float(common[-1]), float(ca[common[-1]]), float(cb[common[-1]])
+
+
+def penalty_sentence(metrics: pd.DataFrame, pen: dict, base: dict) -> str:
+    """The KL with and without the k3 penalty at one step, and whether the penalty lowered it."""
+    col = next((c for c in ("kl/ref_k3", "kl/ref_log_ratio") if c in metrics.columns
+                and not math.isnan(at_common_step(metrics, pen["variant"], base["variant"], c)[0])), None)
+    step, with_, without = (at_common_step(metrics, pen["variant"], base["variant"], col) if col else
+                            (math.nan, math.nan, math.nan))
+    reward = (f"the final validation reward is {fnum(pen['val_reward_final'])} with it vs "
+              f"{fnum(base['val_reward_final'])} without "
+              f"({single_runs(base['val_reward_final'], pen['val_reward_final']).clause()})")
+    if nan(step):
+        return (f"With the k3 penalty ({pen['variant']}, kl_coef {fnum(pen['kl_coef'])}) no step has a KL value of "
+                f"both runs, so the penalty's effect on KL is not measured; {reward}.")
+    lowered = with_ < without - PENALTY_MARGIN * max(abs(with_), abs(without))
+    effect = ("lower, as the penalty pulling the policy back towards the reference should make it" if lowered else
+              f"not lower by more than {100 * PENALTY_MARGIN:.0f}%: the data do not show the expected effect of the "
+              "penalty")
+    return (f"With the k3 penalty ({pen['variant']}, kl_coef {fnum(pen['kl_coef'])}) KL to the reference ({col}) at "
+            f"step {step:.0f}, the last step both runs measured, is {fnum(with_)} vs {fnum(without)} without "
+            f"('{base['variant']}'): {effect}; {reward}.")
 
 
 K1_COLUMNS = ("kl/ref_log_ratio", "kl/prev_log_ratio")

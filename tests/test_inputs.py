@@ -72,6 +72,10 @@ CASES = {
     "keyword of a million digits": (lambda t, b, d, w: (w(t / "c.yaml"), "onpolicy", b, str(_dataset(
         t, d, "train", [GOOD, json.dumps({"prompt": "x\n", "keywords": ["cat", "7" * 10**6]})]))),
                                     ["dataset/train.jsonl:2", "'7777777", "has 1000000 characters", "at most 100"]),
+    "validation prompt longer than the context": (lambda t, b, d, w: (w(t / "c.yaml"), "onpolicy", b, str(_dataset(
+        t, d, "val", [GOOD, json.dumps({"prompt": "cat " * 10**5, "keywords": ["cat"]})]))),
+        ["dataset/val.jsonl:2", "400000 characters", "does not fit the model's context length",
+         "train.sampling_max_tokens"]),
     "math record without a problem": (lambda t, b, d, w: (w(t / "c.yaml", train={"task": "math"}), "onpolicy", b,
                                                           _math_dataset(t, ['{"question": "1+1?", "answer": "2"}'])),
                                       ["train.jsonl:1", "problem"]),

@@ -14,7 +14,7 @@ task at once:
   at most that long: it refuses only prompts that no tokenizer fits (a 1M-character prompt), never
   one that may fit. ``rlpipe train`` counts exactly later, before any actor starts.
 
-Prompts of the text and math tasks are named by ``file:line``; a plug-in task's by its index.
+Prompts of the text, math and keyword tasks are named by ``file:line``; a plug-in task's by its index.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from rlpipe.lm.model import PRESETS
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.tasks.base import DatasetError
 from rlpipe.tasks.jsonl import jsonl_records
+from rlpipe.tasks.keyword.task import KeywordInclusionTask
 from rlpipe.tasks.math.task import MathTask, _dataset_files
 from rlpipe.tasks.registry import make_task, resolve_task, task_options
 from rlpipe.tasks.text.task import TextTask, _split_paths
@@ -66,6 +67,8 @@ def _split_files(train: TrainConfig, dataset_dir: str | Path | None) -> tuple[Pa
         return _split_paths(dataset_dir, task_options(cls, train))
     if cls is MathTask:
         return _dataset_files(dataset_dir)
+    if cls is KeywordInclusionTask and dataset_dir is not None:
+        return Path(dataset_dir, "train.jsonl"), Path(dataset_dir, "val.jsonl")
     return None
 
 

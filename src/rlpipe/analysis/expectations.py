@@ -83,9 +83,10 @@ EXPECTATIONS = (
     Expectation("policy_lag", "loss/clip_frac", True,
                 "a generator further behind the learner samples from an older policy"),
     Expectation("math.prompt", VAL, False,
-                "our base model was pretrained only on r1_zero-style solutions, so a question-only prompt asks "
-                "for output unlike any it was trained on, and its reward function (the last \\boxed{}) asks for "
-                "a form it never saw", "question_only", "r1_zero", window=1),
+                "our base model was pretrained only on r1_zero-style prompts and solutions, which end in "
+                "<answer> tags and never in \\boxed{}: a question-only prompt is unlike anything it was trained "
+                "on, and its reward function grades the last \\boxed{}, a form the model never wrote",
+                "question_only", "r1_zero", window=1),
 )
 
 

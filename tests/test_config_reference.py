@@ -58,3 +58,11 @@ def test_cli_writes_the_page(tmp_path):
     out = tmp_path / "ref.md"
     assert main(["--out", str(out)]) == 0
     assert out.read_text() == render()
+
+
+def test_the_page_marks_operational_keys_and_the_model_override_fields():
+    rows = {line.split("|")[1].strip(): line for line in render().splitlines() if line.startswith("| `")}
+    assert "Operational: changing it reruns no job" in rows["`train.ray_timeout_s`"]
+    assert "Operational" in rows["`tracks.<name>.pretrain.threads`"]
+    assert "Operational" not in rows["`train.learning_rate`"]
+    assert "`num_layers`" in rows["`model.overrides`"] and "`context_length`" in rows["`math.model.overrides`"]

@@ -26,6 +26,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from rlpipe.config.checks import MODEL_FIELDS
+from rlpipe.config.identity import is_operational
 from rlpipe.config.root import PipelineConfig
 from rlpipe.io import write_text
 
@@ -137,6 +139,17 @@ def _sections(cls: type[BaseModel], prefix: str) -> list[tuple[str, type[BaseMod
     return out
 
 
+def _description(key: str, field: FieldInfo) -> str:
+    """The field's description, with what the config checks add: the model fields ``overrides``
+    takes, and whether the key is operational (``rlpipe.config.identity``)."""
+    text = field.description or ""
+    if key.endswith("model.overrides"):
+        text += f" Keys: {', '.join(f'`{f}`' for f in MODEL_FIELDS)} (checked when the config is parsed)."
+    if is_operational(key.replace("<name>", "*")):
+        text += " Operational: changing it reruns no job and a resumed run continues."
+    return text
+
+
 def _section_markdown(prefix: str, cls: type[BaseModel]) -> str:
     rows = ["| key | type | default | bounds | description |", "| --- | --- | --- | --- | --- |"]
     for name, field in cls.model_fields.items():
@@ -144,7 +157,7 @@ def _section_markdown(prefix: str, cls: type[BaseModel]) -> str:
             continue  # a section: it has its own heading
         key = f"{prefix}.{name}" if prefix else name
         rows.append(f"| `{key}` | {_cell(_type_name(field.annotation))} | {_cell(field_default(field))} | "
-                    f"{_cell(field_bounds(field))} | {_cell(field.description or '')} |")
+                    f"{_cell(field_bounds(field))} | {_cell(_description(key, field))} |")
     doc = _cell((cls.__doc__ or "").strip().split("\n\n")[0])
     title = f"`{prefix}`" if prefix else "Top level"
     return f"## {title}\n\n{doc}\n\n" + "\n".join(rows) + "\n"

@@ -126,3 +126,12 @@ def test_main_kl_section_compares_the_penalty_at_one_step():
     metrics.loc[metrics["variant"] == "kl_penalty", "kl/ref_k3"] *= 3  # reversed: 0.45 vs 0.3
     text = kl_text.penalty_sentence(metrics, pen, base)
     assert "is 0.45 vs 0.3 without" in text and "the data do not show the expected effect of the penalty" in text
+
+
+def test_prompt_explanation_is_only_for_our_own_base_model():
+    e = next(x for x in EXPECTATIONS if x.key == "math.prompt")
+    fam = _family(e, 0.4, 0.1)
+    assert expectations.check(fam, e).startswith(PREFIX_SHOWN) and "never wrote" in expectations.check(fam, e)
+    for v in fam.settings.values():
+        v["math"]["base_model_dir"] = "/models/qwen"  # a pretrained HF model: the why does not hold
+    assert expectations.check(fam, e) is None

@@ -51,6 +51,7 @@ class Expectation:
     high: object = None  # categorical: the value that raises (lowers) it; None: a numeric setting
     low: object = None  # categorical: the value it is compared with
     window: int = SMOOTH_STEPS
+    only_if: str | None = None  # a dotted setting unset in every run for ``why`` to hold (else no check)
 
 
 EXPECTATIONS = (
@@ -86,7 +87,7 @@ EXPECTATIONS = (
                 "our base model was pretrained only on r1_zero-style prompts and solutions, which end in "
                 "<answer> tags and never in \\boxed{}: a question-only prompt is unlike anything it was trained "
                 "on, and its reward function grades the last \\boxed{}, a form the model never wrote",
-                "question_only", "r1_zero", window=1),
+                "question_only", "r1_zero", window=1, only_if="math.base_model_dir"),
 )
 
 
@@ -104,6 +105,8 @@ def flatten(settings: dict, prefix: str = "") -> dict:
 def pairs(fam: Family, e: Expectation) -> list[tuple[str, str]]:
     """(low, high) variant pairs that differ in ``e.key`` and in no other treatment setting."""
     flat = {v: flatten(fam.settings.get(v, {})) for v in fam.variants if fam.of(v)}
+    if e.only_if and any(f.get(e.only_if) for f in flat.values()):
+        return []
     keys = set().union(*(f.keys() for f in flat.values())) if flat else set()
     treatment = {k for k in keys if len({repr(f.get(k)) for f in flat.values()}) > 1} - CADENCE_KEYS
     if e.key not in treatment:

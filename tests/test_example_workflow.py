@@ -1,7 +1,8 @@
 """The worked example (examples/wordrev/) as a user runs it: only files outside src/rlpipe/ (an
 overlay, a data generator, a template and a reward), and the workflow runs its track's variants, a
-systems family, an ablation family, the evaluations and the results page. CI runs its smoke version
-(examples/wordrev/smoke.yaml: a few steps per stage) in a temporary working directory."""
+systems family, an ablation family, the evaluations, the results page and the report. CI runs it with
+config/smoke.yaml added (the smoke caps shrink every track, this one included: a few steps per stage)
+in a temporary working directory."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_the_example_runs_end_to_end_from_its_overlay(tmp_path):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
            "--cores", "2", "--configfile", "config/config.yaml", "examples/wordrev/config.yaml",
-           "examples/wordrev/smoke.yaml"]
+           "config/smoke.yaml"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-1500:]}" for p in sorted((tmp_path / "logs").rglob("*.log")))
@@ -51,7 +52,7 @@ def test_the_example_runs_end_to_end_from_its_overlay(tmp_path):
         assert metrics["reward/val_mean"].notna().any() and "reward/val_answer_mean" in metrics, v
         assert json.loads((track / "runs" / v / contract.RUN_INFO_FILE).read_text())["finished"], v
     for model in ("base", "onpolicy", "k2", "disagg"):
-        assert json.loads((track / "eval" / model / contract.EVAL_FILES["summary"]).read_text())["n"] == 16, model
+        assert json.loads((track / "eval" / model / contract.EVAL_FILES["summary"]).read_text())["n"] == 8, model
     assert (track / "report" / contract.MATH_REPORT_FILES["math_json"]).is_file()
     for family in ("wordrev_systems", "wordrev_lr"):
         report = tmp_path / "results" / "families" / family / contract.FAMILY_REPORT_DIR
@@ -61,3 +62,9 @@ def test_the_example_runs_end_to_end_from_its_overlay(tmp_path):
     page = (tmp_path / "results" / "RESULTS.md").read_text()
     assert "## Track wordrev" in page and "wordrev_lr" in page
     assert not (tmp_path / "results" / "runs").exists() and not (tmp_path / "results" / "math").exists()
+    assert not (tmp_path / "results" / "tests").exists() and not (tmp_path / "results" / "toy_sort").exists()
+    report = subprocess.run([*cmd, "--report", "report.html"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert report.returncode == 0, report.stderr[-3000:]
+    html = (tmp_path / "report.html").read_text()
+    assert "System Message" not in html and "Unknown target name" not in html and "Not run" not in html

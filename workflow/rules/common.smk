@@ -504,7 +504,7 @@ def track_targets(t) -> list:
     targets = [p for v in t.pipeline.variants for p in track_run_outputs(t.name, v).values()]
     if t.evaluate:
         targets += [track_res(t.name, "report", f) for f in MATH_REPORT_FILES.values()]
-    return targets
+    return targets + track_systems_targets(t)  # a user's timed track: its systems figures (tracks.smk)
 
 
 # --------------------------------------------------------------------------- figures

@@ -180,3 +180,90 @@ rule report_track:
     shell:
         "rlpipe math-report --evals {params.evals} --labels {params.labels} --runs {params.runs} "
         "--run-labels {params.run_labels} --out {params.out} > {log} 2>&1"
+
+# A user's timed track compares its variants as the keyword track compares its own: its runs are
+# aggregated (`rlpipe aggregate`: the summary table, and the computed discussion, opened by any
+# partial run and any run whose reward stayed flat) and drawn with the keyword track's profiling,
+# timeline and weight-sync figures (`rlpipe plot`), all in its section of the report. The benchmarks
+# stay the keyword track's: they measure the machine, not a task.
+TRACK_FIGURES = ("phase_breakdown", "phase_steps", "timeline", "weight_sync")
+
+
+def user_timed(t) -> bool:
+    return t.name not in (KEYWORD_TRACK, MATH_TRACK) and t.timed and bool(t.pipeline.variants)
+
+
+def track_summary_inputs(wildcards) -> dict:
+    t = track_of(wildcards)
+    runs = [track_run_outputs(t.name, v) for v in t.pipeline.variants]
+    return {"info": [r["info"] for r in runs], "metrics": [r["metrics"] for r in runs],
+            "code": [module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "flat_reward")]}
+
+
+def track_systems_targets(t) -> list:
+    if not user_timed(t):
+        return []
+    return [track_res(t.name, "summary", f) for f in (*SUMMARY_FILES.values(), *SUMMARY_REPORT_FILES.values())] + [
+        track_res(t.name, "figures", figure_file(k)) for k in TRACK_FIGURES]
+
+
+# lint: conda (no environment on purpose, see common.smk)
+rule aggregate_track:
+    input:
+        unpack(track_summary_inputs),
+    output:
+        **{k: tdir_res("summary", f) for k, f in SUMMARY_FILES.items()},
+        table_html=report(
+            tdir_res("summary", SUMMARY_REPORT_FILES["table_html"]),
+            caption="../report/summary.rst",
+            category="8 Tracks",
+            subcategory="{tdir}",
+            labels={"item": "systems comparison: summary table"},
+        ),
+        discussion_html=report(
+            tdir_res("summary", SUMMARY_REPORT_FILES["discussion_html"]),
+            caption="../report/discussion.rst",
+            category="8 Tracks",
+            subcategory="{tdir}",
+            labels={"item": "systems comparison: discussion (computed from the data)"},
+        ),
+    wildcard_constraints:
+        tdir=tdirs(user_timed),
+    params:
+        variants=lambda w: list(track_of(w).pipeline.variants),
+        reference=lambda w: table_reference(track_of(w).pipeline),
+        runs=lambda w, input: os.path.dirname(os.path.dirname(input.info[0])),
+        out=lambda w, output: os.path.dirname(output.table_html),
+    log:
+        "logs/aggregate_track/{tdir}aggregate_track.log",
+    shell:
+        "rlpipe aggregate --runs {params.runs} --out {params.out} --variants {params.variants} "
+        "--reference {params.reference} > {log} 2>&1"
+
+
+for _kind in TRACK_FIGURES:
+
+    # lint: conda (no environment on purpose, see common.smk)
+    rule:
+        name:
+            f"plot_track_{_kind}"
+        input:
+            summary=[tdir_res("summary", f) for f in SUMMARY_FILES.values()],
+            code=[module_file(f"rlpipe.analysis.{m}") for m in ("plots", "plots_systems", "figure_kit")],
+        output:
+            report(
+                tdir_res("figures", figure_file(_kind)),
+                caption=f"../report/{_kind}.rst",
+                category="8 Tracks",
+                subcategory="{tdir}",
+                labels={"item": f"systems comparison: {FIGURES[_kind].title}"},
+            ),
+        wildcard_constraints:
+            tdir=tdirs(user_timed),
+        params:
+            kind=_kind,
+            summary=lambda w, input: os.path.dirname(input.summary[0]),
+        log:
+            f"logs/plot_track_{_kind}/{{tdir}}plot_track_{_kind}.log",
+        shell:
+            "rlpipe plot {params.kind} --summary {params.summary} --out {output} > {log} 2>&1"

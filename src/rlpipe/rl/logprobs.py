@@ -128,9 +128,11 @@ def response_only_log_probs(
     Args:
         body: input_ids (B, T) -> final hidden states (B, T, D) (``rlpipe.lm.heads.SplitLM.body``).
         head: (N, D) -> logits (N, V).
-        input_ids, labels: (B, T) as for ``get_response_log_probs``.
+        input_ids: (B, T), as for ``get_response_log_probs``.
+        labels: (B, T), as for ``get_response_log_probs``.
         response_mask: (B, T) bool, the positions whose log-probs are wanted (labels >= 0 there).
-        return_token_entropy, temperature: as for ``get_response_log_probs``.
+        return_token_entropy: as for ``get_response_log_probs``.
+        temperature: as for ``get_response_log_probs``.
 
     Returns:
         ``{"log_probs": (B, T)}`` float32 (0 off the mask), plus ``"token_entropy": (B, T)``

@@ -173,6 +173,7 @@ def compute_policy_gradient_loss(
     cliprange: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Dispatch to the per-token loss of ``loss_type`` (seed 001 Problem 5, plus ``grpo_no_clip``).
+    Arguments a loss type does not use are ignored.
 
     Args:
         policy_log_probs: (B, T) log-probs under the policy being trained.
@@ -181,7 +182,6 @@ def compute_policy_gradient_loss(
         advantages: (B, 1) or (B,); required for the other loss types.
         old_log_probs: (B, T); required for ``grpo_clip`` and ``grpo_no_clip``.
         cliprange: required for ``grpo_clip``.
-        Arguments a loss type does not use are ignored.
 
     Returns:
         (B, T) per-token loss and the loss's metadata (namespaced ``loss/*`` keys).

@@ -94,8 +94,11 @@ def grpo_microbatch_train_step(
         policy_log_probs: (B, T) log-probs of the policy being trained (requires grad).
         response_mask: (B, T), 1 for response tokens, 0 for prompt/padding.
         gradient_accumulation_steps: microbatches per optimizer step (the loss is divided by it).
-        loss_type, raw_rewards, advantages, old_log_probs, cliprange: see
-            ``compute_policy_gradient_loss`` (rewards/advantages (B, 1) or (B,)).
+        loss_type: see ``compute_policy_gradient_loss``.
+        raw_rewards: (B, 1) or (B,); see ``compute_policy_gradient_loss``.
+        advantages: (B, 1) or (B,); see ``compute_policy_gradient_loss``.
+        old_log_probs: (B, T); see ``compute_policy_gradient_loss``.
+        cliprange: see ``compute_policy_gradient_loss``.
         length_normalization: ``"masked_mean"`` (mean over each response's tokens, via
             ``masked_mean_or_zero``) or ``"masked_normalize"`` (sum over them /
             ``normalize_constant``), seed 004.

@@ -273,3 +273,62 @@ def test_same_device_sync_is_one_fused_copy(monkeypatch):
     receiver = Peer(MixedNet(3))
     receiver.load_weights(packed, 1)
     assert calls == [n, n, n] and _equal(src, receiver.model)
+
+
+class _Extra(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(2))
+
+    def get_extra_state(self):
+        return {"note": 1}
+
+    def set_extra_state(self, state):
+        pass
+
+
+PRE_HOOK_CALLS: list[str] = []
+
+
+def _models() -> dict[str, nn.Module]:
+    from rlpipe.lm.model import ModelConfig, TransformerLM
+
+    shared = nn.Linear(3, 3)
+    hooked = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    hooked[1]._register_state_dict_hook(lambda m, sd, prefix, meta: sd.pop(prefix + "bias"))  # drops an entry
+    pre_hooked = nn.Sequential(nn.Linear(2, 2))
+    pre_hooked[0].register_state_dict_pre_hook(lambda m, prefix, keep_vars: PRE_HOOK_CALLS.append(prefix))
+    holes = nn.Sequential(nn.Linear(2, 2, bias=False), nn.ReLU())
+    holes.register_buffer("gone", None)
+    holes.register_parameter("nothing", None)
+    holes.register_buffer("scratch", torch.zeros(3), persistent=False)  # not in the state dict
+    return {"mixed": MixedNet(0), "pre_hooked": pre_hooked,
+            "transformer": TransformerLM(ModelConfig.from_preset("cpu-tiny", vocab_size=64)),
+            "shared_submodule": nn.Sequential(shared, nn.Tanh(), shared), "hooked": hooked,
+            "extra_state": nn.Sequential(nn.Linear(2, 2), _Extra()), "none_entries": holes}
+
+
+@pytest.mark.parametrize("name", list(_models()))
+def test_state_tensors_equal_the_state_dict(name):
+    """The fast state-dict read (naive: ``state_dict()``) gives the same names in the same order and
+    the same storage, detached; a module that customises its state dict falls back to it."""
+    model = _models()[name]
+    want, got = model.state_dict(), payload_mod._state_tensors(model)
+    assert list(got) == list(want)
+    for k, v in want.items():
+        if isinstance(v, torch.Tensor):
+            assert got[k].data_ptr() == v.data_ptr() and got[k].shape == v.shape and not got[k].requires_grad
+        else:  # an extra state: only the real state_dict() has it
+            assert got[k] == v
+    if name == "pre_hooked":  # a pre-hook runs, so the real state_dict() was taken
+        n = len(PRE_HOOK_CALLS)
+        payload_mod._state_tensors(model)
+        assert len(PRE_HOOK_CALLS) == n + 1
+    if name == "shared_submodule":  # the second name of a shared tensor is dropped, as before
+        assert list(flat_weights(model)) == ["0.weight", "0.bias"]
+
+
+def test_state_tensors_read_each_submodule_once_without_state_dict(monkeypatch):
+    model = _models()["transformer"]
+    monkeypatch.setattr(nn.Module, "state_dict", lambda self, *a, **k: pytest.fail("state_dict() was called"))
+    assert payload_mod._state_tensors(model)  # the plain path: no state_dict() at any level

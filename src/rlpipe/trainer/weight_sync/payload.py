@@ -19,11 +19,40 @@ from rlpipe.trainer.weight_sync.errors import WeightSyncError
 log = logging.getLogger(__name__)
 
 
+def _plain(mod: nn.Module) -> bool:
+    """Whether ``mod``'s own state-dict entries are exactly its parameters and persistent buffers
+    (no override, hook or extra state)."""
+    cls = type(mod)
+    return (cls.state_dict is nn.Module.state_dict and cls._save_to_state_dict is nn.Module._save_to_state_dict
+            and getattr(cls, "get_extra_state", nn.Module.get_extra_state) is nn.Module.get_extra_state
+            and not mod._state_dict_hooks and not mod._state_dict_pre_hooks)
+
+
+def _state_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """``module.state_dict()``: the same names, order and detached tensors, read straight from each
+    submodule's parameters and persistent buffers (pre-order, as ``state_dict`` recurses) without
+    its per-module machinery, which cost more than the copy itself in a same-GPU sync of a model of
+    hundreds of tensors. A module that customises its state dict gets the real ``state_dict()``."""
+    out: dict[str, torch.Tensor] = {}
+    for prefix, mod in module.named_modules(remove_duplicate=False):
+        if not _plain(mod):
+            return module.state_dict()
+        pre = f"{prefix}." if prefix else ""
+        for name, t in mod._parameters.items():
+            if t is not None:
+                out[pre + name] = t.detach()
+        skip = mod._non_persistent_buffers_set
+        for name, t in mod._buffers.items():
+            if t is not None and name not in skip:
+                out[pre + name] = t.detach()
+    return out
+
+
 def flat_weights(module: nn.Module) -> dict[str, torch.Tensor]:
     """The module's state dict with tensors that share storage (tied weights) listed once."""
     seen: set[tuple] = set()
     out: dict[str, torch.Tensor] = {}
-    for name, t in module.state_dict().items():
+    for name, t in _state_tensors(module).items():
         if t.numel() > 0:  # empty tensors may all report data_ptr 0: never treat them as tied
             key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                    tuple(t.stride()), t.dtype)

@@ -23,8 +23,15 @@ after the job exits. ``n = 0`` is a no-op (CPU jobs touch nothing). ``flock`` is
 directory must be on the machine's local filesystem (on NFS, flock may not be coherent across
 hosts, but jobs on different hosts use different GPUs anyway).
 
+Inside a job, ``actor_gpus`` says what share of those GPUs each compute actor asks Ray for: a
+colocated worker one GPU; a disaggregated learner and generator one each with two GPUs, or half of
+the one GPU each (``workflow.gpus_per_disaggregated: 1``: Ray's fractional GPUs, both actors on the
+same device and inside Ray's accounting; ``run_info.json`` records the shares as ``gpu_fraction``).
+
 Departure from the seeds: the seeds run one experiment at a time by hand; concurrent variants on a
-multi-GPU host are a pipeline concern they do not address.
+multi-GPU host are a pipeline concern they do not address. Seed 000 gives a disaggregated variant two
+GPUs; one GPU shared by the two actors is the same algorithm on half the hardware (its timings then
+measure two processes sharing a chip, not two chips).
 """
 
 from __future__ import annotations
@@ -40,6 +47,19 @@ from pathlib import Path
 
 ENV = "CUDA_VISIBLE_DEVICES"
 DEFAULT_LOCK_DIR = Path("results") / ".gpu_slots"
+
+
+def actor_gpus(mode: str, gpus: int) -> dict[str, float]:
+    """The Ray GPUs (``num_gpus``) each compute actor of a run asks for, by role, given the GPUs its
+    job declared (``rlpipe.config.variant_gpus``): colocated ``{"colocated": min(gpus, 1)}``;
+    disaggregated ``{"learner": s, "generator": s}`` with s = 1 for two GPUs or more, 0.5 for one
+    (both on the same GPU) and 0 for none (CPU)."""
+    if gpus < 0:
+        raise ValueError(f"number of GPUs must be >= 0, got {gpus}")
+    if mode != "disaggregated":
+        return {"colocated": float(min(gpus, 1))}
+    share = 1.0 if gpus >= 2 else 0.5 if gpus == 1 else 0.0
+    return {"learner": share, "generator": share}
 
 
 @dataclass

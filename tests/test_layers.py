@@ -34,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "grpo": {"rl"},
     "bench": {"io", "config", "lm", "rl", "tasks", "trainer", "analysis.contract", "provenance"},
     "cli": {"config"},
+    "watch": set(),  # python -m rlpipe.watch: the workflow's console heartbeat, standard library only
     "__init__": set(),
 }
 FORBIDDEN_THIRD_PARTY = {"analysis": {"torch", "ray"}, "config": {"torch", "ray"}, "io": {"ray"}}

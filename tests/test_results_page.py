@@ -87,3 +87,27 @@ def test_cli_writes_the_page_atomically(results, tmp_path):
 def test_not_a_directory_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="--results: .*nope is not a directory"):
         render(tmp_path / "nope")
+
+
+def test_run_time_comes_from_the_last_complete_runs_record(results):
+    """The page's "Run time" line is read from results/run_timing.json (written by the workflow when
+    a run from the start succeeds), never typed; a contended run says so; without a record, it says
+    none was timed yet. Either way it says timings need a quiet machine."""
+    from rlpipe.analysis import run_timing
+
+    page = render(results)
+    assert "## Run time" in page and "No complete run of this pipeline has been timed here yet" in page
+    assert "only on a quiet machine" in page
+    rules = {"run_unit_tests": 1, "pretrain_base": 2, "train_variant": 8, "aggregate_metrics": 1}
+    assert run_timing.is_complete(rules) and not run_timing.is_complete({"aggregate_metrics": 1})
+    busy = {"other_cpu_frac": 0.61, "cpus": 2, "contended": True}
+    rec = run_timing.record(2775.4, rules, 2, busy, "pipeline-ab.yaml", "2030-01-02 03:04 UTC")
+    (results / run_timing.RUN_TIMING_FILE).write_text(json.dumps(rec))
+    page = render(results)
+    assert ("The last complete run here (12 jobs, finished 2030-01-02 03:04 UTC) took 46 min 15 s with --cores 2 "
+            "on 2 CPUs; other processes took 61% of the machine meanwhile: contended, indicative only.") in page
+    quiet = {**rec, "wall_s": 754.0, "conditions": {"other_cpu_frac": 0.02, "cpus": 2, "contended": False}}
+    (results / run_timing.RUN_TIMING_FILE).write_text(json.dumps(quiet))
+    page = render(results)
+    assert "took 12 min 34 s with --cores 2 on 2 CPUs; other processes took 2% of the machine meanwhile." in page
+    assert "indicative" not in page.split("## Run time")[1].split("##")[0]

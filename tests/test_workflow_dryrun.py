@@ -8,6 +8,7 @@ synthetic runs (aggregation, every figure, the report) and checks what an edit r
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -49,6 +50,8 @@ def test_default_config_dag(workdir, dry_run):
     assert {"run_unit_tests", "build_corpus", "train_tokenizer", "pretrain_base",
             "build_keyword_dataset", "bench_weight_sync", "bench_sampler", "bench_update", "aggregate_metrics"} <= rules
     assert {"bench_scaling", "report_scaling"} <= rules  # the scaling curves are in the default report
+    # TRL is not in the lock: the default run benches it only where it is installed
+    assert ("bench_trl" in rules) is (importlib.util.find_spec("trl") is not None)
     assert {r for r in rules if r.startswith("plot_")} >= {"plot_kl", "plot_timeline", "plot_throughput"}
 
 

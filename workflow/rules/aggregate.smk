@@ -7,7 +7,7 @@ rule aggregate_metrics:
     input:
         runs=expand(res("runs", "{variant}", "run_info.json"), variant=VARIANTS),
         metrics=expand(res("runs", "{variant}", "metrics.parquet"), variant=VARIANTS),
-        bench=[res("bench", f"{b}.json") for b in ("weight_sync", "sampler", "update", "trl")],
+        bench=[res("bench", f"{b}.json") for b in BENCH_NAMES],  # trl only where installed (bench.smk)
         code=[module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "bench_text",
                                                              "optimization_text", "rdt_text", "bench_read",
                                                              "summary_table")],

@@ -2,6 +2,12 @@
 # default they never share cores with one. Their JSON feeds the report (weight-sync figure next to
 # the runs' own sync times; the sampler numbers in the discussion's benchmark section).
 
+# TRL is an optional extra, not in the lock: the default pipeline runs bench_trl (and the report
+# shows it) only where TRL is installed; otherwise the report's benchmarks section says, in one
+# sentence, how to add it (rlpipe.analysis.bench_text). A change of this list reruns aggregation.
+TRL_INSTALLED = importlib.util.find_spec("trl") is not None
+BENCH_NAMES = ("weight_sync", "sampler", "update", *(("trl",) if TRL_INSTALLED else ()))
+
 
 # lint: conda (no environment on purpose, see common.smk)
 rule bench_weight_sync:
@@ -21,8 +27,9 @@ rule bench_weight_sync:
     benchmark:
         "benchmarks/bench_weight_sync/bench_weight_sync.tsv"
     shell:
+        "python -m rlpipe.watch {log} bench_weight_sync -- "
         "rlpipe bench weight-sync --checkpoint {input.base} --repeats {params.repeats} --sizes-mb {params.sizes} "
-        "--out {output} > {log} 2>&1"
+        "--out {output}"
 
 
 # lint: conda (no environment on purpose, see common.smk)
@@ -45,8 +52,9 @@ rule bench_sampler:
     benchmark:
         "benchmarks/bench_sampler/bench_sampler.tsv"
     shell:
+        "python -m rlpipe.watch {log} bench_sampler -- "
         "rlpipe bench sampler --preset {params.preset} --batch {params.batch} --new-tokens {params.new_tokens} "
-        "--repeats {params.repeats} --device {params.device} --threads {threads} --out {output} > {log} 2>&1"
+        "--repeats {params.repeats} --device {params.device} --threads {threads} --out {output}"
 
 
 # The learner's update phase (forward + backward + AdamW, and the KL monitor's forward) against a
@@ -71,9 +79,10 @@ rule bench_update:
     benchmark:
         "benchmarks/bench_update/bench_update.tsv"
     shell:
+        "python -m rlpipe.watch {log} bench_update -- "
         "rlpipe bench update --checkpoint {input.base} --batch {params.batch} --group-size {params.group} "
         "--grad-accum {params.grad_accum} --response-tokens {params.response_tokens} --repeats {params.repeats} "
-        "--threads {params.actor_threads} --out {output} > {log} 2>&1"
+        "--threads {params.actor_threads} --out {output}"
 
 
 # Scaling curves: short real training runs, colocated and disaggregated, one axis
@@ -97,8 +106,9 @@ rule bench_scaling:
     benchmark:
         "benchmarks/bench_scaling/bench_scaling.tsv"
     shell:
+        "python -m rlpipe.watch {log} bench_scaling -- "
         "rlpipe bench scaling --config {CONFIG_FILE} --base {input.base} --dataset {params.dataset} "
-        "--threads {threads} --out {output} > {log} 2>&1"
+        "--threads {threads} --out {output}"
 
 
 # lint: conda (no environment on purpose, see common.smk)
@@ -132,9 +142,9 @@ rule report_scaling:
 
 # rlpipe's colocated on-policy GRPO side by side with TRL's GRPOTrainer: the same
 # exported model, keyword task, prompts and settings (rlpipe.bench.trl says which cannot be equal).
-# Needs the optional `bench` extra (trl); without it the command writes {"skipped": true, ...} at
-# once, so the default pipeline does not pay for it. It is in all_targets (with the keyword track), and the
-# aggregate's discussion reads it.
+# Needs the optional `bench` extra (trl): in all_targets, the aggregate's inputs and the report
+# only where TRL is installed (BENCH_NAMES above). Requested by path without TRL, the command
+# writes {"skipped": true, ...} at once, and that file is no report item.
 # lint: conda (no environment on purpose, see common.smk)
 # lint: CONFIG_FILE (a global, not a param: see common.smk)
 rule bench_trl:
@@ -148,7 +158,9 @@ rule bench_trl:
             caption="../report/trl.rst",
             category="4 Throughput and GPU-hours",
             labels={"figure": "rlpipe vs TRL GRPOTrainer (JSON)"},
-        ),
+        )
+        if TRL_INSTALLED
+        else res("bench", "trl.json"),
     params:
         dataset=lambda w, input: os.path.dirname(input.dataset),
         # the onpolicy variant's batch (prompts x G), for at most 16 steps
@@ -160,5 +172,6 @@ rule bench_trl:
     benchmark:
         "benchmarks/bench_trl/bench_trl.tsv"
     shell:
+        "python -m rlpipe.watch {log} bench_trl -- "
         "rlpipe bench trl --config {CONFIG_FILE} --checkpoint {input.base} --dataset {params.dataset} "
-        "--steps {params.steps} --prompts-per-step {params.prompts} --threads {threads} --out {output} > {log} 2>&1"
+        "--steps {params.steps} --prompts-per-step {params.prompts} --threads {threads} --out {output}"

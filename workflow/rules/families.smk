@@ -36,9 +36,11 @@ rule train_family_run:
     benchmark:
         "benchmarks/train_family_run/{family}/{fvariant}/seed{fseed}.tsv"
     shell:
+        # rlpipe.watch: the console gets the run's last step line (step/total, ETA) every 15 s
+        "python -m rlpipe.watch {log} '{wildcards.family} {wildcards.fvariant} seed {wildcards.fseed}' -- "
         "rlpipe train --config {resources.config} --variant {wildcards.fvariant} --seed {wildcards.fseed} "
         "--base {params.base} {params.dataset} --out {params.run_dir} --threads {threads} "
-        "--resume {resources.resume} > {log} 2>&1"
+        "--resume {resources.resume}"
 
 
 # lint: conda (no environment on purpose, see common.smk)

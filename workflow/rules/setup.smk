@@ -23,5 +23,42 @@ if RUN_TESTS:  # workflow.run_tests, with a built-in track (common.smk)
             # pytest runs from the repository (its pyproject holds the markers); outputs and the
             # log are made absolute first because the workdir may be elsewhere (--directory).
             'out="$PWD/{output}"; log="$PWD/{log}"; cd {resources.repo} && '
-            'OMP_NUM_THREADS={threads} python -m pytest {params.args} -p no:cacheprovider '
-            '--junitxml="$out" > "$log" 2>&1'
+            # rlpipe.watch: the output goes to the log; the console gets pytest's progress every 15 s
+            'OMP_NUM_THREADS={threads} python -m rlpipe.watch "$log" tests -- '
+            'python -m pytest {params.args} -p no:cacheprovider --junitxml="$out"'
+
+
+# --------------------------------------------------------------------------- a run you can watch
+# When jobs start, the console says how many will run and how long the last complete run here took
+# (rlpipe.analysis.run_timing); each long job then prints its last line every 15 s (rlpipe.watch).
+# When a run from the start succeeds, results/run_timing.json records its duration and the machine's
+# conditions over it (rlpipe.trainer.conditions: the CPU time of Snakemake's process tree against
+# the machine's, the training runs' own measure; contended by the same rule).
+import datetime as _dt
+from collections import Counter as _Counter
+
+from rlpipe.analysis import run_timing
+from rlpipe.analysis.contract import RUN_CONDITIONS_KEYS
+from rlpipe.trainer import conditions as _conditions
+
+_RUN_START = _conditions.sample()
+# Snakemake keeps one onstart handler: this one calls the one common.smk registered before it.
+_ONSTART_BEFORE = getattr(workflow, "_onstart", lambda log: None)
+
+
+onstart:
+    _ONSTART_BEFORE(log)
+    _last = run_timing.sentence(run_timing.read(RESULTS))
+    print(f"rlpipe: {len(workflow.dag)} jobs to run (Snakemake prints 'N of M steps done' as they finish; "
+          f"each long job prints its last line, a training job its step and ETA, every 15 s). Expected from "
+          f"the last complete run: {_last} Timings (speedups, the benchmarks) are answers only on a quiet "
+          "machine.", file=sys.stderr, flush=True)
+
+
+onsuccess:
+    _rules = _Counter(job.rule.name for job in workflow.dag.needrun_jobs(exclude_finished=False))
+    if run_timing.is_complete(_rules):
+        _c = _conditions.measure(_RUN_START, run_cores=workflow.cores)
+        io.write_json(f"{RESULTS}/{run_timing.RUN_TIMING_FILE}", run_timing.record(
+            _c.wall_s, dict(_rules), workflow.cores, {k: getattr(_c, k) for k in RUN_CONDITIONS_KEYS},
+            os.path.basename(CONFIG_FILE), _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")))

@@ -71,8 +71,9 @@ rule pretrain_base:
     benchmark:
         "benchmarks/pretrain_base/{tdir}pretrain_base.tsv"
     shell:
-        "rlpipe pretrain --config {resources.config} --corpus {params.corpus} "
-        "--tokenizer {params.tokenizer} --out {output} > {log} 2>&1"
+        # rlpipe.watch: the output goes to the log, and the console gets its last line every 15 s
+        "python -m rlpipe.watch {log} 'pretrain {wildcards.tdir}' -- rlpipe pretrain --config {resources.config} "
+        "--corpus {params.corpus} --tokenizer {params.tokenizer} --out {output}"
 
 
 # One GRPO training job per variant of a track (`rlpipe train`, the Ray trainer).
@@ -114,8 +115,10 @@ rule train_variant:
     benchmark:
         "benchmarks/train_variant/{tdir}{variant}.tsv"
     shell:
+        # rlpipe.watch: the console gets the run's last step line (step/total, ETA) every 15 s
+        "python -m rlpipe.watch {log} 'train {wildcards.tdir}{wildcards.variant}' -- "
         "rlpipe train --config {resources.config} --variant {wildcards.variant} --base {params.base} "
-        "{params.dataset} --out {params.run_dir} --threads {threads} --resume {resources.resume} > {log} 2>&1"
+        "{params.dataset} --out {params.run_dir} --threads {threads} --resume {resources.resume}"
 
 
 # lint: conda (no environment on purpose, see common.smk)
@@ -180,6 +183,7 @@ rule report_track:
     shell:
         "rlpipe math-report --evals {params.evals} --labels {params.labels} --runs {params.runs} "
         "--run-labels {params.run_labels} --out {params.out} > {log} 2>&1"
+
 
 # A user's timed track compares its variants as the keyword track compares its own: its runs are
 # aggregated (`rlpipe aggregate`: the summary table, and the computed discussion, opened by any

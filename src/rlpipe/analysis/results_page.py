@@ -1,4 +1,4 @@
-"""``rlpipe results-page``: one Markdown page of a finished run's headline numbers (``RESULTS.md``).
+"""``rlpipe results-page``: a finished run's answers and headline numbers as Markdown (``RESULTS.md``).
 
 Numbers come from runs, never from typing: this page is the short, shareable companion of the report,
 written by the workflow (rule ``write_results_page``) from what a run left in ``results/``:
@@ -14,7 +14,10 @@ written by the workflow (rule ``write_results_page``) from what a run left in ``
 - each evaluated track's evaluations (``math/eval/<model>/summary.json`` for the math track,
   ``tracks/<name>/eval/<model>/summary.json`` for a user's track: accuracy, format rate);
 - each experiment family's final validation reward, mean and 95% half-width over replicates
-  (``families/<family>/report/summary.csv``).
+  (``families/<family>/report/summary.csv``);
+- how long the last complete run of the pipeline took, with the machine's load over it
+  (``run_timing.json``, ``rlpipe.analysis.run_timing``: written when a run from the start succeeds,
+  so a page shows the run before the one that wrote it).
 
 A part whose files are absent is left out, so the page also works for a run of one track. Not in the
 seeds: they have no results page; the docs' Results page includes this file.
@@ -31,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from rlpipe.analysis import contract
+from rlpipe.analysis import contract, run_timing
 from rlpipe.analysis.deliverables import answers
 from rlpipe.analysis.deliverables import render_html as answers_html
 from rlpipe.analysis.deliverables import render_markdown as answers_markdown
@@ -159,6 +162,13 @@ def families_section(results: Path) -> list[str]:
     return lines + [""]
 
 
+def timing_section(results: Path) -> list[str]:
+    """How long the last complete run took, and that timings need a quiet machine."""
+    return ["## Run time", "", run_timing.sentence(run_timing.read(results)) + " Timing answers (speedups, "
+            "samples/s, the benchmarks) hold only on a quiet machine: run the pipeline with nothing else busy, "
+            "and read each timing's load beside it.", ""]
+
+
 def render(results: str | Path, date: str | None = None) -> str:
     """The page for the results directory ``results``."""
     results = Path(results)
@@ -175,7 +185,7 @@ def render(results: str | Path, date: str | None = None) -> str:
     toc = answers_markdown(view, done) if seed_stages_ran(done) else [
         "No stage of the seeds' own experiments ran here (a run of your own tracks only), so the answers to "
         "the seed questions are left out; a default run's page has them.", ""]
-    return "\n".join(head + toc + machine_section(provenance_records(results)) + body)
+    return "\n".join(head + toc + timing_section(results) + machine_section(provenance_records(results)) + body)
 
 
 def seed_stages_ran(done: list) -> bool:

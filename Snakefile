@@ -9,6 +9,8 @@
 # workflow/report/operations.rst.
 from snakemake.utils import min_version, validate
 
+from rlpipe.trainer.stop import forward_stop_signals
+
 min_version("9.0")
 
 
@@ -33,6 +35,19 @@ include: "workflow/rules/plots.smk"
 
 
 report: "workflow/report/workflow.rst"
+
+
+# SIGTERM or Ctrl-C to Snakemake reaches the running jobs' commands too (Snakemake alone would wait for
+# them to finish): a training job then checkpoints and stops within seconds (rlpipe.trainer.stop).
+# Snakemake keeps one onstart handler, and names the last one registered `onstart` (a function): an
+# included file's runs first.
+_included_onstart = globals().get("onstart")
+
+
+onstart:
+    if _included_onstart is not None:
+        _included_onstart()
+    forward_stop_signals()
 
 
 localrules:

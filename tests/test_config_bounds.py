@@ -250,7 +250,8 @@ def test_bound_messages_read_plainly(data, message):
 
 
 def test_int_is_accepted_for_a_float_and_devices_parse():
-    cfg = parse_config({"train": {"learning_rate": 1, "device": "cuda:1"}, "pretrain": {"device": "cuda"}})
+    cfg = parse_config({"train": {"learning_rate": 1, "device": "cuda:1"}, "pretrain": {"device": "cuda"},
+                        "workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 2}})
     assert cfg.train.learning_rate == 1.0 and isinstance(cfg.train.learning_rate, float)
     assert (cfg.train.device, cfg.pretrain.device) == ("cuda:1", "cuda")
 

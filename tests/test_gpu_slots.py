@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from rlpipe.trainer.gpu_slots import ENV, acquire_gpus
+from rlpipe.trainer.gpu_slots import ENV, acquire_gpus, actor_gpus
 
 HOLDER = textwrap.dedent("""
     import sys
@@ -96,3 +96,34 @@ def test_zero_gpus_is_a_no_op(tmp_path, monkeypatch):
     with acquire_gpus(0, lock_dir=tmp_path / "slots") as s:
         assert s.devices == [] and os.environ[ENV] == "3"
     assert not (tmp_path / "slots").exists()
+
+
+@pytest.mark.parametrize("mode, gpus, want", [
+    ("colocated_sync", 0, {"colocated": 0.0}),
+    ("colocated_k", 1, {"colocated": 1.0}),
+    ("colocated_sync", 2, {"colocated": 1.0}),  # one device per colocated run, whatever was declared
+    ("disaggregated", 0, {"learner": 0.0, "generator": 0.0}),
+    ("disaggregated", 1, {"learner": 0.5, "generator": 0.5}),  # both on the one GPU, inside Ray's accounting
+    ("disaggregated", 2, {"learner": 1.0, "generator": 1.0}),
+])
+def test_actor_gpus_shares_one_gpu_between_the_disaggregated_actors(mode, gpus, want):
+    assert actor_gpus(mode, gpus) == want
+
+
+@pytest.mark.parametrize("data, key, field", [
+    ({"train": {"device": "cuda"}}, "train.device", "gpus_per_colocated"),
+    ({"train": {"device": "cuda"}, "workflow": {"gpus_per_colocated": 1},
+      "variants": {"d": {"mode": "disaggregated"}}}, "variants.d.device", "gpus_per_disaggregated"),
+    ({"workflow": {"gpus_per_colocated": 1}, "variants": {"g": {"mode": "disaggregated", "device": "cuda:0"}}},
+     "variants.g.device", "gpus_per_disaggregated"),
+    ({"workflow": {"tracks": ["math"]}, "math": {"train": {"device": "cuda"}}}, "math.train.device",
+     "gpus_per_colocated"),
+])
+def test_cuda_with_no_gpu_declared_is_refused_at_parse_time_naming_the_key(data, key, field):
+    from rlpipe.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert str(err.value).startswith(f"{key} is ") and f"but workflow.{field} is 0" in str(err.value), err.value
+    ok = {"gpus_per_colocated": 1, "gpus_per_disaggregated": 1} | (data.get("workflow") or {})
+    parse_config(data | {"workflow": ok})  # one GPU declared (shared, for a disaggregated run): accepted

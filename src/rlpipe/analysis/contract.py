@@ -122,7 +122,7 @@ RUN_INFO_KEYS = ("variant", "mode", "devices", "device_type", "threads", "wall_t
                  "total_samples", "total_optimizer_steps", "transport", "backend", "finished")
 #: Extra keys the drivers add (k of colocated_k, replay enabled, the variant's train config) and
 #: ``rlpipe train`` adds (``conditions``: the machine's load over the run, see below).
-RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions", "provenance")
+RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions", "provenance", "gpu_fraction")
 #: run_info ``conditions``: what else the machine was doing while the run was timed
 #: (``rlpipe.trainer.conditions``; ``None`` = not measured). ``contended`` marks timings taken while
 #: other processes took the run's CPU; the report draws no timing conclusion from such a run.

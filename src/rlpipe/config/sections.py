@@ -136,8 +136,12 @@ class WorkflowConfig(_Section):
     toy_sort_epochs: int | None = Field(
         None, ge=1, description="Epochs per toy-sorting run (null: seed 003's 100).")
     results_dir: str = Field("results", min_length=1, description="Where every output goes.")
-    gpus_per_colocated: int = Field(0, ge=0, description="GPUs a colocated variant declares (0 on a CPU config).")
-    gpus_per_disaggregated: int = Field(0, ge=0, description="GPUs a disaggregated variant declares.")
+    gpus_per_colocated: int = Field(
+        0, ge=0, description="GPUs a colocated variant declares (0 on a CPU config; train.device cuda needs 1).")
+    gpus_per_disaggregated: int = Field(
+        0, ge=0, description="GPUs a disaggregated variant declares: 2 (one per actor), or 1 (the learner and the "
+        "generator share it, half a Ray GPU each; run_info.json records the shares as gpu_fraction); 0 on a CPU "
+        "config (train.device cuda needs 1 or 2).")
     threads_per_variant: int = Field(
         2, ge=1, description="Snakemake threads per training job (passed to torch and Ray).")
     run_tests: bool = Field(

@@ -95,6 +95,7 @@ from rlpipe.trainer.gpu_slots import acquire_gpus
 from rlpipe.trainer.lock import RunDirError, RunLockedError, run_lock
 from rlpipe.trainer.resume import ResumeError
 from rlpipe.trainer.run_writer import SnapshotError, read_snapshot
+from rlpipe.trainer.stop import StopInterrupted, StopRequested, signal_name
 from rlpipe.trainer.weight_sync import WeightSyncError, make_transport
 
 
@@ -323,11 +324,14 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
             # attached cluster's actors are not our descendants, so their CPU time is not ours to count
             own_tree = not cfg.ray.address
             start = conditions.sample(own_tree)
+            ctx.stop.install()  # after ray.init, which installs its own SIGTERM handler
             try:
                 info = _drive(ctx, gpus)
-            except BaseException:  # the rows since the last (throttled) flush show how far the run got
+            except BaseException as e:  # the rows since the last (throttled) flush show how far the run got
                 with contextlib.suppress(Exception):
                     ctx.writer.flush()
+                if ctx.stop.requested:  # whatever ended the loop after a stop signal, the run was stopped
+                    raise _stopped(ctx, e) from (None if isinstance(e, StopRequested) else e)
                 raise
             run_cores = actor_threads * (2 if disagg else 1) + 1  # + the driver and Ray's processes
             info["conditions"] = conditions.measure(start, own_tree, run_cores).to_json()
@@ -335,15 +339,28 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
             ctx.writer.finish(info)
             resume_policy.mark_finished(ctx.out_dir)
         finally:
-            if owns_ray:
-                try:
-                    ray.shutdown()
-                finally:
-                    if watchdog is not None:
-                        ray_reaper.stop(watchdog)
-            else:
-                _kill_run_actors(ctx.variant)
+            try:
+                if owns_ray:
+                    try:
+                        ray.shutdown()
+                    finally:
+                        if watchdog is not None:
+                            ray_reaper.stop(watchdog)
+                else:
+                    _kill_run_actors(ctx.variant)
+            finally:
+                ctx.stop.restore()  # only now: a stop's deadlines also bound ray.shutdown
     return info
+
+
+def _stopped(ctx: RunContext, err: BaseException) -> StopRequested:
+    """The run's end after a stop signal, in words: where it stopped and what to rerun. An error on
+    the way (an actor stopped by the same signal, sent to the whole process group) is named as such."""
+    if isinstance(err, StopRequested):
+        return type(err)(f"{err}. {ctx.resume_advice()}", err.signum)
+    first = (str(err).strip() or type(err).__name__).splitlines()[0]
+    return StopInterrupted(f"stopped by {signal_name(ctx.stop.signum)} after optimizer step {ctx.step}; the actors "
+                           f"stopped too ({first}). {ctx.resume_advice()}", ctx.stop.signum)
 
 
 def _kill_run_actors(variant: str) -> None:
@@ -390,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ActorFailure, TrainingDiverged, WeightSyncError, io.OutputWriteError) as e:
         print(f"rlpipe train {a.variant}: error: {e}", file=sys.stderr, flush=True)
         return 1
+    except StopRequested as e:  # SIGTERM/SIGINT: 128 + the signal's number, as a shell reports it
+        print(f"rlpipe train {a.variant}: {e}", file=sys.stderr, flush=True)
+        return 128 + e.signum
     print(f"variant {a.variant}: {info['total_optimizer_steps']} steps, {info['total_samples']} samples -> {a.out}")
     print(flat_reward.run_log_line(a.out, a.variant) or "validation reward: rose beyond its noise, or too few "
           "validation points to tell", flush=True)

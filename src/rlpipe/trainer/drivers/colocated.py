@@ -18,12 +18,14 @@ from rlpipe.analysis.contract import DEVICE_CPU, DEVICE_GPU
 from rlpipe.trainer.actors import reference
 from rlpipe.trainer.actors.workers import ColocatedWorker
 from rlpipe.trainer.drivers.common import RunContext, train_batches
+from rlpipe.trainer.gpu_slots import actor_gpus
 
 
 def run_colocated(ctx: RunContext, gpus: int) -> dict:
     t = ctx.train
     k, spb = t.k, ctx.sizes.train_steps_per_rollout_batch
-    worker = ctx.actor(ColocatedWorker, gpus=min(gpus, 1), cpus=ctx.threads,
+    share = actor_gpus(t.mode, gpus)
+    worker = ctx.actor(ColocatedWorker, gpus=share["colocated"], cpus=ctx.threads,
                        checkpoint=ctx.base_checkpoint, train_cfg=t, dataset_dir=ctx.dataset_dir,
                        threads=ctx.threads, tokenizer=ctx.tokenizer)
     next_batch, step = ctx.restore(worker)
@@ -45,4 +47,5 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
         ctx.end_round(first_step, step, round_start + k, worker, worker)
     ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
     ctx.collect_validation()
-    return ctx.run_info(devices=max(1, min(gpus, 1)), device_type=DEVICE_GPU if gpus else DEVICE_CPU)
+    return ctx.run_info(devices=max(1, min(gpus, 1)), device_type=DEVICE_GPU if gpus else DEVICE_CPU,
+                        gpu_fraction=share)

@@ -41,6 +41,7 @@ from rlpipe.trainer.drivers import actor_errors
 from rlpipe.trainer.drivers.progress import ProgressPrinter
 from rlpipe.trainer.profiling import seconds_by_phase
 from rlpipe.trainer.run_writer import RunWriter
+from rlpipe.trainer.stop import StopRequested, StopSignals, signal_name
 from rlpipe.trainer.weight_sync import WeightSyncError, ray_actor_class, sync_backend
 
 
@@ -87,6 +88,7 @@ class RunContext:
         self.roles: dict[str, str] = {}  # actor id (hex) -> "learner actor (<variant>/LearnerWorker)"
         self.progress = ProgressPrinter(self.variant, self.sizes.total_optimizer_steps,
                                         versions=self.train.mode == "disaggregated")
+        self.stop = StopSignals()  # rlpipe train installs its handlers (rlpipe.trainer.stop)
         self._new_versions: list = []
 
     # -- Ray --------------------------------------------------------------------------------------
@@ -243,15 +245,21 @@ class RunContext:
 
     def end_round(self, first_step: int, step: int, next_batch: int, generator, learner) -> None:
         """After a round's steps are finalized: validation (on ``generator``), a checkpoint (of
-        ``learner``) or a flush when one is due, then the progress lines of steps ``first_step..step``."""
+        ``learner``) or a flush when one is due, then the progress lines of steps ``first_step..step``.
+        After a stop signal (``rlpipe.trainer.stop``) the checkpoint is always written, then
+        ``StopRequested`` ends the run."""
+        stopping = self.stop.requested
         if self.validation_due(first_step, step):
             self.submit_validation(generator, step)
-        if self.checkpoint_due(first_step, step):
+        if stopping or self.checkpoint_due(first_step, step):
             self.save_checkpoint(learner, step, next_batch)
         else:
             self.collect_validation()
             self.writer.flush_if_due()
         self.report(first_step, step)
+        if stopping:
+            raise StopRequested(f"stopped by {signal_name(self.stop.signum)} after optimizer step {step} of "
+                                f"{self.sizes.total_optimizer_steps}", self.stop.signum)
 
     def report(self, first_step: int, last_step: int) -> None:
         """Progress lines for completed steps, with the version changes logged since the last call."""
@@ -320,10 +328,11 @@ class RunContext:
         self.writer.t0 = time.time()
         self.report(0, 0)
 
-    def run_info(self, devices: int, device_type: str) -> dict:
+    def run_info(self, devices: int, device_type: str, gpu_fraction: dict[str, float]) -> dict:
         ws = self.train.weight_sync
         return {"variant": self.variant, "mode": self.train.mode, "devices": devices,
-                "device_type": device_type, "threads": self.threads, "total_samples": self.samples,
+                "device_type": device_type, "gpu_fraction": gpu_fraction, "threads": self.threads,
+                "total_samples": self.samples,
                 "total_optimizer_steps": self.sizes.total_optimizer_steps,
                 "transport": "local" if self.train.mode != "disaggregated" else ws.transport,
                 "backend": sync_backend(ws) if self.train.mode == "disaggregated" else None, "k": self.train.k,

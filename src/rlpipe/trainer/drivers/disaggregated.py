@@ -59,6 +59,7 @@ from rlpipe.tasks import task_for
 from rlpipe.trainer.actors import reference
 from rlpipe.trainer.actors.workers import GeneratorWorker, LearnerWorker, Scorer
 from rlpipe.trainer.drivers.common import RunContext, train_batches
+from rlpipe.trainer.gpu_slots import actor_gpus
 from rlpipe.trainer.profiling import Profiler
 from rlpipe.trainer.weight_sync import make_transport
 
@@ -68,10 +69,10 @@ def run_disaggregated(ctx: RunContext, gpus: int) -> dict:
     spb = ctx.sizes.train_steps_per_rollout_batch
     transport = make_transport(t.weight_sync)  # fails here, before any actor starts, if unavailable
     ts = t.weight_sync.transport
-    gpu_each = 1 if gpus >= 2 else 0
-    learner = ctx.actor(LearnerWorker, gpus=gpu_each, cpus=ctx.threads, transport=ts,
+    share = actor_gpus(t.mode, gpus)  # one GPU each, or half of the one GPU each
+    learner = ctx.actor(LearnerWorker, gpus=share["learner"], cpus=ctx.threads, transport=ts,
                         checkpoint=ctx.base_checkpoint, train_cfg=t, threads=ctx.threads, tokenizer=ctx.tokenizer)
-    generator = ctx.actor(GeneratorWorker, gpus=gpu_each, cpus=ctx.threads, transport=ts,
+    generator = ctx.actor(GeneratorWorker, gpus=share["generator"], cpus=ctx.threads, transport=ts,
                           checkpoint=ctx.base_checkpoint, train_cfg=t, dataset_dir=ctx.dataset_dir,
                           threads=ctx.threads, tokenizer=ctx.tokenizer)
     scorer = ctx.actor(Scorer, gpus=0, cpus=0.5, train_cfg=t, dataset_dir=ctx.dataset_dir) if t.scorer_actor else None
@@ -86,7 +87,9 @@ def run_disaggregated(ctx: RunContext, gpus: int) -> dict:
         loop.run(next_batch, step)
     finally:
         transport.teardown()
-    return ctx.run_info(devices=2, device_type=DEVICE_GPU if gpus else DEVICE_CPU)
+    # two CPU "devices" (one per actor, as on GPUs); on GPUs, those the job holds (one shared, or two)
+    devices = min(gpus, 2) if gpus else 2
+    return ctx.run_info(devices=devices, device_type=DEVICE_GPU if gpus else DEVICE_CPU, gpu_fraction=share)
 
 
 class _Loop:

@@ -135,10 +135,16 @@ def test_actor_death_names_actor_and_step_and_advises_resume_only_with_a_checkpo
 
 @pytest.mark.ray
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA (device: cuda must fail)")
-def test_actor_that_fails_at_start_up_states_the_cause_in_the_job_log(env, ray_session, tmp_path, capsys):
+def test_actor_that_fails_at_start_up_states_the_cause_in_the_job_log(env, ray_session, tmp_path, capsys,
+                                                                       monkeypatch):
     """``train.device: cuda`` on a CPU machine: the actor's __init__ raises; the driver's error, the
-    last thing ``rlpipe train`` prints, holds the exception, its traceback's last frames and the step."""
-    cfg = config(env, "startup", n_grpo_steps=4, device="cuda")
+    last thing ``rlpipe train`` prints, holds the exception, its traceback's last frames and the step.
+    (The config declares the GPU that ``device: cuda`` needs; the job then asks Ray for none, as this
+    machine has none to give.)"""
+    cfg = str(env["write"](env["tmp"] / "startup.yaml", train={"n_grpo_steps": 4, "device": "cuda"},
+                           variants=VARIANTS, workflow={"threads_per_variant": 2, "gpus_per_colocated": 1,
+                                                        "gpus_per_disaggregated": 2}))
+    monkeypatch.setattr(run_module, "variant_gpus", lambda cfg, variant: 0)
     out = tmp_path / "run"
     args = ["--config", cfg, "--variant", "onpolicy", "--out", str(out), "--base", env["base"],
             "--dataset", env["data"], "--threads", "2"]

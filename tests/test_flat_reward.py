@@ -95,3 +95,28 @@ def test_without_val_size_the_noise_comes_from_the_curve():
 def test_log_line():
     assert flat_reward.log_line(run(reward__zero_std_frac=0.8), VAL_SIZE, "v").startswith("flat reward: ")
     assert flat_reward.log_line(run(val=[0.2, *[0.6] * 8]), VAL_SIZE, "v") is None
+
+
+def test_results_page_section_names_each_flat_run(tmp_path):
+    import json
+
+    import yaml
+
+    from rlpipe.analysis import contract, results_page
+
+    for rel, frame in (("runs/flat", run(reward__zero_std_frac=0.8)), ("families/f/runs/v/seed0", run()),
+                       ("tracks/t/runs/up", run(val=[0.2, 0.3, 0.4, 0.5, 0.6, 0.6, 0.7, 0.7, 0.8]))):
+        d = tmp_path / rel
+        d.mkdir(parents=True)
+        frame.to_parquet(d / contract.METRICS_FILE, index=False)
+        (d / contract.RUN_INFO_FILE).write_text(json.dumps({"finished": True}))
+        (d / contract.RUN_CONFIG_FILE).write_text(yaml.safe_dump({"train": {"val_size": VAL_SIZE}}))
+    lines = flat_reward.results_section(tmp_path)
+    assert lines[0] == "## Flat rewards"
+    text = "\n".join(lines)
+    assert "`runs/flat`" in text and "80% of the groups" in text and "`families/f/runs/v/seed0`" in text
+    assert "tracks/t/runs/up" not in text
+    assert "## Flat rewards" in results_page.render(tmp_path)
+    (tmp_path / "runs").joinpath("flat", contract.METRICS_FILE).unlink()
+    (tmp_path / "families").joinpath("f/runs/v/seed0", contract.METRICS_FILE).unlink()
+    assert flat_reward.results_section(tmp_path) == []

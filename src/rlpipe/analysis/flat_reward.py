@@ -3,8 +3,9 @@
 ``diagnose(metrics, val_size)`` reads one run's ``metrics.parquet`` (the run-output contract) and,
 when the validation reward did not rise beyond its noise, names the signal that explains it, with
 its numbers and what to try. The trainer prints it at the end of a run (``rlpipe train``'s log),
-``rlpipe aggregate`` puts it in the discussion page and the summary table, and ``rlpipe
-math-report`` in a track's numbers. Pure pandas: no torch, no Ray.
+``rlpipe aggregate`` puts it in the discussion page (the keyword track's and each timed user
+track's) and the summary table, and ``rlpipe results-page`` a sentence per flat run in
+``RESULTS.md``. Pure pandas: no torch, no Ray.
 
 Flat: the rise (the mean validation reward over the last half of the validation points minus the
 first one, step 0's) is below twice its standard error. For a reward in [0, 1] with mean p, one
@@ -43,7 +44,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from rlpipe.analysis.contract import METRICS_FILE, RUN_CONFIG_FILE
+from rlpipe.analysis.contract import METRICS_FILE, RUN_CONFIG_FILE, RUN_INFO_FILE
 from rlpipe.analysis.frames import col
 
 #: signal thresholds (see the module docstring)
@@ -213,3 +214,20 @@ def run_log_line(run_dir: str | Path, label: str) -> str | None:
     cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
     val_size = ((cfg or {}).get("train") or {}).get("val_size")
     return log_line(pd.read_parquet(d / METRICS_FILE), val_size, label)
+
+
+def results_section(results: str | Path) -> list[str]:
+    """RESULTS.md's "Flat rewards" section: a sentence for each run under ``results`` (every directory
+    holding a run_info.json) whose validation reward did not rise; [] when every one rose."""
+    root = Path(results)
+    lines = []
+    for info in sorted(root.rglob(RUN_INFO_FILE)):
+        run_dir = info.parent
+        if (run_dir / METRICS_FILE).is_file():
+            line = run_log_line(run_dir, f"`{run_dir.relative_to(root).as_posix()}`")
+            if line:
+                lines.append(f"- {line.removeprefix('flat reward: ')}")
+    if not lines:
+        return []
+    return ["## Flat rewards", "", "Runs whose validation reward did not rise beyond its noise, each with the signal "
+            "that explains it (rlpipe.analysis.flat_reward):", "", *lines, ""]

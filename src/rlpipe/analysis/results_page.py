@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from rlpipe.analysis import contract, run_timing
+from rlpipe.analysis import contract, flat_reward, run_timing
 from rlpipe.analysis.deliverables import answers
 from rlpipe.analysis.deliverables import render_html as answers_html
 from rlpipe.analysis.deliverables import render_markdown as answers_markdown
@@ -178,6 +178,7 @@ def render(results: str | Path, date: str | None = None) -> str:
     head = ["# Results", "", f"Written {date} by `rlpipe results-page` from `{results}`. The report "
             "(`snakemake --report report.html`) is the full writeup; these are its headline numbers.", ""]
     body = systems_section(results) + math_section(results) + families_section(results)
+    body += flat_reward.results_section(results)  # a sentence per flat run
     if not body:
         body = ["No finished run was found under this directory.", ""]
     view = ResultsView.load(results)

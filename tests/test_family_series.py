@@ -166,3 +166,19 @@ def test_kl_family_answer_says_how_fast_kl_grows(fam, tmp_path):
     assert any(s.startswith("KL growth: in sparse") and "from" in s for s in numbers["answer"])
     fam.settings["sparse"]["kl_coef"] = 0.0  # a family that does not vary the penalty says nothing of it
     assert families.kl_sentences(fam) == []
+
+
+def test_first_and_last_fifth_are_fifths_of_the_steps_whatever_the_cadence():
+    """The health numbers the answer quotes cover the first and last fifth of the steps, not of the
+    logged rows: a run that logged every step up to 10 and then only at 15 and 20 ends with its
+    step-20 value (the last fifth of its 12 rows would have taken steps 15 and 20)."""
+    from types import SimpleNamespace
+
+    from rlpipe.analysis.family_data import Family, Replicate, start_end
+    steps = [*range(0, 11), 15, 20]
+    m = pd.DataFrame({"step": steps, "kl/ref_k3": [0.01 * s for s in steps]})
+    fam = Family(name="f", question="q", reference="a", variants=["a"], replicates=1,
+                 runs=[Replicate("a", 0, SimpleNamespace(metrics=m), {})])
+    first, last = start_end(fam, "a", "kl/ref_k3")
+    assert first == pytest.approx(np.mean([0.01 * s for s in (1, 2, 3, 4)]))  # steps <= 1 + 19/5
+    assert last == pytest.approx(0.20)  # steps >= 20 - 19/5

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 from rlpipe.analysis import contract
 from rlpipe.analysis.aggregate import RunData, load_run, run_row
 from rlpipe.analysis.findings import is_finding
@@ -130,14 +132,17 @@ def comparison(fam: Family, variant: str) -> dict:
 
 
 def start_end(fam: Family, variant: str, column: str) -> tuple[float, float]:
-    """Seed-mean of a signal over the first and the last fifth of the run's steps."""
+    """Seed-mean of a signal over the first and the last fifth of the run's steps (by step, not by
+    logged row, so that runs logging at different cadences cover the same part of training)."""
     starts, ends = [], []
     for r in fam.of(variant):
-        s = col(r.run.metrics[r.run.metrics["step"] >= 1], column).dropna()
-        if len(s):
-            k = max(1, len(s) // 5)
-            starts.append(float(s.iloc[:k].mean()))
-            ends.append(float(s.iloc[-k:].mean()))
+        m = r.run.metrics[r.run.metrics["step"] >= 1]
+        d = pd.DataFrame({"step": m["step"].astype(float), "y": col(m, column)}).dropna()
+        if len(d):
+            lo, hi = float(d["step"].min()), float(d["step"].max())
+            fifth = (hi - lo) / 5
+            starts.append(float(d.loc[d["step"] <= lo + fifth, "y"].mean()))
+            ends.append(float(d.loc[d["step"] >= hi - fifth, "y"].mean()))
     return mean_ci(starts).mean, mean_ci(ends).mean
 
 

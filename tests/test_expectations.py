@@ -135,3 +135,10 @@ def test_prompt_explanation_is_only_for_our_own_base_model():
     for v in fam.settings.values():
         v["math"]["base_model_dir"] = "/models/qwen"  # a pretrained HF model: the why does not hold
     assert expectations.check(fam, e) is None
+
+
+def test_a_collapse_without_tied_groups_says_it_explains_only_part():
+    health = {"v": {"optim/grad_norm": [1.0, 0.001], "reward/zero_std_frac": [0.2, 0.5]}}
+    text = family_answer.stalled_sentence({"health": health})
+    assert "zero-std group fraction ended at 0.50, so that explains only part of it" in text
+    assert "learning stopped" not in text

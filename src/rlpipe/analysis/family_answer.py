@@ -136,9 +136,10 @@ def stalled_sentence(numbers: dict) -> str | None:
         why = ("its zero-std group fraction ended at " + _fmt(tied, ".2f") + ": every group gave one reward to all "
                "its responses, so every advantage and hence the gradient was 0 and learning stopped"
                if isinstance(tied, (int, float)) and tied >= ALL_TIED else
-               "a gradient of 0 means the advantages were 0, every group giving one reward to all its responses"
-               + (f" (its zero-std group fraction ended at {_fmt(tied, '.2f')}, so that is not the whole cause)"
-                  if isinstance(tied, (int, float)) and math.isfinite(tied) else ""))
+               "a gradient near 0 needs advantages near 0, that is groups whose responses all got the same reward"
+               + (f"; its zero-std group fraction ended at {_fmt(tied, '.2f')}, so that explains only part of it"
+                  if isinstance(tied, (int, float)) and math.isfinite(tied) else
+                  " (the zero-std group fraction was not logged, so this is not checked)"))
         parts.append(f"{v}'s grad norm collapsed from {_fmt(first, '.3g')} to {_fmt(last, '.3g')} (first vs last "
                      f"fifth of steps): {why}")
     return "; ".join(parts) + "." if parts else None

@@ -16,9 +16,14 @@ QUESTIONS = deliverables.seed_questions()
 def test_list_is_well_formed():
     keys = [(q["seed"], q["problem"]) for q in QUESTIONS]
     assert len(set(keys)) == len(keys)
+    ids = [q["id"] for q in QUESTIONS]
+    assert len(set(ids)) == len(ids)
     for q in QUESTIONS:
-        assert set(q) >= {"seed", "problem", "title", "asks", "report"}, q
+        assert set(q) >= {"id", "seed", "problem", "title", "asks", "report"}, q
         assert isinstance(q["report"], bool) and str(q["asks"]).strip(), q
+        number = re.fullmatch(r"Problem (\d+)(?:\(([a-z])\))?", q["problem"])
+        want = f"P{number[1]}{number[2] or ''}" if number else q["problem"].replace(" ", "_")
+        assert q["id"] == f"{q['seed']}-{want}", q
 
 
 @pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed documents are not in this checkout")

@@ -99,3 +99,18 @@ def test_a_contended_bench_flags_every_ratio_and_a_quiet_one_does_not():
     quiet = _text(limits_section({"sampler": {**SAMPLER, "load_avg_1m": 2.1}}))  # its own 2 threads
     assert "1.46x the eager sampler measured beside it (load 2.1 on 2 CPUs)" in quiet
     assert "indicative" not in quiet
+
+
+def test_limits_quote_the_device_peak_beside_the_shape_peak():
+    update = {"update_fraction_of_peak": 0.4, "fwd_bwd_fraction_of_peak": 0.41, "torch_threads": 1,
+              "update_gflops": 35.0, "matmul_peak_gflops": 87.0, "fwd_bwd_share": 0.8, "kl_monitor_share": 0.15,
+              "optimizer_share": 0.05, "fraction_of_device_peak": 0.35, "device_peak_tflops": 0.1,
+              "device_peak_dtype": "float32", "device_peak_matmul_size": 2048}
+    sampler = {**SAMPLER, "fraction_of_device_peak": 0.001, "device_peak_tflops": 800.0,
+               "device_peak_dtype": "bfloat16", "device_peak_matmul_size": 8192}
+    sec = limits_section({"sampler": sampler, "update": update})
+    text = _text(sec)
+    assert "the update 35% of 0.1 TFLOP/s (float32, side 2048)" in text
+    assert "generation 0.1% of 800 TFLOP/s (bfloat16, side 8192)" in text
+    assert sec["numbers"]["generation_device_fraction"] == 0.001
+    assert "device's own peak" not in _text(limits_section({"sampler": SAMPLER}))  # older JSONs: no sentence

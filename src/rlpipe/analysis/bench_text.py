@@ -106,9 +106,28 @@ def limits_section(bench: dict) -> dict:
                  f"why batching more sequences per step raises it (see the scaling curves).")
         nums.update(generation_fraction=kf, sampler_contended=sp_load.contended)
         s += _compiled_decode_sentences(sp, sp_load.clause())
+    s += _device_peak_sentences(up, sp, nums)
     if not s:
         s.append("No data: results/bench/update.json and sampler.json hold no FLOP measurements.")
     return section("limits", title, s, nums)
+
+
+def _device_peak_sentences(up: dict, sp: dict, nums: dict) -> list[str]:
+    """The same work against the device's own peak (``fraction_of_device_peak``: one large matmul in
+    the run's dtype), beside the shape peak quoted above, when the benches measured it."""
+    parts = []
+    for name, d, key in (("the update", up, "update_device_fraction"),
+                         ("generation", sp, "generation_device_fraction")):
+        frac = _num(d, "fraction_of_device_peak")
+        if not nan(frac):
+            parts.append(f"{name} {fnum(frac * 100)}% of {fnum(_num(d, 'device_peak_tflops'))} TFLOP/s "
+                         f"({d.get('device_peak_dtype')}, side {d.get('device_peak_matmul_size')})")
+            nums[key] = frac
+    if not parts:
+        return []
+    return ["Against the device's own peak (one large square matmul in the run's dtype, measured in the same "
+            "run) rather than the shape peak above (fp32 products of about the model's size): "
+            + "; ".join(parts) + "."]
 
 
 def _ratio_sentence(label: str, q: dict, key: str, load: str) -> str:

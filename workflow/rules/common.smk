@@ -507,6 +507,30 @@ def track_targets(t) -> list:
     return targets + track_systems_targets(t)  # a user's timed track: its systems figures (tracks.smk)
 
 
+# A user's timed track compares its variants as the keyword track does (tracks.smk: aggregate_track
+# and plot_track_<kind>): its summary, discussion and these figures.
+TRACK_FIGURES = ("phase_breakdown", "phase_steps", "timeline", "weight_sync")
+
+
+def user_timed(t) -> bool:
+    """A user's track whose variants are timed alone: it gets the systems comparison."""
+    return t.name not in (KEYWORD_TRACK, MATH_TRACK) and t.timed and bool(t.pipeline.variants)
+
+
+def track_summary_inputs(wildcards) -> dict:
+    t = track_of(wildcards)
+    runs = [track_run_outputs(t.name, v) for v in t.pipeline.variants]
+    return {"info": [r["info"] for r in runs], "metrics": [r["metrics"] for r in runs],
+            "code": [module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "flat_reward")]}
+
+
+def track_systems_targets(t) -> list:
+    if not user_timed(t):
+        return []
+    return [track_res(t.name, "summary", f) for f in (*SUMMARY_FILES.values(), *SUMMARY_REPORT_FILES.values())] + [
+        track_res(t.name, "figures", figure_file(k)) for k in TRACK_FIGURES]
+
+
 # --------------------------------------------------------------------------- figures
 # FIGURES (rlpipe.analysis.contract): kind -> Figure; `rlpipe plot KIND` draws it (the function
 # registered in rlpipe.analysis.plots.KINDS) and workflow/report/<kind>.rst is its caption.

@@ -190,27 +190,6 @@ rule report_track:
 # partial run and any run whose reward stayed flat) and drawn with the keyword track's profiling,
 # timeline and weight-sync figures (`rlpipe plot`), all in its section of the report. The benchmarks
 # stay the keyword track's: they measure the machine, not a task.
-TRACK_FIGURES = ("phase_breakdown", "phase_steps", "timeline", "weight_sync")
-
-
-def user_timed(t) -> bool:
-    return t.name not in (KEYWORD_TRACK, MATH_TRACK) and t.timed and bool(t.pipeline.variants)
-
-
-def track_summary_inputs(wildcards) -> dict:
-    t = track_of(wildcards)
-    runs = [track_run_outputs(t.name, v) for v in t.pipeline.variants]
-    return {"info": [r["info"] for r in runs], "metrics": [r["metrics"] for r in runs],
-            "code": [module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "flat_reward")]}
-
-
-def track_systems_targets(t) -> list:
-    if not user_timed(t):
-        return []
-    return [track_res(t.name, "summary", f) for f in (*SUMMARY_FILES.values(), *SUMMARY_REPORT_FILES.values())] + [
-        track_res(t.name, "figures", figure_file(k)) for k in TRACK_FIGURES]
-
-
 # lint: conda (no environment on purpose, see common.smk)
 rule aggregate_track:
     input:

@@ -318,6 +318,12 @@ def test_problem_7_states_samples_per_second_in_words(results):
     runs["contended"] = runs["variant"] == "k2"  # a contended run: the section withholds it, the answer says it
     runs["load_avg_max"] = 5.7
     runs.to_parquet(path)
+    disc = results / "summary" / contract.SUMMARY_FILES["discussion_json"]
+    data = json.loads(disc.read_text())
+    for sec in data["sections"]:
+        if sec["id"] == "kstep":
+            sec["sentences"] = ["k2 vs 'onpolicy' throughput: measured under contention; no conclusion is drawn."]
+    disc.write_text(json.dumps(data))
     text = " ".join(deliverables.kstep_answer(ResultsView.load(results)))
     assert (f"Samples per second, one run each: onpolicy {sps['onpolicy']:.3g}; k2 {sps['k2']:.3g} (contended, "
             "indicative only: load average up to 5.7).") in text

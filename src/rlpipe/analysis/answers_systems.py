@@ -47,10 +47,10 @@ def systems_family_sentences(view: ResultsView) -> list[str]:
     return [head + " " + " ".join(fam.get("answer") or family_answer(fam))]
 
 
-def _sps_sentence(view: ResultsView) -> list[str]:
-    """Seed 000 Problem 7's samples/s in words when a run was contended (the k-step section then
-    withholds them): the reference and each colocated_k variant, each contended one marked
-    "contended, indicative only"."""
+def _sps_sentence(view: ResultsView, said: str = "") -> list[str]:
+    """Seed 000 Problem 7's samples/s in words, unless the k-step section (``said``) states them all
+    already: the reference and each colocated_k variant, each contended one marked "contended,
+    indicative only"."""
     t = view.runs
     if not len(t) or not {"variant", "mode", "samples_per_s"} <= set(t.columns):
         return []
@@ -59,8 +59,8 @@ def _sps_sentence(view: ResultsView) -> list[str]:
     if "speedup_vs_ref" in t.columns and (sync["speedup_vs_ref"] == 1.0).any():
         sync = sync[sync["speedup_vs_ref"] == 1.0]
     rows = [*sync.head(1).to_dict("records"), *ks.to_dict("records")]
-    if len(rows) < 2 or not any(bool(r.get("contended")) for r in rows):
-        return []  # the k-step section states uncontended samples/s itself
+    if len(rows) < 2 or all(f"{fnum(r['samples_per_s'])} samples/s" in said for r in rows[1:]):
+        return []  # the k-step section states them itself
 
     def one(r: dict) -> str:
         busy = bool(r.get("contended"))
@@ -77,7 +77,7 @@ def kstep_answer(view: ResultsView) -> list[str]:
     out = sections_answer(view, "kstep")
     if out[0].startswith("Not run"):
         return out
-    return out + _sps_sentence(view) + systems_family_sentences(view)
+    return out + _sps_sentence(view, " ".join(out)) + systems_family_sentences(view)
 
 
 STRATEGY = {"uniform": "uniformly at random", "recency": "most recent first (recency-weighted)"}

@@ -49,6 +49,14 @@ def test_the_module_runs_from_the_command_line(tmp_path):
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
+def test_the_latest_step_line_wins_over_later_noise(tmp_path):
+    log = tmp_path / "t.log"
+    log.write_text("[k4] step 3/10 (30%) | ETA 0:40\n[generator] v3 -> v4 at 12.3s\n2026 WARNING ray: something\n")
+    assert watch.last_line(log) == "[k4] step 3/10 (30%) | ETA 0:40"
+    log.write_text("starting Ray\n2026 WARNING ray: something\n")
+    assert watch.last_line(log) == "2026 WARNING ray: something"
+
+
 def test_format_elapsed():
     assert [watch.format_elapsed(s) for s in (0, 65.9, 3725)] == ["0:00", "1:05", "1:02:05"]
 
@@ -57,10 +65,13 @@ def test_the_pipelines_long_jobs_are_watched():
     """The test gate, pretraining, every training job and the benchmarks run under the watch, so
     the console is never silent for long (no `> {log} 2>&1` left on them)."""
     rules = Path(__file__).resolve().parents[1] / "workflow" / "rules"
-    text = "".join((rules / f).read_text() for f in ("setup.smk", "tracks.smk", "families.smk", "bench.smk"))
+    text = "".join((rules / f).read_text() for f in ("setup.smk", "data.smk", "tracks.smk", "families.smk",
+                                                     "bench.smk", "aggregate.smk"))
     for rule in ("run_unit_tests", "pretrain_base", "train_variant", "train_family_run", "bench_weight_sync",
-                 "bench_sampler", "bench_update", "bench_scaling", "bench_trl"):
+                 "bench_sampler", "bench_update", "bench_scaling", "bench_trl", "build_corpus", "train_tokenizer",
+                 "evaluate_base", "evaluate_model", "build_math_data", "run_toy_sort", "report_family",
+                 "aggregate_metrics", "write_results_page"):
         body = text.split(f"rule {rule}:")[1].split("\nrule ")[0].split("\n\n\n")[0]
         shell = body.split("shell:")[1]
-        assert re.search(r"python -m rlpipe.watch (\{log\}|\"\$log\") ", shell), rule
+        assert re.search(r"python -m rlpipe.watch (\{log\}|\"\$log\") ", shell), rule  # every long job
         assert not re.search(r"> \"?(\{log\}|\$log)", shell), rule

@@ -8,10 +8,11 @@ by default) the console gets one line on stderr::
 
     [train k4] 2:15 elapsed | [k4] step 12/100 (12%) | reward 0.375 | ... | ETA 5:08
 
-the last line the command wrote (a training job's step line with its ETA,
-``rlpipe.trainer.drivers.progress``; a tqdm bar up to its last carriage return; pytest's progress
-percentage), then one line when it ends. Snakemake's own lines give the overall progress ("12 of 78
-steps (15%) done"). The exit status is the command's; a signal to this process is passed on to it.
+the last line the command wrote (a training job's latest step line with its ETA,
+``rlpipe.trainer.drivers.progress``, in preference to any later line; a tqdm bar up to its last
+carriage return; pytest's progress percentage), then one line when it ends. Snakemake's own lines
+give the overall progress ("12 of 78 steps (15%) done"). The exit status is the command's; a
+signal to this process is passed on to it.
 
 Not in the seeds; a supervising process rather than ``tee`` so that a quiet command (Ray starting,
 a long test file) still shows that it is alive.
@@ -20,6 +21,7 @@ a long test file) still shows that it is alive.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,8 +39,14 @@ def format_elapsed(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def last_line(path: Path, tail_bytes: int = 4000) -> str:
-    """The last non-blank line of ``path`` (carriage returns split lines, as tqdm writes them)."""
+#: A training job's step line (``rlpipe.trainer.drivers.progress``): shown in preference to later
+#: lines (Ray's warnings, version changes), so the console keeps the step and its ETA.
+STEP_LINE = re.compile(r"^\[[^\]]+\] step \d+/\d+")
+
+
+def last_line(path: Path, tail_bytes: int = 16000) -> str:
+    """The last step line of ``path`` (``STEP_LINE``) if its tail has one, else its last non-blank
+    line (carriage returns split lines, as tqdm writes them)."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
@@ -46,7 +54,8 @@ def last_line(path: Path, tail_bytes: int = 4000) -> str:
     except OSError:
         return ""
     lines = [ln.strip() for ln in text.replace("\r", "\n").split("\n") if ln.strip()]
-    return lines[-1][:WIDTH] if lines else ""
+    steps = [ln for ln in lines if STEP_LINE.match(ln)]
+    return (steps or lines or [""])[-1][:WIDTH]
 
 
 def heartbeat(tag: str, elapsed_s: float, line: str) -> str:
@@ -66,7 +75,7 @@ def run(log: Path, tag: str, cmd: list[str], every_s: float = EVERY_S, emit=None
         try:
             next_beat = start + every_s
             while proc.poll() is None:
-                time.sleep(min(0.5, every_s))
+                time.sleep(min(0.2, every_s))  # the job's end is noticed within 0.2 s
                 now = time.monotonic()
                 if now >= next_beat and proc.poll() is None:
                     emit(heartbeat(tag, now - start, last_line(log)))

@@ -33,8 +33,9 @@ rule aggregate_metrics:
     log:
         "logs/aggregate_metrics/aggregate_metrics.log",
     shell:
+        "python -m rlpipe.watch {log} aggregate_metrics -- "
         "rlpipe aggregate --runs {params.runs} --out {params.out} --variants {params.variants} "
-        "--reference {params.reference} --bench {input.bench} > {log} 2>&1"
+        "--reference {params.reference} --bench {input.bench}"
 
 
 # results/RESULTS.md: the answers to the seed questions (the deliverables manifest as a table of
@@ -60,5 +61,5 @@ rule write_results_page:
     log:
         "logs/write_results_page/write_results_page.log",
     shell:
+        "python -m rlpipe.watch {log} write_results_page -- "
         "rlpipe results-page --results {params.results} --out {output.page} --answers-html {output.answers} "
-        "> {log} 2>&1"

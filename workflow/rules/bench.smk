@@ -136,8 +136,8 @@ rule report_scaling:
     log:
         "logs/report_scaling/report_scaling.log",
     shell:
+        "python -m rlpipe.watch {log} report_scaling -- "
         "rlpipe scaling-report --bench {input.bench} --weight-sync {input.weight_sync} --out {params.out} "
-        "> {log} 2>&1"
 
 
 # rlpipe's colocated on-policy GRPO side by side with TRL's GRPOTrainer: the same

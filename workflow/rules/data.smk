@@ -17,7 +17,8 @@ rule build_corpus:
     log:
         "logs/build_corpus/build_corpus.log",
     shell:
-        "rlpipe build-corpus --config {CONFIG_FILE} --out {output} > {log} 2>&1"
+        "python -m rlpipe.watch {log} build_corpus -- "
+        "rlpipe build-corpus --config {CONFIG_FILE} --out {output}"
 
 
 if CFG.model.base_checkpoint is not None:
@@ -56,8 +57,9 @@ rule evaluate_base:
     log:
         "logs/evaluate_base/evaluate_base.log",
     shell:
+        "python -m rlpipe.watch {log} evaluate_base -- "
         "rlpipe eval-base --config {CONFIG_FILE} --checkpoint {input.base} --dataset {params.dataset} "
-        "--n 256 --out {output} > {log} 2>&1"
+        "--n 256 --out {output}"
 
 
 # lint: conda (no environment on purpose, see common.smk)
@@ -75,7 +77,8 @@ rule build_keyword_dataset:
     log:
         "logs/build_keyword_dataset/build_keyword_dataset.log",
     shell:
-        "rlpipe build-dataset --config {CONFIG_FILE} --out {params.out} > {log} 2>&1"
+        "python -m rlpipe.watch {log} build_keyword_dataset -- "
+        "rlpipe build-dataset --config {CONFIG_FILE} --out {params.out}"
 
 
 if MATH_TRACK in TRACKS and TRACKS[MATH_TRACK].dataset_dir is None:
@@ -95,4 +98,5 @@ if MATH_TRACK in TRACKS and TRACKS[MATH_TRACK].dataset_dir is None:
         log:
             "logs/build_math_data/build_math_data.log",
         shell:
-            "rlpipe build-math-data --config {CONFIG_FILE} --out {params.out} > {log} 2>&1"
+            "python -m rlpipe.watch {log} build_math_data -- "
+            "rlpipe build-math-data --config {CONFIG_FILE} --out {params.out}"

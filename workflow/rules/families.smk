@@ -81,8 +81,9 @@ rule report_family:
     log:
         "logs/report_family/{family}.log",
     shell:
+        "python -m rlpipe.watch {log} report_family -- "
         "rlpipe family-report --config {CONFIG_FILE} --family {wildcards.family} --runs {params.runs} "
-        "--variants {params.variants} --seeds {params.seeds} --out {params.out} > {log} 2>&1"
+        "--variants {params.variants} --seeds {params.seeds} --out {params.out}"
 
 
 # Seed 003's toy-sorting lecture as a replicated grid: every delta mode x loss mode on
@@ -120,6 +121,6 @@ rule run_toy_sort:
     benchmark:
         "benchmarks/run_toy_sort/run_toy_sort.tsv"
     shell:
-        "(OMP_NUM_THREADS=1 rlpipe toy-sort --seeds {params.seeds} {params.epochs} "
-        "--curves {output.curves_data} --finals {output.finals_data} && "
-        "rlpipe toy-sort-report --dir {params.out}) > {log} 2>&1"
+        "OMP_NUM_THREADS=1 python -m rlpipe.watch {log} run_toy_sort -- sh -c 'rlpipe toy-sort --seeds "
+        "{params.seeds} {params.epochs} --curves {output.curves_data} --finals {output.finals_data} && "
+        "rlpipe toy-sort-report --dir {params.out}'"

@@ -45,7 +45,8 @@ rule train_tokenizer:
     log:
         "logs/train_tokenizer/{tdir}train_tokenizer.log",
     shell:
-        "rlpipe train-tokenizer --config {resources.config} --corpus {params.corpus} --out {output} > {log} 2>&1"
+        "python -m rlpipe.watch {log} train_tokenizer -- "
+        "rlpipe train-tokenizer --config {resources.config} --corpus {params.corpus} --out {output}"
 
 
 # lint: conda (no environment on purpose, see common.smk)
@@ -72,8 +73,8 @@ rule pretrain_base:
         "benchmarks/pretrain_base/{tdir}pretrain_base.tsv"
     shell:
         # rlpipe.watch: the output goes to the log, and the console gets its last line every 15 s
-        "python -m rlpipe.watch {log} 'pretrain {wildcards.tdir}' -- rlpipe pretrain --config {resources.config} "
-        "--corpus {params.corpus} --tokenizer {params.tokenizer} --out {output}"
+        "python -m rlpipe.watch {log} 'pretrain {wildcards.tdir}base' -- "
+        "rlpipe pretrain --config {resources.config} --corpus {params.corpus} --tokenizer {params.tokenizer} --out {output}"
 
 
 # One GRPO training job per variant of a track (`rlpipe train`, the Ray trainer).
@@ -146,8 +147,9 @@ rule evaluate_model:
     benchmark:
         "benchmarks/evaluate_model/{tdir}{model}.tsv"
     shell:
+        "python -m rlpipe.watch {log} evaluate_model -- "
         "rlpipe eval --config {resources.config} --checkpoint {params.checkpoint} --dataset {params.dataset} "
-        "{params.size} --threads {threads} --out {params.out} > {log} 2>&1"
+        "{params.size} --threads {threads} --out {params.out}"
 
 
 # lint: conda (no environment on purpose, see common.smk)
@@ -181,8 +183,9 @@ rule report_track:
     log:
         "logs/report_track/{tdir}report_track.log",
     shell:
+        "python -m rlpipe.watch {log} report_track -- "
         "rlpipe math-report --evals {params.evals} --labels {params.labels} --runs {params.runs} "
-        "--run-labels {params.run_labels} --out {params.out} > {log} 2>&1"
+        "--run-labels {params.run_labels} --out {params.out}"
 
 
 # A user's timed track compares its variants as the keyword track compares its own: its runs are

@@ -212,3 +212,35 @@ def _assert_both_fractions(res: dict) -> None:
     assert res["fraction_of_shape_peak"] / res["fraction_of_device_peak"] == pytest.approx(
         res["device_peak"]["flops_per_s"] / (res["shape_peak_gflops"] * 1e9), rel=2e-3)
     assert res["device_peak_dtype"] == res["device_peak"]["dtype"] and res["peak_note"]
+
+
+def test_update_parts_on_a_gpu_wait_for_their_kernels(monkeypatch):
+    """On CUDA the three parts' clocks stop after a device synchronize (kernels run asynchronously:
+    without it a part's time would be its launches only). CPU-reachable: a stand-in learner on a
+    'cuda' device and a recording synchronize."""
+    from rlpipe.bench import update
+
+    log = []
+
+    class Tensors:
+        def to(self, device):
+            return self
+
+    class FakeLearner:
+        device, pad_id = torch.device("cuda"), 0
+
+        def _accumulate_gradients(self, t, ref, step):
+            log.append("fwd_bwd")
+            return None, None
+
+        def _optimizer_step(self, step):
+            log.append("optimizer")
+
+        def _kl_metrics(self, t, pre_lp, ref, step):
+            log.append("kl_monitor")
+
+    monkeypatch.setattr(update, "build_train_tensors", lambda batch, pad: Tensors())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
+    times = update._timed_step(FakeLearner(), None, 1)
+    assert log == ["sync", "fwd_bwd", "sync", "optimizer", "sync", "kl_monitor", "sync"]
+    assert set(times) == set(update.PARTS)

@@ -80,16 +80,25 @@ def synthetic_batch(batch: int, group: int, prompt_tokens: int, response_tokens:
                         rewards=rewards, advantages=adv)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _timed_step(learner: Learner, batch: RolloutBatch, step: int) -> dict[str, float]:
     """One ``train_step``, its three parts timed (the same calls in the same order)."""
     t = build_train_tensors(batch, learner.pad_id).to(learner.device)
     out = {}
+    _sync(learner.device)  # on a GPU each part's clock stops when its kernels have run, not when launched
     t0 = time.perf_counter()
     _, pre_lp = learner._accumulate_gradients(t, None, step)
+    _sync(learner.device)
     t1 = time.perf_counter()
     learner._optimizer_step(step)
+    _sync(learner.device)
     t2 = time.perf_counter()
     learner._kl_metrics(t, pre_lp, None, step)
+    _sync(learner.device)
     t3 = time.perf_counter()
     out["fwd_bwd"], out["optimizer"], out["kl_monitor"] = t1 - t0, t2 - t1, t3 - t2
     return out

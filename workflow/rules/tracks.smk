@@ -74,7 +74,8 @@ rule pretrain_base:
     shell:
         # rlpipe.watch: the output goes to the log, and the console gets its last line every 15 s
         "python -m rlpipe.watch {log} 'pretrain {wildcards.tdir}base' -- "
-        "rlpipe pretrain --config {resources.config} --corpus {params.corpus} --tokenizer {params.tokenizer} --out {output}"
+        "rlpipe pretrain --config {resources.config} --corpus {params.corpus} --tokenizer {params.tokenizer} "
+        "--out {output}"
 
 
 # One GRPO training job per variant of a track (`rlpipe train`, the Ray trainer).

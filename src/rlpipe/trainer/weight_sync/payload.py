@@ -297,9 +297,14 @@ def copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     interpreter round each, which bounds small-tensor models far below the chip's copy rate).
     The receiver's tensors stay where they are, so CUDA graphs and caches that point at them stay
     valid; that is why this is not a single ``copy_`` into a flat buffer re-pointed as the
-    model's storage. Off the GPU, or across devices, torch runs the same per-tensor copies."""
+    model's storage. Across devices (a GPU model packed into a CPU buffer, or loaded from one) the
+    copies go one by one."""
     with torch.no_grad():
-        torch._foreach_copy_(dst, src)
+        if len({t.device for t in dst} | {t.device for t in src}) <= 1:
+            torch._foreach_copy_(dst, src)
+        else:
+            for d, s in zip(dst, src, strict=True):
+                d.copy_(s)
 
 
 @dataclass

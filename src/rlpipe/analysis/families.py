@@ -267,6 +267,8 @@ def draw_health(fam: Family, out: str | Path, notes: list[str]) -> None:
         handles, labels = axes.flat[0].get_legend_handles_labels()
         if handles:
             fig.legend(handles, labels, loc="upper right", fontsize=7)
+        fig.suptitle(f"{fam.name}: seed means, each point the mean over the {SMOOTH_STEPS} optimizer steps up to it "
+                     "(steps, not logged points: a run logging every 5th step is drawn as logged)", fontsize=9)
         save(fig, out)
     finally:
         plt.close(fig)

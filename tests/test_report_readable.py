@@ -18,9 +18,11 @@ WORKFLOW_RST = Path(__file__).parents[1] / "workflow" / "report" / "workflow.rst
 def test_front_page_lists_variants_as_settings_not_dicts():
     cfg = {"variants": {"onpolicy": {}, "k2": {"mode": "colocated_k", "k": 2},
                         "replay": {"mode": "disaggregated", "replay": {"enabled": True, "size": 8}}}}
-    text = jinja2.Template(WORKFLOW_RST.read_text()).render(snakemake=types.SimpleNamespace(config=cfg))
-    assert "- **k2**: mode: colocated_k, k: 2" in text
-    assert "- **replay**: mode: disaggregated, replay.enabled: True, replay.size: 8" in text
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)  # as snakemake.report renders it
+    text = env.from_string(WORKFLOW_RST.read_text()).render(snakemake=types.SimpleNamespace(config=cfg),
+                                                           categories={}, files={})
+    assert "- **k2**: ``mode: colocated_k``, ``k: 2``\n" in text
+    assert "- **replay**: ``mode: disaggregated``, ``replay.enabled: True``, ``replay.size: 8``\n" in text
     assert "- **onpolicy**: the ``train`` section as it is" in text
     assert "{'" not in text and "comparable across variants" not in text
 

@@ -46,8 +46,12 @@ rule aggregate_metrics:
 rule write_results_page:
     input:
         data=results_page_inputs(),  # the page's tables and what the answers read (common.smk)
+        # the last complete run's duration (setup.smk's onsuccess writes it): once it exists, the next
+        # invocation refreshes the page's Run time section (seconds), nothing else
+        timing=[p for p in [res(run_timing.RUN_TIMING_FILE)] if os.path.exists(p)],
         code=[module_file(f"rlpipe.analysis.{m}") for m in ("results_page", "deliverables", "answers_systems",
-                                                             "answers_math", "family_answer", "results_view")],
+                                                             "answers_math", "family_answer", "results_view",
+                                                             "run_timing")],
     output:
         page=res("RESULTS.md"),
         answers=report(

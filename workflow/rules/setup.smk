@@ -49,7 +49,10 @@ _ONSTART_BEFORE = getattr(workflow, "_onstart", lambda log: None)
 onstart:
     _ONSTART_BEFORE(log)
     _last = run_timing.sentence(run_timing.read(RESULTS))
-    print(f"rlpipe: {len(workflow.dag)} jobs to run (Snakemake prints 'N of M steps done' as they finish; "
+    _todo = _Counter(job.rule.name for job in workflow.dag.needrun_jobs())
+    _runs = _todo["train_variant"] + _todo["train_family_run"]
+    print(f"rlpipe: {len(workflow.dag)} jobs to run, {_runs} of them training runs "
+          "(Snakemake prints 'N of M steps done' as they finish; "
           f"each long job prints its last line, a training job its step and ETA, every 15 s). Expected from "
           f"the last complete run: {_last} Timings (speedups, the benchmarks) are answers only on a quiet "
           "machine.", file=sys.stderr, flush=True)
@@ -62,3 +65,6 @@ onsuccess:
         io.write_json(f"{RESULTS}/{run_timing.RUN_TIMING_FILE}", run_timing.record(
             _c.wall_s, dict(_rules), workflow.cores, {k: getattr(_c, k) for k in RUN_CONDITIONS_KEYS},
             os.path.basename(CONFIG_FILE), _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")))
+        print(f"rlpipe: {run_timing.sentence(run_timing.read(RESULTS))} Recorded in "
+              f"{RESULTS}/{run_timing.RUN_TIMING_FILE}; the next invocation puts it in RESULTS.md.",
+              file=sys.stderr, flush=True)

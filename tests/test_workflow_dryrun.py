@@ -223,7 +223,7 @@ def test_math_config_validates_and_expands_to_the_math_track_only(workdir, tiny_
     assert (track.n_grpo_steps, track.learning_rate, track.rollout_batch_size, track.group_size) == (200, 1e-5, 256, 8)
     assert (track.gradient_accumulation_steps, track.loss_type, track.sampling_max_tokens) == (
         128, "reinforce_with_baseline", 1024)
-    _math_standin(workdir, tiny_qwen, math_fixture)
+    _math_standin(workdir, tiny_qwen, math_fixture, sampling_max_tokens=24)  # the stand-in's context is 512
     out = snakemake(workdir, "-n", "--configfile", "config/math.yaml", "config/standin.yaml").stdout
     rules = dry_run.rules(out)
     assert {"evaluate_model", "train_variant", "report_track"} <= rules, rules

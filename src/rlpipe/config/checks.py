@@ -74,11 +74,6 @@ def _writable(key: str, path: str) -> None:
         raise ConfigError(f"{key}: {path} is not writable{where}")
 
 
-def _tokenizer(key: str, spec: str | None) -> None:
-    if spec is not None and not spec.startswith(TIKTOKEN_PREFIX):
-        _readable(key, spec, "path")
-
-
 def _train_files(key: str, train: dict[str, Any]) -> None:
     text = train.get("text") or {}
     if text.get("template_file"):
@@ -88,24 +83,39 @@ def _train_files(key: str, train: dict[str, Any]) -> None:
         _readable(f"{key}.text.reward", reward.rpartition(":")[0], "file")
 
 
+def _base_model(key: str, path: str) -> None:
+    """A given base model: a local HF directory (config.json) or an rlpipe checkpoint file."""
+    p = Path(path).expanduser()
+    if not (p.is_file() or (p / "config.json").is_file()):
+        raise ConfigError(f"{key}: {path} is not a local HuggingFace model directory (no config.json) nor an rlpipe "
+                          "checkpoint file; rlpipe never downloads models")
+    _readable(key, path, "path")
+
+
 def check_paths(cfg: PipelineConfig, trains: dict[str, dict[str, Any]] | None = None) -> None:
-    """Every path key of ``cfg`` that is set: inputs exist and are readable, the results directory is
-    writable. ``trains`` maps a dotted key to a resolved train section (as plain data) whose
-    template and reward files are checked too (the workflow passes every run's)."""
+    """Every path key of the tracks in ``workflow.tracks`` that is set: inputs exist and are readable
+    (base models first), the results directory is writable. ``trains`` maps a dotted key to a resolved
+    train section (plain data) whose template and reward files are checked too (the workflow passes
+    every run's)."""
+    on = set(cfg.workflow.tracks)
+    models = [("math.base_model_dir", cfg.math.base_model_dir)] if "math" in on else []
+    models += [(f"tracks.{k}.base_model", t.base_model) for k, t in cfg.tracks.items() if t and k in on]
+    for key, value in models:
+        if value:
+            _base_model(key, value)
     d = cfg.data
-    if d.corpus_source == "tinystories" and d.corpus_path:
-        _readable("data.corpus_path", d.corpus_path, "file")
-    if d.keywords_path:
-        _readable("data.keywords_path", d.keywords_path, "file")
-    for prefix, tok, model in [("", cfg.tokenizer, cfg.model), ("math.", cfg.math.tokenizer, cfg.math.model),
-                               *[(f"tracks.{k}.", t.tokenizer, t.model) for k, t in cfg.tracks.items() if t]]:
-        _tokenizer(f"{prefix}tokenizer.path", tok.path)
-        if model.base_checkpoint:
-            _readable(f"{prefix}model.base_checkpoint", model.base_checkpoint, "file")
-    for key, value, kind in [("math.dataset_dir", cfg.math.dataset_dir, "dir"),
-                             ("math.base_model_dir", cfg.math.base_model_dir, "dir"),
-                             *[(f"tracks.{k}.dataset_dir", t.dataset_dir, "dir") for k, t in cfg.tracks.items() if t],
-                             *[(f"tracks.{k}.base_model", t.base_model, "path") for k, t in cfg.tracks.items() if t]]:
+    inputs = [("data.corpus_path", d.corpus_path if d.corpus_source == "tinystories" else None, "file"),
+              ("data.keywords_path", d.keywords_path, "file")] if "keyword" in on else []
+    inputs += [("math.dataset_dir", cfg.math.dataset_dir, "dir")] if "math" in on else []
+    inputs += [(f"tracks.{k}.dataset_dir", t.dataset_dir, "dir") for k, t in cfg.tracks.items() if t and k in on]
+    sections = [("", cfg.tokenizer, cfg.model)] if "keyword" in on else []
+    sections += [("math.", cfg.math.tokenizer, cfg.math.model)] if "math" in on else []
+    sections += [(f"tracks.{k}.", t.tokenizer, t.model) for k, t in cfg.tracks.items() if t and k in on]
+    for prefix, tok, model in sections:
+        if tok.path is not None and not tok.path.startswith(TIKTOKEN_PREFIX):
+            inputs.append((f"{prefix}tokenizer.path", tok.path, "path"))
+        inputs.append((f"{prefix}model.base_checkpoint", model.base_checkpoint, "file"))
+    for key, value, kind in inputs:
         if value:
             _readable(key, value, kind)
     for key, train in (trains or {}).items():

@@ -82,6 +82,10 @@ IDENTITY_KEYS: tuple[str, ...] = (
     "math.arithmetic.min_ops", "math.arithmetic.max_ops", "math.arithmetic.max_operand", "math.arithmetic.max_value",
     "math.arithmetic.corpus_documents", "math.arithmetic.drill_fraction", "math.arithmetic.slip_rate",
     "math.arithmetic.seed", "math.train", "math.variants", "math.eval_size", "math.eval_max_tokens",
+    # the smoke switch's caps (they shrink what every track computes)
+    "smoke.enabled", "smoke.grpo_steps", "smoke.prompts_per_step", "smoke.val_size", "smoke.eval_size",
+    "smoke.pretrain_steps", "smoke.replicates", "smoke.toy_sort_seeds", "smoke.toy_sort_epochs", "smoke.bench_max_mb",
+    "smoke.scaling_sizes", "smoke.scaling_batches", "smoke.scaling_lengths",
     # tables
     "variants",
     "tracks.*.description", "tracks.*.dataset_dir", "tracks.*.dataset_command", "tracks.*.base_model",

@@ -22,9 +22,10 @@ from rlpipe.lm.sampler import ACTIVE_CHECK_EVERY, SamplingParams, _left_pad, gen
 from rlpipe.lm.static_decode import StaticDecodeAdapter
 
 # Largest |recorded - teacher-forced| log-prob of the cudagraph decode's samples (the eager static
-# step through the runner's buffers): measured on the session's micro model over seeds of the prompts
-# and ATEN_CPU_CAPABILITY=avx2 / default / native: 4.8e-6 (RoPE through real cos/sin instead of the
-# full forward's complex64 product, and a one-token step against a full-sequence forward).
+# step through the runner's buffers): measured on the conftest micro model over sampling seeds 0-3,
+# with and without stop strings / min_tokens and as the bench samples, under ATEN_CPU_CAPABILITY=
+# native (AVX-512) / avx2 / default: 1.9e-6 at most (RoPE through real cos/sin instead of the full
+# forward's complex64 product, and a one-token step against a full-sequence forward); 50x below.
 LOGPROB_TOL = 1e-4
 
 
@@ -175,3 +176,18 @@ def test_bench_sampler_cudagraph_rows_run_the_decode_under_the_asked_precision()
         assert {f"{key}_{k}" for k in ("tokens_per_s", "over_eager", "over_hf_generate", "fraction_of_peak",
                                        "capture_s")} <= set(out)
     assert seen == [False] * 3 + [torch.bfloat16] * 3  # the capture call, then two repeats each
+
+
+def test_bench_teacher_forced_gap_is_rounding_for_the_graph_decode_and_large_for_a_wrong_one(policy, decode_check,
+                                                                                               warn_again):
+    """The bench's on-GPU correctness number (``cudagraph_logprob_gap``), checked on CPU where the
+    graph decode runs its buffers eagerly."""
+    from rlpipe.bench.sampler import teacher_forced_gap
+
+    params = SamplingParams(n=2, temperature=0.8, max_tokens=10, min_tokens=10, seed=1)  # as the bench samples
+    with pytest.warns(RuntimeWarning):
+        g = generate(policy.model, policy.tokenizer, decode_check.PROMPTS, params, decode="cudagraph")
+    eos = policy.tokenizer.eos_token_id
+    assert teacher_forced_gap(policy.model, g, eos) <= LOGPROB_TOL
+    g.logprobs = [lp.roll(1) for lp in g.logprobs]  # each token scored one position off
+    assert teacher_forced_gap(policy.model, g, eos) > 100 * LOGPROB_TOL

@@ -29,7 +29,10 @@ Prints ONE JSON line (and with ``--out`` also writes it atomically):
   the fixed-shape step replayed from a CUDA graph (``generate(decode="cudagraph")``,
   ``rlpipe.lm.cuda_graph_decode``), in the model's fp32 and under bf16 autocast (``train.dtype:
   bfloat16``, the GPU config), against the eager sampler in fp32 and HF ``generate``; the capture
-  time is the first call's wall minus a steady call's. CUDA only (``--device cuda``).
+  time is the first call's wall minus a steady call's. ``cudagraph_logprob_gap`` /
+  ``cudagraph_bf16_logprob_gap``: the largest difference between the log-probs the graph decode
+  recorded and a full eager forward's over the same tokens in the same precision
+  (``teacher_forced_gap``): float rounding when the graph is right. CUDA only (``--device cuda``).
 - ``best_over_hf_generate``: the fastest of our decodes on our model against HF ``generate`` on
   the HF model of the same shape (the same FLOPs per token).
 - ``kv_fraction_of_device_peak`` (and ``compiled_``/``aot_fraction_of_device_peak``): the same
@@ -190,6 +193,10 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
                                  hf_gen_s)
         out["cudagraph_bf16_fraction_of_device_peak"] = fraction(
             kv_flops / bf16_s, device_peak(dev, torch.bfloat16)["flops_per_s"])
+        for key, dtype in (("cudagraph", "float32"), ("cudagraph_bf16", "bfloat16")):
+            with autocast(dev, dtype):
+                g = generate(model, tok, prompts[:8], params, device=dev, decode="cudagraph")
+                out[f"{key}_logprob_gap"] = teacher_forced_gap(model, g, eos=tok.eos_token_id)
     for key in ("compiled", "aot", "cudagraph"):
         if f"{key}_tokens_per_s" in out:  # the same tokens and FLOPs at that rate
             out[f"{key}_fraction_of_device_peak"] = fraction(
@@ -218,6 +225,25 @@ def _under(dtype: str, dev: torch.device, fn):
             fn()
         _sync(dev)
     return run
+
+
+def teacher_forced_gap(model, g, eos: int) -> float:
+    """Largest |recorded - teacher-forced| log-prob over the sampled tokens of ``g``: each row's
+    tokens scored by one full forward of ``model`` (the eager kernels) under the distribution they were
+    drawn from (``logits / T``, EOS masked in the ``min_tokens`` window), in the caller's precision.
+    A correct decode differs from it by float rounding only; a wrong one (stale cache, wrong position)
+    by far more. Never compares tokens across kernels."""
+    params, dev = g.params, next(model.parameters()).device
+    gaps = [0.0]
+    with torch.inference_mode():
+        for prompt, resp, lp in zip(g.prompt_ids, g.response_ids, g.logprobs, strict=True):
+            ids = torch.tensor(prompt + resp, device=dev)[None]  # (1, P + T)
+            logits = model(ids)[0, len(prompt) - 1:-1].float()  # (T, V)
+            logits[:params.min_tokens, eos] = float("-inf")
+            ref = torch.log_softmax(logits / (params.temperature or 1.0), -1)  # (T, V)
+            ref = ref.gather(-1, torch.tensor(resp, device=dev)[:, None])[:, 0]  # (T,)
+            gaps.append(float((lp.to(dev) - ref).abs().max()))
+    return float(f"{max(gaps):.3g}")
 
 
 def _cudagraph_rows(out: dict, key: str, eager, graph, flops: float, peak: float, repeats: int,

@@ -81,6 +81,7 @@ from rlpipe.bench.flops import device_memcpy, fraction
 from rlpipe.config import WeightSyncConfig
 from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.model import ModelConfig, TransformerLM
+from rlpipe.trainer.run import local_ray_metrics_off
 from rlpipe.trainer.weight_sync import (
     BackendUnavailableError,
     ObjectStoreTransport,
@@ -442,7 +443,8 @@ def _start_ray(num_cpus: int, thp: bool) -> Any:
     import ray
 
     env = {"env_vars": {"THP_MEM_ALLOC_ENABLE": "1"}} if thp else None
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env,
+             **local_ray_metrics_off())  # no metrics exporter on fixed ports (rlpipe.trainer.run)
     return ray
 
 

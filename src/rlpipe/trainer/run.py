@@ -179,6 +179,15 @@ LOCAL_RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False}
 METRICS_PORT_VARIABLES = ("DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")
 
 
+def local_ray_metrics_off() -> dict:
+    """``ray.init`` keyword arguments for a local instance with the metrics exporters off or moved
+    (``LOCAL_RAY_SYSTEM_CONFIG``; sets ``METRICS_PORT_VARIABLES`` in this process's environment,
+    which the instance's processes inherit, unless the user set them)."""
+    for name in METRICS_PORT_VARIABLES:
+        os.environ.setdefault(name, "0")
+    return {"_system_config": dict(LOCAL_RAY_SYSTEM_CONFIG)}
+
+
 def _init_ray(cfg, num_cpus: float):
     """Start a local Ray instance, or attach to ``ray.address``. For a local one, the watchdog that
     stops it if this process is killed (``rlpipe.trainer.ray_reaper``); None when attached."""
@@ -205,12 +214,10 @@ def _init_ray(cfg, num_cpus: float):
     # but its agent adds ~0.8 s to every actor start (measured side by side; ray.init unchanged),
     # paid by each actor of the default pipeline's ~35 runs.
     os.environ.setdefault("PYTHONWARNINGS", quiet)
-    for name in METRICS_PORT_VARIABLES:  # see METRICS_PORT_VARIABLES
-        os.environ.setdefault(name, "0")
     with _loopback_only():
         ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
                  dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
-                 logging_level=logging.WARNING, configure_logging=True, _system_config=LOCAL_RAY_SYSTEM_CONFIG)
+                 logging_level=logging.WARNING, configure_logging=True, **local_ray_metrics_off())
     return ray_reaper.start(ray._private.worker.global_worker.node.get_session_dir_path())
 
 

@@ -81,15 +81,17 @@ def test_snakemake_refuses_an_existing_result_given_as_a_config_file_in_one_line
 
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "config" / "README.md", ROOT / "Snakefile",
         *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "config").glob("*.yaml")),
-        *sorted((ROOT / "examples").rglob("*.yaml")), *sorted((ROOT / "workflow" / "profiles").rglob("*.yaml"))]
+        *sorted((ROOT / "examples").rglob("*.yaml")), *sorted((ROOT / "examples").rglob("*.md")),
+        *sorted((ROOT / "workflow" / "profiles").rglob("*.yaml")), *sorted((ROOT / "workflow" / "report").glob("*.rst")),
+        *sorted((ROOT / ".ci").glob("*"))]
 
 
 def configfile_arguments(text: str) -> list[str]:
-    """Every word that a documented ``--configfile`` takes (up to an option, a shell separator or the
-    end of the command)."""
+    """Every path that a documented ``--configfile`` takes (the words up to an option, a shell
+    separator, a comment or the end of the line that look like a path: ``a/b``, ``x.ext``)."""
     out = []
-    for m in re.finditer(r"--configfile((?:[ \t]+[^\s`|&;)<>-][^\s`|&;)<>]*)+)", text):
-        out += m.group(1).split()
+    for m in re.finditer(r"--configfile((?:[ \t]+[^\s`|&;)<>#-][^\s`|&;)<>]*)+)", text):
+        out += [w for w in m.group(1).split() if re.search(r"\w[/.]\w", w)]
     return out
 
 
@@ -103,3 +105,4 @@ def test_the_docs_check_finds_a_target_after_configfile():
     text = "`snakemake --cores all --configfile config/study.yaml results/families/x/report/family.json`"
     assert configfile_arguments(text) == ["config/study.yaml", "results/families/x/report/family.json"]
     assert configfile_arguments("snakemake --configfile a.yaml --resources gpu=2 && x") == ["a.yaml"]
+    assert configfile_arguments("--configfile config/smoke.yaml  # a smoke run, the same way") == ["config/smoke.yaml"]

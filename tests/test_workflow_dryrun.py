@@ -351,7 +351,8 @@ def test_operational_settings_rerun_nothing_and_a_moved_project_neither(workdir,
     (workdir / "config/ops.yaml").write_text(yaml.safe_dump({
         "train": {"ray_timeout_s": 7200.0, "threads": 2, "checkpoint_every": 1, "log_rollouts_every": 1,
                   "weight_sync": {"timeout_s": 900.0}},
-        "logging": {"flush_every_s": 60.0}, "pretrain": {"threads": 1}, "ray": {"include_dashboard": True}}))
+        "logging": {"flush_every_s": 60.0}, "pretrain": {"threads": 1}, "ray": {"include_dashboard": True},
+        "workflow": {"threads_per_variant": 1, "family_threads": 2}}))
     (workdir / "config/lr.yaml").write_text(yaml.safe_dump({"train": {"learning_rate": 1e-3}}))
 
     def planned(root: Path, *overlays: str) -> list:

@@ -79,7 +79,11 @@ def _run_trains(cfg) -> dict:
 
 
 # Every key is checked before any job, the paths included (rlpipe.config.checks: inputs exist and are
-# readable, workflow.results_dir is writable), so that no job starts on an input it cannot read.
+# readable, workflow.results_dir is writable), so that no job starts on an input it cannot read. A
+# job that fails leaves the workflow worse off whatever the job does: Snakemake deletes its outputs
+# before it starts, and records the failed job's params against them even when the outputs are
+# flagged update() (which restores the old file: its next run with those params would then take the
+# old output as theirs). So a bad input is refused here, where nothing has been touched yet.
 try:
     CFG = parse_config(config)
     check_paths(CFG, _run_trains(CFG))

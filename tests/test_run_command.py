@@ -82,7 +82,8 @@ def test_snakemake_refuses_an_existing_result_given_as_a_config_file_in_one_line
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "config" / "README.md", ROOT / "Snakefile",
         *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "config").glob("*.yaml")),
         *sorted((ROOT / "examples").rglob("*.yaml")), *sorted((ROOT / "examples").rglob("*.md")),
-        *sorted((ROOT / "workflow" / "profiles").rglob("*.yaml")), *sorted((ROOT / "workflow" / "report").glob("*.rst")),
+        *sorted((ROOT / "workflow" / "profiles").rglob("*.yaml")),
+        *sorted((ROOT / "workflow" / "report").glob("*.rst")),
         *sorted((ROOT / ".ci").glob("*"))]
 
 

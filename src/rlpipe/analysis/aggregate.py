@@ -258,6 +258,13 @@ def conditions_stats(info: dict) -> dict:
             "contended": cond.get("contended") is True}
 
 
+def gpu_busy(info: dict) -> float:
+    """NVML's busy fraction of the run's GPUs over its training loop (run_info ``gpu_busy``); NaN on
+    CPU, where NVML could not be read, or for a run that recorded none."""
+    v = (info.get("gpu_busy") or {}).get("busy_fraction") if isinstance(info.get("gpu_busy"), dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
 def overlap_numbers(phases: dict[str, float], wall: float) -> dict:
     t_gen = sum(phases.get(p, 0.0) or 0.0 for p in GEN_PHASES)
     t_train = sum(phases.get(p, 0.0) or 0.0 for p in TRAIN_PHASES)
@@ -309,6 +316,7 @@ def run_row(run: RunData) -> dict:
         "replay_age_mean": float(col(run.metrics, "replay/age_mean").mean()),
         **conditions_stats(info),
         **provenance_stats(info),
+        "gpu_busy": gpu_busy(info),
     }
     row.update(overlap_numbers(phases, wall) if mode == "disaggregated" else
                {"t_gen_s": math.nan, "t_train_s": math.nan, "overlap_bound": math.nan,

@@ -122,7 +122,14 @@ RUN_INFO_KEYS = ("variant", "mode", "devices", "device_type", "threads", "wall_t
                  "total_samples", "total_optimizer_steps", "transport", "backend", "finished")
 #: Extra keys the drivers add (k of colocated_k, replay enabled, the variant's train config) and
 #: ``rlpipe train`` adds (``conditions``: the machine's load over the run, see below).
-RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions", "provenance", "gpu_fraction")
+RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions", "provenance", "gpu_fraction", "phase_split",
+                          "gpu_busy")
+#: run_info ``phase_split``: median seconds per optimizer step of each timed phase, of the step's
+#: time no stacked phase covers (``other``) and of the step itself (``rlpipe.trainer.profiling``).
+PHASE_SPLIT_KEYS = (*TIMED_PHASES, OTHER, "step")
+#: run_info ``gpu_busy``: NVML's busy fraction of the job's GPUs over the training loop, mean and per
+#: GPU; ``busy_fraction`` is None, with the ``reason``, on CPU or where NVML cannot be read.
+GPU_BUSY_KEYS = ("busy_fraction", "per_device", "samples", "interval_s", "reason")
 #: run_info ``conditions``: what else the machine was doing while the run was timed
 #: (``rlpipe.trainer.conditions``; ``None`` = not measured). ``contended`` marks timings taken while
 #: other processes took the run's CPU; the report draws no timing conclusion from such a run.

@@ -114,6 +114,9 @@ def _profiling(table: pd.DataFrame, metrics: pd.DataFrame, ref: str, title: str)
     s = [f"In '{ref}' ({fsec(r['wall_time_s'])} wall time): {parts}.",
          f"{top} dominates" + (f", {known[top] / known['update']:.1f}x the update time" if known.get("update")
                                and top != "update" else "") + (f": {why}." if why else ".") + val]
+    if not nan(r.get("gpu_busy", math.nan)):  # NVML, sampled over the training loop (GPU runs only)
+        s.append(f"Its GPU was busy {fpct(r['gpu_busy'])} of the training loop (NVML: the share of time some "
+                 "kernel ran, not of the chip's capacity).")
     if contended(r):
         s.append(f"'{ref}' was timed under contention (other processes took {fpct(r.get('other_cpu_frac'))} of the "
                  "CPUs): its phase times include waiting for a core, so its shares may be skewed.")

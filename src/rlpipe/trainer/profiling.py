@@ -1,23 +1,43 @@
-"""Phase timing for the driver and the actors (verl's ``marked_timer`` idea).
+"""Phase timing for the driver and the actors (verl's ``marked_timer`` idea), and the GPU busy fraction.
 
 Each actor owns a ``Profiler``; work is wrapped in ``with prof.phase("generate", step, version)``.
 Events carry absolute wall times (``time.time()``: comparable across processes on one host, and
 across NTP-synced hosts to a few ms); the run writer converts them to seconds since run start.
 The driver drains actors' events once per step, so nothing accumulates unboundedly. Phase names
 are ``rlpipe.analysis.contract.PHASES`` (re-exported here).
+
+A run's summary of both goes into ``run_info.json``:
+- ``phase_split`` (``phase_split``): the median seconds per optimizer step of each timed phase,
+  ``other`` (the step's wall time that no stacked phase covers: driver work, Ray calls, host
+  synchronisation; 0 where phases overlap, as generation and training do in a disaggregated run) and
+  ``step`` (the median step time). Medians, so that the first steps' warm-up and a checkpoint
+  step do not weigh in.
+- ``gpu_busy`` (``GpuBusy``): NVML's utilisation of the job's GPUs (``torch.cuda.utilization``, which
+  reads NVML and does not initialise CUDA in the driver; ``nvidia-smi`` where the pynvml package is
+  missing, as in some CUDA images), sampled every ``GPU_BUSY_INTERVAL_S`` by a
+  background thread of the driver over the training loop (from the run's clock start, after the
+  initial validation). NVML's figure is the share of its sample period in which some kernel ran: a
+  launch-bound loop of small kernels reads busy while it uses a sliver of the chip. ``null``, with
+  the reason, on CPU or where NVML cannot be read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import statistics
+import subprocess
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from rlpipe.analysis.contract import PHASES, TIMED_PHASES, metric_time_column
+from rlpipe.analysis.contract import OTHER, PHASES, STEP_STACK_PHASES, TIMED_PHASES, metric_time_column
 from rlpipe.rl.records import PhaseEvent
 
-__all__ = ["PHASES", "Profiler", "seconds_by_phase"]
+__all__ = ["PHASES", "GpuBusy", "Profiler", "phase_split", "seconds_by_phase"]
+
+GPU_BUSY_INTERVAL_S = 0.2
 
 
 class Profiler:
@@ -49,3 +69,88 @@ def seconds_by_phase(events: list[PhaseEvent]) -> dict[str, float]:
     for e in events:
         out[e.phase] += e.seconds
     return {metric_time_column(p): float(out.get(p, 0.0)) for p in TIMED_PHASES}
+
+
+def phase_split(rows: list[dict]) -> dict[str, float | None]:
+    """Median seconds per optimizer step of each timed phase, ``other`` and ``step`` (see the module
+    docstring), over the metrics ``rows`` of trained steps (step > 0, with a previous row to time
+    the step from); None where no step has the value."""
+    rows = sorted(rows, key=lambda r: r["step"])
+    per: dict[str, list[float]] = defaultdict(list)
+    for prev, row in zip(rows, rows[1:], strict=False):
+        if row["step"] <= 0:
+            continue
+        dt = row["wall_time"] - prev["wall_time"]
+        phases = {p: row.get(metric_time_column(p)) for p in TIMED_PHASES}
+        for p, v in phases.items():
+            if v is not None and v == v:
+                per[p].append(float(v))
+        if dt == dt and all(phases[p] is not None and phases[p] == phases[p] for p in STEP_STACK_PHASES):
+            per["step"].append(float(dt))
+            per[OTHER].append(max(dt - sum(phases[p] for p in STEP_STACK_PHASES), 0.0))
+    return {k: (statistics.median(per[k]) if per[k] else None) for k in (*TIMED_PHASES, OTHER, "step")}
+
+
+class GpuBusy:
+    """The GPU busy fraction of the job's ``gpus`` GPUs, sampled in a background thread (see the
+    module docstring). ``read`` returns one utilisation percentage per GPU (default: NVML through
+    ``torch.cuda.utilization``)."""
+
+    def __init__(self, gpus: int, interval_s: float = GPU_BUSY_INTERVAL_S,
+                 read: Callable[[], list[float]] | None = None):
+        self.gpus, self.interval_s = gpus, interval_s
+        self.samples: list[tuple[float, list[float]]] = []  # (time.time(), percent per GPU)
+        self.reason: str | None = None  # why there is no figure
+        self._read = read or self._nvml
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _nvml(self) -> list[float]:
+        """NVML through torch (the job's GPUs: indices into CUDA_VISIBLE_DEVICES, which the GPU slots
+        set); without the pynvml package, NVML through ``nvidia-smi``."""
+        import torch
+
+        try:
+            return [float(torch.cuda.utilization(i)) for i in range(self.gpus)]  # an index: no CUDA init here
+        except ModuleNotFoundError:
+            visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+            ids = ",".join(visible[: self.gpus] or [str(i) for i in range(self.gpus)])
+            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                  "-i", ids], capture_output=True, text=True, timeout=5, check=True).stdout
+            return [float(x) for x in out.split()]
+
+    def start(self, remote: bool = False) -> GpuBusy:
+        """Start sampling; ``remote``: the actors run on a Ray cluster this process cannot read."""
+        if self.gpus <= 0 or remote:
+            self.reason = ("the actors run on an attached Ray cluster: their GPUs are not this machine's" if remote
+                           else "no GPU: the run's device is the CPU")
+            return self
+        try:
+            self._read()  # fails here, once, where NVML is unavailable (no driver, no pynvml)
+        except Exception as e:  # torch raises ModuleNotFoundError, pynvml its own NVMLError types
+            self.reason = f"NVML cannot be read: {type(e).__name__}: {e}"
+            return self
+        self._thread = threading.Thread(target=self._run, name="rlpipe-gpu-busy", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.samples.append((time.time(), self._read()))
+            except Exception as e:  # a GPU lost mid-run: keep what was sampled
+                self.reason = f"NVML stopped answering: {type(e).__name__}: {e}"
+                return
+
+    def stop(self, since: float) -> dict:
+        """Stop sampling; the summary of the samples taken at or after ``since`` (``time.time()``)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        kept = [v for t, v in self.samples if t >= since and v]
+        if not kept:
+            return {"busy_fraction": None, "per_device": [], "samples": 0, "interval_s": self.interval_s,
+                    "reason": self.reason or "no sample in the training loop (shorter than the interval)"}
+        per_device = [statistics.fmean(v[d] for v in kept) / 100 for d in range(min(len(v) for v in kept))]
+        return {"busy_fraction": statistics.fmean(per_device), "per_device": per_device, "samples": len(kept),
+                "interval_s": self.interval_s, "reason": None}

@@ -93,6 +93,7 @@ from rlpipe.trainer.drivers.common import ActorFailure, RunContext, TrainingDive
 from rlpipe.trainer.drivers.disaggregated import run_disaggregated
 from rlpipe.trainer.gpu_slots import acquire_gpus
 from rlpipe.trainer.lock import RunDirError, RunLockedError, run_lock
+from rlpipe.trainer.profiling import GpuBusy
 from rlpipe.trainer.resume import ResumeError
 from rlpipe.trainer.run_writer import SnapshotError, read_snapshot
 from rlpipe.trainer.stop import StopInterrupted, StopRequested, signal_name
@@ -332,9 +333,12 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
             own_tree = not cfg.ray.address
             start = conditions.sample(own_tree)
             ctx.stop.install()  # after ray.init, which installs its own SIGTERM handler
+            busy = GpuBusy(gpus).start(remote=bool(cfg.ray.address))
             try:
                 info = _drive(ctx, gpus)
+                info["gpu_busy"] = busy.stop(since=ctx.writer.t0)  # the training loop: from the run's clock start
             except BaseException as e:  # the rows since the last (throttled) flush show how far the run got
+                busy.stop(since=ctx.writer.t0)
                 with contextlib.suppress(Exception):
                     ctx.writer.flush()
                 if ctx.stop.requested:  # whatever ended the loop after a stop signal, the run was stopped
@@ -346,6 +350,8 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
             ctx.writer.finish(info)
             resume_policy.mark_finished(ctx.out_dir)
         finally:
+            with contextlib.suppress(Exception):  # raised above already, if it failed
+                ctx.writer.close()
             try:
                 if owns_ray:
                     try:

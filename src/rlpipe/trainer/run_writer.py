@@ -11,6 +11,16 @@ outputs, so the run directory's copies may be gone by the time the job is rerun)
 the snapshot is read back and cut at the checkpoint's step, so the resumed run's steps continue
 without duplicates or gaps; wall times continue from the last recorded one.
 
+The writing happens on a writer thread (a bounded queue of whole-state copies taken at the flush
+call, so that the loop can go on changing its rows meanwhile): ``flush_if_due`` hands the work over
+and returns at once, so a round's rewrite costs the loop only the copy of its rows. Every other
+flush (a checkpoint's snapshot, which must be on disk before the checkpoint is; the end of the run; a
+failure or a stop) waits until everything queued and itself are written, and ``close`` ends the
+thread after the same wait. A write that fails on the thread is raised by the next call of the
+loop. A crash mid-write (the thread is a daemon: a killed process does not wait for it) leaves the
+previous file and a temporary file of ``rlpipe.io``'s naming, which the next run deletes; never a
+torn file. ``background=False`` writes in the calling thread (same files, byte for byte).
+
 A snapshot that cannot be read (truncated or corrupt parquet/JSONL), lacks the metrics file, or
 does not reach the checkpoint's step raises ``SnapshotError`` naming the file (``check_snapshot``
 runs before Ray starts; ``resume_from`` reads through the same checks) rather than failing inside
@@ -20,6 +30,8 @@ pandas or pyarrow or resuming with a gap in the steps.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -79,13 +91,22 @@ def read_snapshot(run_dir: str | Path, step: int) -> dict[str, list[dict]]:
     return out
 
 
+#: queued whole-state writes at most (a flush beyond it waits for the writer: memory stays bounded)
+QUEUE_SIZE = 2
+
+
 class RunWriter:
-    def __init__(self, out_dir: str | Path, tensorboard: bool = False, flush_every_s: float = 0.0):
+    def __init__(self, out_dir: str | Path, tensorboard: bool = False, flush_every_s: float = 0.0,
+                 background: bool = True):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time()
         self.flush_every_s = flush_every_s  # flush_if_due writes at most this often (0: every call)
         self._flushed_at = -math.inf
+        self.background = background
+        self._queue: queue.Queue | None = None  # of (snapshot, state) writes; None until the first
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None  # a failed background write, raised by the next call
         self.rows: list[dict] = []
         self.events: list[dict] = []
         self.versions: list[dict] = []
@@ -152,35 +173,88 @@ class RunWriter:
 
     # -- output ---------------------------------------------------------------------------------
     def flush_if_due(self) -> bool:
-        """``flush()`` unless the last one was under ``flush_every_s`` seconds ago; True if it wrote."""
+        """A flush, handed to the writer thread, unless the last one was under ``flush_every_s``
+        seconds ago; True if it was made."""
         if time.monotonic() - self._flushed_at < self.flush_every_s:
             return False
-        self.flush()
+        self.flush(wait=False)
         return True
 
-    def flush(self, snapshot: bool = False) -> None:
-        """Write every output; ``snapshot`` also writes the copy that ``resume_from`` reads."""
+    def flush(self, snapshot: bool = False, wait: bool = True) -> None:
+        """Write every output; ``snapshot`` also writes the copy that ``resume_from`` reads (and
+        always waits: a checkpoint follows it). ``wait=False``: return once the state is queued."""
+        self._raise_error()
         self._flushed_at = time.monotonic()
+        state = {"rows": [dict(r) for r in self.rows], "events": list(self.events),
+                 "versions": list(self.versions), "rollouts": list(self.rollouts)}
+        if not self.background:
+            return self._write_state(snapshot, state)
+        if self._thread is None:
+            self._queue = queue.Queue(maxsize=QUEUE_SIZE)
+            self._thread = threading.Thread(target=self._work, name="rlpipe-run-writer", daemon=True)
+            self._thread.start()
+        self._queue.put((snapshot, state))  # blocks while QUEUE_SIZE writes are pending
+        if wait or snapshot:
+            self.wait()
+
+    def wait(self) -> None:
+        """Until every queued write is on disk; raises a write's failure."""
+        if self._queue is not None:
+            self._queue.join()
+        self._raise_error()
+
+    def close(self) -> None:
+        """Wait for the queued writes, then end the writer thread (a later flush starts another)."""
+        if self._thread is None:
+            return
+        try:
+            self.wait()
+        finally:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = self._queue = None
+
+    def _raise_error(self) -> None:
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:  # after a failure, nothing more until the loop has heard of it
+                    self._write_state(*job)
+            except BaseException as e:  # handed to the loop, which raises it
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def _write_state(self, snapshot: bool, state: dict) -> None:
         for d in (self.dir, self.dir / contract.CHECKPOINT_DIR) if snapshot else (self.dir,):
-            self._write(d)
+            self._write(d, state)
         if self.tensorboard:
             if self._tb is None:
                 self._tb = TensorBoardLogger(self.dir / contract.TENSORBOARD_DIR,
                                              after_step=self._resumed_at)
-            self._tb.log_rows(self.rows)
+            self._tb.log_rows(state["rows"])
 
-    def _write(self, d: Path) -> None:
-        metrics = pd.DataFrame(self.rows, columns=list(contract.METRIC_COLUMNS))
+    @staticmethod
+    def _write(d: Path, state: dict) -> None:
+        metrics = pd.DataFrame(state["rows"], columns=list(contract.METRIC_COLUMNS))
         for c in contract.METRIC_INT_COLUMNS:
             metrics[c] = metrics[c].astype("int64")
         io.write_parquet(d / contract.METRICS_FILE, metrics.sort_values("step"))
-        ev = pd.DataFrame(self.events, columns=list(contract.EVENT_COLUMNS))
+        ev = pd.DataFrame(state["events"], columns=list(contract.EVENT_COLUMNS))
         io.write_parquet(d / contract.EVENTS_FILE, ev.astype({c: "int64" for c in contract.EVENT_INT_COLUMNS}))
-        vs = pd.DataFrame(self.versions, columns=list(contract.VERSION_COLUMNS))
+        vs = pd.DataFrame(state["versions"], columns=list(contract.VERSION_COLUMNS))
         io.write_parquet(d / contract.VERSIONS_FILE, vs.astype({c: "int64" for c in contract.VERSION_INT_COLUMNS}))
-        io.write_jsonl(d / contract.ROLLOUTS_FILE, self.rollouts)
+        io.write_jsonl(d / contract.ROLLOUTS_FILE, state["rollouts"])
 
     def finish(self, info: dict) -> None:
         self.flush()
+        self.close()
         io.write_json(self.dir / contract.RUN_INFO_FILE,
                       {**info, "wall_time_s": self.rel(time.time()), "finished": True})

@@ -64,6 +64,7 @@ from rlpipe.rl.grpo import (
     pack_token_ids,
 )
 from rlpipe.rl.records import RolloutBatch, UpdateResult, VersionEvent
+from rlpipe.trainer.actors.checkpoint_writer import CheckpointWriter
 from rlpipe.trainer.actors.reference import policy_log_probs, token_log_probs
 from rlpipe.trainer.profiling import Profiler
 
@@ -113,7 +114,10 @@ def response_log_probs(model, t: TrainTensors, train_cfg, entropy: bool = False)
 
 class Learner:
     def __init__(self, checkpoint: str, train_cfg, *, tokenizer: str | None = None, threads: int = 1,
-                 profiler: Profiler | None = None):
+                 profiler: Profiler | None = None, background_checkpoints: bool = False):
+        """``background_checkpoints``: ``save`` returns once the state is copied and the file is
+        written on a thread (``checkpoint_writer``; ``wait_saved`` waits for it), as the trainer's
+        actors do; otherwise ``save`` returns once the file is written."""
         setup_process(threads, train_cfg.seed)
         self.cfg = train_cfg
         self.sizes = train_cfg.derived()
@@ -127,6 +131,7 @@ class Learner:
         self.diverged: str | None = None  # why the weights can no longer be trusted (set on divergence)
         self.prof = profiler or Profiler("learner")
         self.version_log: list[VersionEvent] = [VersionEvent("learner", 0, time.time(), "init")]
+        self.checkpoints = CheckpointWriter(background=background_checkpoints)
 
     # -- old log-probs (seed 001 Problem 13) ---------------------------------------------------
     def recompute_old_logprobs(self, batch: RolloutBatch, step: int) -> RolloutBatch:
@@ -155,16 +160,17 @@ class Learner:
             raise ValueError(f"train_step got {len(batch)} rows, expected train.train_batch_size="
                              f"{self.cfg.train_batch_size}")
         with self.prof.phase("update", step, self.version):
-            t = build_train_tensors(batch, self.pad_id).to(self.device)
+            cpu = build_train_tensors(batch, self.pad_id)
+            tokens = int(cpu.response_mask.sum())  # on the host, before the copy: no device sync
+            t = cpu.to(self.device)
             ref = None if ref_log_probs is None else ref_log_probs.to(self.device)
-            staleness = (self.version - batch.versions()).float()  # (B,)
-            metrics, pre_lp = self._accumulate_gradients(t, ref, step)
-            metrics["optim/grad_norm"] = self._optimizer_step(step)
-            if self.kl_due(step):
-                metrics.update(self._kl_metrics(t, pre_lp, ref, step))
+            staleness = (self.version - batch.versions()).float()  # (B,) on the host
+            sums, pre_lp = self._accumulate_gradients(t, ref, step)
+            metrics = self._optimizer_step(step, sums)
+            metrics.update(self._after_update(t, pre_lp, ref, step))
         metrics["staleness/mean"] = float(staleness.mean())
         metrics["staleness/max"] = float(staleness.max())
-        return UpdateResult(self.version, metrics, len(batch), int(t.response_mask.sum()))
+        return UpdateResult(self.version, metrics, len(batch), tokens)
 
     def kl_due(self, step: int) -> bool:
         """Whether optimizer step ``step`` measures the KLs (``train.kl_monitor_every``); always with a
@@ -180,12 +186,15 @@ class Learner:
                                   f"checkpointed. Lower train.learning_rate (now {self.cfg.learning_rate:g})")
 
     def _accumulate_gradients(self, t: TrainTensors, ref: torch.Tensor | None, step: int):
+        """Forward and backward of every microbatch. Returns the per-microbatch losses and the
+        summed metrics as device tensors (read on the host once, by ``_optimizer_step``: a read per
+        microbatch would stall the device each time) and the pre-step log-probs (B, T)."""
         c, mb = self.cfg, self.sizes.micro_train_batch_size
         gas = c.gradient_accumulation_steps
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         pre_lp = torch.zeros_like(t.old_log_probs)  # (B, T)
-        sums = {"loss/policy": 0.0, "loss/clip_frac": 0.0, "policy/entropy": 0.0}
+        losses, clips, ents = [], [], []
         for s in range(0, t.input_ids.shape[0], mb):
             sl, m = slice(s, s + mb), t.rows(slice(s, s + mb))
             with autocast(self.device, c.dtype):
@@ -197,46 +206,66 @@ class Learner:
                 length_normalization=c.length_normalization,
                 normalize_constant=c.normalize_constant or float(c.sampling_max_tokens),
                 ref_log_probs=None if ref is None else ref[sl], kl_coef=c.kl_coef)
-            if not torch.isfinite(loss):
-                raise self._diverged(step, f"non-finite loss {float(loss)}", updated=False)
             pre_lp[sl] = lp.detach()
-            sums["loss/policy"] += float(loss)
-            sums["loss/clip_frac"] += float(md.get("loss/clip_frac", 0.0)) / gas
-            sums["policy/entropy"] += float(masked_mean_or_zero(out["token_entropy"].float(), m.response_mask)) / gas
-        return sums, pre_lp
+            losses.append(loss.detach().float())
+            clips.append(torch.as_tensor(md.get("loss/clip_frac", 0.0), device=self.device).float())
+            ents.append(masked_mean_or_zero(out["token_entropy"].float(), m.response_mask).detach())
+        return {"losses": losses, "clips": clips, "entropies": ents}, pre_lp
 
-    def _optimizer_step(self, step: int) -> float:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
-        if not math.isfinite(grad_norm):
+    def _optimizer_step(self, step: int, sums: dict) -> dict[str, float]:
+        """Clip and step, unless a loss or the gradient norm is not finite; the step's loss metrics.
+        The losses, metrics and gradient norm come to the host in one transfer: the one
+        synchronisation the step needs before it may change the weights."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        n, gas = len(sums["losses"]), self.cfg.gradient_accumulation_steps
+        host = torch.stack([*sums["losses"], *sums["clips"], *sums["entropies"], grad_norm.float()]).tolist()
+        losses, clips, ents, norm = host[:n], host[n:2 * n], host[2 * n:3 * n], host[-1]
+        bad_loss = next((v for v in losses if not math.isfinite(v)), None)
+        if bad_loss is not None or not math.isfinite(norm):
             self.opt.zero_grad(set_to_none=True)
-            raise self._diverged(step, f"non-finite gradient norm {grad_norm}", updated=False)
+            what = f"non-finite loss {bad_loss}" if bad_loss is not None else f"non-finite gradient norm {norm}"
+            raise self._diverged(step, what, updated=False)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        bad = non_finite_tensors(dict(self.model.named_parameters()), limit=3)
-        if bad:
-            raise self._diverged(step, f"the update made parameters non-finite: {', '.join(bad)}", updated=True)
-        self.version += 1
-        self.version_log.append(VersionEvent("learner", self.version, time.time(), "optimizer_step"))
-        return grad_norm
+        return {"loss/policy": sum(losses), "loss/clip_frac": sum(c / gas for c in clips),
+                "policy/entropy": sum(e / gas for e in ents), "optim/grad_norm": norm}
 
-    @torch.no_grad()
-    def _kl_metrics(self, t: TrainTensors, pre_lp: torch.Tensor, ref: torch.Tensor | None,
-                    step: int) -> dict[str, float]:
-        self.model.eval()
-        with autocast(self.device, self.cfg.dtype):
-            post = response_log_probs(self.model, t, self.cfg)["log_probs"].float()
-        self.model.train()
-        n_bad = int((~torch.isfinite(post) & t.response_mask).sum())
+    def _after_update(self, t: TrainTensors, pre_lp: torch.Tensor, ref: torch.Tensor | None,
+                      step: int) -> dict[str, float]:
+        """The post-update checks (every parameter finite; on a KL step, the new policy's log-probs
+        too) and the KL metrics, read on the host in one transfer; then the version moves on."""
+        params = dict(self.model.named_parameters())
+        finite = torch.stack([torch.isfinite(p).all() for p in params.values()]).all()
+        kl = self._kl_metrics(t, pre_lp, ref) if self.kl_due(step) else {}
+        keys = list(kl)
+        host = torch.stack([finite.float(), *(kl[k].float() for k in keys)]).tolist()
+        if host[0] != 1.0:
+            bad = non_finite_tensors(params, limit=3)
+            raise self._diverged(step, f"the update made parameters non-finite: {', '.join(bad)}", updated=True)
+        out = dict(zip(keys, host[1:], strict=True))
+        n_bad = int(out.pop("_n_bad", 0))
         if n_bad:  # finite but exploded weights: the policy no longer gives a distribution
             biggest = max(float(p.detach().abs().max()) for p in self.model.parameters())
             raise self._diverged(step, f"after the update the policy's log-probs are non-finite on {n_bad} "
                                        f"response tokens (largest |weight| {biggest:.3g})", updated=True)
+        self.version += 1
+        self.version_log.append(VersionEvent("learner", self.version, time.time(), "optimizer_step"))
+        return out
+
+    @torch.no_grad()
+    def _kl_metrics(self, t: TrainTensors, pre_lp: torch.Tensor, ref: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The KLs of the updated policy, and ``_n_bad``, its non-finite log-probs on response
+        tokens, as device scalars (``_after_update`` reads them)."""
+        self.model.eval()
+        with autocast(self.device, self.cfg.dtype):
+            post = response_log_probs(self.model, t, self.cfg)["log_probs"].float()
+        self.model.train()
+        out = {"_n_bad": (~torch.isfinite(post) & t.response_mask).sum()}
         w = kl_importance_weights(post, t.behaviour_log_probs)  # (B, T): the tokens' sampling policy
-        out = {}
         for est in ("log_ratio", "k3"):
-            out[f"kl/prev_{est}"] = float(masked_kl(post, pre_lp, t.response_mask, est, weights=w))
+            out[f"kl/prev_{est}"] = masked_kl(post, pre_lp, t.response_mask, est, weights=w)
             if ref is not None:
-                out[f"kl/ref_{est}"] = float(masked_kl(post, ref, t.response_mask, est, weights=w))
+                out[f"kl/ref_{est}"] = masked_kl(post, ref, t.response_mask, est, weights=w)
         return out
 
     def kl_to_reference_before_training(self, batch: RolloutBatch, ref_log_probs: torch.Tensor) -> dict:
@@ -257,7 +286,13 @@ class Learner:
             raise CheckpointError(f"refusing to write checkpoint {path}: training diverged at {self.diverged}; "
                                   "the previous checkpoint is kept")
         extra = dict(extra, version=self.version, torch_rng=torch.get_rng_state())
-        self.policy.save(path, optimizer=self.opt, extra=extra)  # an HF policy records its directory
+        # the state is copied now and written on a thread (checkpoint_writer); an HF policy records its directory
+        self.checkpoints.save(path, self.model, self.opt, tokenizer=self.policy.tokenizer_ref, extra=extra,
+                              hf_pretrained=self.policy.hf_pretrained)
+
+    def wait_saved(self) -> None:
+        """Until the last checkpoint asked for is on disk; raises its write's failure."""
+        self.checkpoints.wait()
 
     def restore(self, path: str) -> dict:
         # refuses a damaged or poisoned (NaN/inf) file, or one of another model, before any weight changes

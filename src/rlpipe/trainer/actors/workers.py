@@ -58,7 +58,8 @@ class ColocatedWorker:
         self.prof = Profiler("colocated")
         self.generator = Generator(checkpoint, train_cfg, tokenizer=tokenizer, stop=self.task.stop, threads=threads,
                                    profiler=self.prof, include_stop=self.task.include_stop_str_in_output)
-        self.learner = Learner(checkpoint, train_cfg, tokenizer=tokenizer, threads=threads, profiler=self.prof)
+        self.learner = Learner(checkpoint, train_cfg, tokenizer=tokenizer, threads=threads, profiler=self.prof,
+                               background_checkpoints=True)
         self.reference = _reference(checkpoint, train_cfg, tokenizer, self.prof)
         self._rollouts: dict[int, list[RolloutBatch]] = {}  # rollout batch index -> its train batches
 
@@ -103,6 +104,9 @@ class ColocatedWorker:
     def save(self, path: str, extra: dict) -> None:
         self.learner.save(path, extra)
 
+    def wait_saved(self) -> None:
+        self.learner.wait_saved()
+
     def restore(self, path: str) -> dict:
         extra = self.learner.restore(path)
         copy_weights(self.learner.model, self.generator.model, version=self.learner.version)
@@ -117,7 +121,8 @@ class LearnerWorker(WeightSender):
     def __init__(self, checkpoint: str, train_cfg, threads: int, tokenizer: str | None = None):
         self.cfg = train_cfg
         self.prof = Profiler("learner")
-        self.learner = Learner(checkpoint, train_cfg, tokenizer=tokenizer, threads=threads, profiler=self.prof)
+        self.learner = Learner(checkpoint, train_cfg, tokenizer=tokenizer, threads=threads, profiler=self.prof,
+                               background_checkpoints=True)
         self.reference = _reference(checkpoint, train_cfg, tokenizer, self.prof)
 
     def prepare(self, batch: RolloutBatch, step: int) -> RolloutBatch:
@@ -139,6 +144,9 @@ class LearnerWorker(WeightSender):
 
     def save(self, path: str, extra: dict) -> None:
         self.learner.save(path, extra)
+
+    def wait_saved(self) -> None:
+        self.learner.wait_saved()
 
     def restore(self, path: str) -> dict:
         return self.learner.restore(path)

@@ -39,7 +39,7 @@ from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult, train_batc
 from rlpipe.trainer.actors.learner import NonFiniteLossError
 from rlpipe.trainer.drivers import actor_errors
 from rlpipe.trainer.drivers.progress import ProgressPrinter
-from rlpipe.trainer.profiling import seconds_by_phase
+from rlpipe.trainer.profiling import phase_split, seconds_by_phase
 from rlpipe.trainer.run_writer import RunWriter
 from rlpipe.trainer.stop import StopRequested, StopSignals, signal_name
 from rlpipe.trainer.weight_sync import WeightSyncError, ray_actor_class, sync_backend
@@ -85,6 +85,7 @@ class RunContext:
         self._early_events: list[PhaseEvent] = []  # drained before their step's row exists
         self.step = 0  # last optimizer step whose result the driver has
         self.checkpoint_step: int | None = None  # step of the checkpoint on disk (this run's)
+        self._unconfirmed: int | None = None  # step of a checkpoint the learner may still be writing
         self.roles: dict[str, str] = {}  # actor id (hex) -> "learner actor (<variant>/LearnerWorker)"
         self.progress = ProgressPrinter(self.variant, self.sizes.total_optimizer_steps,
                                         versions=self.train.mode == "disaggregated")
@@ -142,7 +143,7 @@ class RunContext:
         ``save`` call returns to the driver, and the advice must match what is on disk."""
         if not self.checkpoint_path.is_file():
             return None
-        if self.checkpoint_step is not None:
+        if self.checkpoint_step is not None and self._unconfirmed is None:
             return self.checkpoint_step
         try:
             return int(read_extra(self.checkpoint_path)["step"])
@@ -253,6 +254,8 @@ class RunContext:
             self.submit_validation(generator, step)
         if stopping or self.checkpoint_due(first_step, step):
             self.save_checkpoint(learner, step, next_batch)
+            if stopping or step == self.sizes.total_optimizer_steps:
+                self.confirm_checkpoint(learner)  # on disk before the run ends
         else:
             self.collect_validation()
             self.writer.flush_if_due()
@@ -298,13 +301,23 @@ class RunContext:
     def save_checkpoint(self, learner, step: int, next_batch: int) -> None:
         """Snapshot the outputs, then the learner writes ``last.pt`` (the snapshot always covers the
         checkpoint's step; resume cuts it there). The learner refuses non-finite weights, and it
-        only gets here after finite steps (divergence raises before)."""
+        only gets here after finite steps (divergence raises before). The learner writes the file
+        on a thread (``rlpipe.trainer.actors.checkpoint_writer``): it is counted as written when
+        the next save returns (each waits for the one before) or ``confirm_checkpoint`` does."""
         self.collect_validation()
         self.writer.flush(snapshot=True)
         self.get(learner.save.remote(str(self.checkpoint_path),
                                      {"step": step, "next_batch": next_batch, "samples": self.samples,
                                       "wall_time": self.writer.rel(time.time())}), f"checkpoint at step {step}")
-        self.checkpoint_step = step
+        if self._unconfirmed is not None:
+            self.checkpoint_step = self._unconfirmed
+        self._unconfirmed = step
+
+    def confirm_checkpoint(self, learner) -> None:
+        """Wait until the learner's last checkpoint is on disk (its failure is raised here)."""
+        if self._unconfirmed is not None:
+            self.get(learner.wait_saved.remote(), f"checkpoint at step {self._unconfirmed}")
+            self.checkpoint_step, self._unconfirmed = self._unconfirmed, None
 
     def restore(self, learner) -> tuple[int, int]:
         """(next rollout batch, last optimizer step) to continue from; (0, 0) on a fresh run."""
@@ -334,6 +347,7 @@ class RunContext:
                 "device_type": device_type, "gpu_fraction": gpu_fraction, "threads": self.threads,
                 "total_samples": self.samples,
                 "total_optimizer_steps": self.sizes.total_optimizer_steps,
+                "phase_split": phase_split(self.writer.rows),
                 "transport": "local" if self.train.mode != "disaggregated" else ws.transport,
                 "backend": sync_backend(ws) if self.train.mode == "disaggregated" else None, "k": self.train.k,
                 "replay": self.train.replay.enabled, "config": to_dict(self.train)}

@@ -61,6 +61,11 @@ def test_two_step_run_writes_every_output(env):
     assert {r["step"] for r in rollouts} == {1, 2} and all("response" in r for r in rollouts)
     run_info = json.loads((out / "run_info.json").read_text())
     assert run_info["finished"] and run_info["total_samples"] == 16 and run_info["mode"] == "colocated_sync"
+    split = run_info["phase_split"]  # median seconds per step of each phase, of the rest and of the step
+    assert set(split) == set(contract.PHASE_SPLIT_KEYS) and split["update"] > 0 and split["generate"] > 0
+    assert split["step"] >= split["update"] + split["generate"] and split["other"] >= 0
+    assert run_info["gpu_busy"]["busy_fraction"] is None and "CPU" in run_info["gpu_busy"]["reason"]
+    assert run_info["gpu_fraction"] == {"colocated": 0.0}
     import yaml
 
     resolved = yaml.safe_load((out / "config.yaml").read_text())

@@ -71,7 +71,7 @@ def _kill_when(path: Path, actor_name: str, out: Path, record: dict, pids: set[i
     import ray
 
     def go():
-        deadline = time.time() + 120
+        deadline = time.time() + ACTOR_START_WAIT_S
         while time.time() < deadline and not path.exists():
             time.sleep(0.05)
         try:
@@ -92,6 +92,10 @@ def _kill_when(path: Path, actor_name: str, out: Path, record: dict, pids: set[i
     return t
 
 
+# A death must be reported long before this timeout would fire (half of it, on a loaded machine).
+DEATH_TIMEOUT_S = 120.0
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("variant, actor, role, checkpoint, how", [
     ("disagg", "LearnerWorker", "learner", True, "ray.kill"),
@@ -101,8 +105,9 @@ def _kill_when(path: Path, actor_name: str, out: Path, record: dict, pids: set[i
 ])
 def test_actor_death_names_actor_and_step_and_advises_resume_only_with_a_checkpoint(
         env, ray_session, tmp_path, variant, actor, role, checkpoint, how):
+    timeout = DEATH_TIMEOUT_S
     cfg = config(env, f"death_{variant}", n_grpo_steps=40, checkpoint_every=1 if checkpoint else 100,
-                 ray_timeout_s=60.0)
+                 ray_timeout_s=timeout)
     out = tmp_path / "run"
     trigger = out / (contract.CHECKPOINT_FILE if checkpoint else contract.METRICS_FILE)
     record: dict = {}
@@ -114,7 +119,7 @@ def test_actor_death_names_actor_and_step_and_advises_resume_only_with_a_checkpo
     killer.join()
     msg = str(err.value)
     print(f"\n{variant}/{actor} killed: failed after {failed_after:.2f}s: {msg}")
-    assert failed_after < 30  # the death is reported at once, not after ray_timeout_s (60 s)
+    assert failed_after < timeout / 2  # the death is reported at once, not after ray_timeout_s
     assert record["lock_held"]  # the running trainer held <out>/.lock
     assert f"the {role} actor ({variant}/{actor}) died: " in msg
     assert int(_after_step(msg)) >= 1
@@ -207,12 +212,22 @@ def _actor_pids(title: str) -> set[int]:
     return {int(line.split(None, 1)[0]) for line in out.splitlines() if title in line}
 
 
+# Waits derive from the configured timeout, never from how fast an idle machine runs: the timeout sits
+# far above one step of the tiny model on 2 cores at load 4-5 (about a second; the test must not time
+# out on a healthy call), and the failure may come up to one more timeout later (the driver can be
+# inside the weight-sync wait, bounded by weight_sync.timeout_s, when the frozen actor stops answering)
+# plus a fixed allowance for Ray's own clean-up on a loaded machine.
+HANG_TIMEOUT_S = 30.0
+HANG_MARGIN_S = HANG_TIMEOUT_S + 30.0
+ACTOR_START_WAIT_S = 300.0  # a bound for a failing test only: actors start in seconds
+
+
 def _freeze_when_running(title: str, before: set[int], record: dict) -> threading.Thread:
     """SIGSTOP the first new process titled ``title``: a generation that hangs (a stuck kernel,
     a deadlocked library) rather than dies, so only the driver's timeout can notice."""
 
     def go():
-        deadline = time.time() + 120
+        deadline = time.time() + ACTOR_START_WAIT_S
         while time.time() < deadline:
             pids = _actor_pids(title) - before
             if pids:
@@ -233,7 +248,7 @@ def _freeze_when_running(title: str, before: set[int], record: dict) -> threadin
     ("onpolicy", "ray::ColocatedWorker.rollout", "colocated worker"),
 ])
 def test_hung_generation_is_a_timeout_naming_the_actor_and_step(env, ray_session, tmp_path, variant, title, role):
-    timeout = 15.0  # well above a step of the tiny model on a loaded 2-core machine
+    timeout = HANG_TIMEOUT_S
     cfg = config(env, f"hang_{variant}", n_grpo_steps=40, checkpoint_every=100, ray_timeout_s=timeout,
                  weight_sync={"timeout_s": timeout})
     out, record = tmp_path / "run", {}
@@ -255,7 +270,7 @@ def test_hung_generation_is_a_timeout_naming_the_actor_and_step(env, ray_session
     sync = variant == "disagg" and "weight sync after optimizer step" in msg and "did not finish within" in msg
     assert rollout or sync, msg
     assert "after optimizer step" in msg  # the step
-    assert failed_after < timeout + 15  # a timeout, not a silent stall
+    assert failed_after < timeout + HANG_MARGIN_S  # a timeout, not a silent stall
     assert "No checkpoint was written yet" in msg and not (out / contract.CHECKPOINT_FILE).exists()
 
 
@@ -590,7 +605,7 @@ def test_guarded_rewards_scores_failures_zero_and_counts_them(monkeypatch):
         return {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
 
     responses = ["ok", "raise", "hang", "ok", "nan", "swallowed", None]
-    scores, failures = scoring.guarded_rewards(reward, responses, ["gt"] * len(responses), timeout_s=0.3)
+    scores, failures = scoring.guarded_rewards(reward, responses, ["gt"] * len(responses), timeout_s=2.0)
     release.set()
     assert [s["reward"] for s in scores] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
     assert failures == 4  # raise, hang, nan, and the failure never_raise swallowed (and logged)
@@ -612,7 +627,7 @@ def test_a_hung_rewards_worker_never_scores_the_rest_twice():
         return {"reward": 1.0}
 
     responses = ["a", "hang", "b", "c"]
-    scores, failures = scoring.guarded_rewards(reward, responses, ["gt"] * 4, timeout_s=0.3)
+    scores, failures = scoring.guarded_rewards(reward, responses, ["gt"] * 4, timeout_s=2.0)
     release.set()
     time.sleep(0.2)  # let the released worker run on, if it would
     assert [s["reward"] for s in scores] == [1.0, 0.0, 1.0, 1.0] and failures == 1
@@ -637,7 +652,9 @@ def test_reward_that_raises_or_hangs_on_one_sample_scores_zero_and_the_run_goes_
         return real(self, response, ground_truth)
 
     monkeypatch.setattr(KeywordInclusionTask, "reward", flaky)
-    monkeypatch.setattr(scoring, "REWARD_TIMEOUT_S", 0.5)
+    # far above one keyword reward (microseconds) even at load 4-5; the hung sample costs this once
+    timeout = 3.0
+    monkeypatch.setattr(scoring, "REWARD_TIMEOUT_S", timeout)
     cfg = config(env, "reward", n_grpo_steps=3)
     try:
         train(env, cfg, "disagg", tmp_path / "run")
@@ -648,7 +665,7 @@ def test_reward_that_raises_or_hangs_on_one_sample_scores_zero_and_the_run_goes_
     assert m["reward/errors"].tolist()[1:] == [1.0, 1.0, 0.0]
     warned = [r.getMessage() for r in caplog.records if r.name == "rlpipe.rl.scoring"]
     assert any("failed on sample 2 (scored 0): raised RuntimeError: reward bug" in w for w in warned), warned
-    assert any("failed on sample 4 (scored 0): no result within 0.5s" in w for w in warned), warned
+    assert any(f"failed on sample 4 (scored 0): no result within {timeout:g}s" in w for w in warned), warned
 
 
 # --------------------------------------------------------------------------- determinism

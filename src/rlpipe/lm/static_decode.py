@@ -109,12 +109,14 @@ class StaticDecodeAdapter:
         self.keys = torch.zeros(ids.shape[0] * n, S, dtype=torch.bool, device=ids.device)  # (N, S)
         self.keys[:, : self.L] = mask.repeat_interleave(n, dim=0)
         self.cos, self.sin = rope_cos_sin(self.model, ids.device)
+        self.at = torch.tensor([self.L], device=ids.device)  # (1,) the cache position the next step writes
         return logits.repeat_interleave(n, dim=0)  # (N, V)
 
     def step(self, tok: Tensor, pos: Tensor) -> Tensor:
-        self.keys[:, self.L] = True
-        at = torch.tensor([self.L], device=tok.device)
-        logits = self.step_fn(self.model, self.cos, self.sin, tok, pos, at, self.keys, self.cache.k, self.cache.v)
+        # The position lives on the device and is advanced there: no host-to-device copy per step.
+        self.keys.index_fill_(1, self.at, True)
+        logits = self.step_fn(self.model, self.cos, self.sin, tok, pos, self.at, self.keys, self.cache.k, self.cache.v)
+        self.at.add_(1)
         self.L += 1
         return logits  # (N, V)
 

@@ -198,7 +198,8 @@ def test_sigterm_to_snakemake_stops_the_training_job_and_snakemake(tmp_path):
     process group; Snakemake would wait for the job to finish) while ``onpolicy`` trains. Snakemake
     exits within 30 s; the job stopped with its checkpoint and its Ray processes."""
     shutil.copytree(ROOT / "config", tmp_path / "config")
-    (tmp_path / "config" / "long.yaml").write_text("train:\n  n_grpo_steps: 2000\n  checkpoint_every: 2\n")
+    (tmp_path / "config" / "long.yaml").write_text(  # the smoke caps' step limit raised: a long training job
+        "smoke:\n  grpo_steps: 2000\ntrain:\n  n_grpo_steps: 2000\n  checkpoint_every: 2\n")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
            "--configfile", "config/smoke.yaml", "config/long.yaml", "--cores", "2",

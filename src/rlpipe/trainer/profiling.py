@@ -15,10 +15,10 @@ A run's summary of both goes into ``run_info.json``:
 - ``gpu_busy`` (``GpuBusy``): NVML's utilisation of the job's GPUs (``torch.cuda.utilization``, which
   reads NVML and does not initialise CUDA in the driver; ``nvidia-smi`` where the pynvml package is
   missing, as in some CUDA images), sampled every ``GPU_BUSY_INTERVAL_S`` by a
-  background thread of the driver over the training loop (from the run's clock start, after the
-  initial validation). NVML's figure is the share of its sample period in which some kernel ran: a
-  launch-bound loop of small kernels reads busy while it uses a sliver of the chip. ``null``, with
-  the reason, on CPU or where NVML cannot be read.
+  background thread of the driver over the training loop (after the initial validation, or after
+  the restore of a resumed run). NVML's figure is the share of its sample period in which some
+  kernel ran: a launch-bound loop of small kernels reads busy while it uses a sliver of the chip.
+  ``null``, with the reason, on CPU or where NVML cannot be read.
 """
 
 from __future__ import annotations

@@ -45,6 +45,11 @@ would attach to a cluster that ``ray start`` registered on this machine. Beside 
 (``rlpipe.trainer.ray_reaper``) that stops that instance's processes at once if this process is
 killed with no chance to call ``ray.shutdown``; Ray alone would leave them running for a while.
 
+SIGTERM or SIGINT once Ray is up stops the run at the end of its round, after its checkpoint, within
+bounded time (``rlpipe.trainer.stop``); the exit status is then 128 + the signal's number. Over the
+training loop a driver thread samples the GPU busy fraction (``rlpipe.trainer.profiling``), which
+``run_info.json`` records beside the phase split.
+
 ``ray.address`` attaches to an existing (possibly multi-node) cluster instead, which rlpipe does not
 start or configure: its GCS, raylets, object managers, agents and workers listen where ``ray start``
 put them (by default on every interface of each node, at the node address ``ray start
@@ -336,9 +341,9 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
             busy = GpuBusy(gpus).start(remote=bool(cfg.ray.address))
             try:
                 info = _drive(ctx, gpus)
-                info["gpu_busy"] = busy.stop(since=ctx.writer.t0)  # the training loop: from the run's clock start
+                info["gpu_busy"] = busy.stop(since=ctx.loop_started)  # the training loop, not the start-up
             except BaseException as e:  # the rows since the last (throttled) flush show how far the run got
-                busy.stop(since=ctx.writer.t0)
+                busy.stop(since=ctx.loop_started)
                 with contextlib.suppress(Exception):
                     ctx.writer.flush()
                 if ctx.stop.requested:  # whatever ended the loop after a stop signal, the run was stopped

@@ -86,6 +86,7 @@ class RunContext:
         self.step = 0  # last optimizer step whose result the driver has
         self.checkpoint_step: int | None = None  # step of the checkpoint on disk (this run's)
         self._unconfirmed: int | None = None  # step of a checkpoint the learner may still be writing
+        self.loop_started = time.time()  # when the training loop began (after start-up and restore)
         self.roles: dict[str, str] = {}  # actor id (hex) -> "learner actor (<variant>/LearnerWorker)"
         self.progress = ProgressPrinter(self.variant, self.sizes.total_optimizer_steps,
                                         versions=self.train.mode == "disaggregated")
@@ -329,6 +330,7 @@ class RunContext:
         self.writer.resume_from(step, since)
         self.samples = int(extra["samples"])
         self.step = self.checkpoint_step = step
+        self.loop_started = time.time()
         self.progress.started(step, self.writer.rel(time.time()))
         return int(extra["next_batch"]), step
 
@@ -338,7 +340,7 @@ class RunContext:
         self.writer.add_row({"step": 0, "policy_version": 0, "wall_time": 0.0, "samples": 0})
         self.submit_validation(generator, 0)
         self.collect_validation()
-        self.writer.t0 = time.time()
+        self.writer.t0 = self.loop_started = time.time()
         self.report(0, 0)
 
     def run_info(self, devices: int, device_type: str, gpu_fraction: dict[str, float]) -> dict:

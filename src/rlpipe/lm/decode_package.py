@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
+from rlpipe.lm.device import inductor_cache_per_kernel_level
 from rlpipe.lm.model import TransformerLM
 from rlpipe.lm.static_decode import decode_step, rope_cos_sin
 
@@ -134,6 +135,7 @@ def build(model, path: Path | None = None) -> tuple[Path, float]:
     path = Path(path or package_path(base))
     path.parent.mkdir(parents=True, exist_ok=True)
     inductor = importlib.import_module("torch._inductor")  # loaded only when a package is built
+    inductor_cache_per_kernel_level()
 
     cfg, t0 = base.config, time.perf_counter()
     params = [p.detach() for p in base.parameters()]

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlpipe.lm.device import inductor_cache_per_kernel_level
 from rlpipe.lm.model import TransformerLM
 
 BUCKET = 32  # S is rounded up to a multiple of this (at most the context length)
@@ -81,6 +82,7 @@ def decode_step(model: TransformerLM, cos: Tensor, sin: Tensor, tok: Tensor, pos
 def _compiled_step(model: TransformerLM):
     fn = _COMPILED.get(model)
     if fn is None:
+        inductor_cache_per_kernel_level()
         fn = torch.compile(decode_step, fullgraph=True, dynamic=False)
         _COMPILED[model] = fn
     return fn

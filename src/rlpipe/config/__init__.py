@@ -4,7 +4,8 @@ The package: ``base`` (the strict section base and ``ConfigError`` messages), ``
 ``train`` section and its options), ``sections`` (every other section and ``PipelineConfig``),
 ``tracks`` (a user's tracks, families and the workflow's ``Track`` record), ``root``
 (``PipelineConfig``), ``pipeline`` (loading, overrides, each track's and family's derived pipeline,
-variants), ``smoke`` (the smoke switch's caps, applied to every track) and ``schema`` (the generated JSON schema). Import everything from ``rlpipe.config``.
+variants), ``smoke`` (the smoke switch's caps, applied to every track) and ``schema`` (the generated
+JSON schema). Import everything from ``rlpipe.config``.
 
 A pipeline config is a YAML file with one section per stage (``data``, ``tokenizer``, ``model``,
 ``pretrain``, ``train``, ``ray``, ``workflow``) plus a ``variants`` table. Every key is a pydantic

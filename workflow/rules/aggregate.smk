@@ -46,9 +46,9 @@ rule aggregate_metrics:
 rule write_results_page:
     input:
         data=results_page_inputs(),  # the page's tables and what the answers read (common.smk)
-        # the last complete run's duration (setup.smk's onsuccess writes it): once it exists, the next
-        # invocation refreshes the page's Run time section (seconds), nothing else
-        timing=[p for p in [res(run_timing.RUN_TIMING_FILE)] if os.path.exists(p)],
+        # Not an input: the last complete run's duration (run_timing.json), which setup.smk's onsuccess
+        # writes after every job, so as an input it would mark this page out of date after each complete
+        # run. The page states the record that exists when it is written, with its finishing time.
         code=[module_file(f"rlpipe.analysis.{m}") for m in ("results_page", "deliverables", "answers_systems",
                                                              "answers_math", "family_answer", "results_view",
                                                              "run_timing")],

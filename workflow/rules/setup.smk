@@ -66,5 +66,5 @@ onsuccess:
             _c.wall_s, dict(_rules), workflow.cores, {k: getattr(_c, k) for k in RUN_CONDITIONS_KEYS},
             os.path.basename(CONFIG_FILE), _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")))
         print(f"rlpipe: {run_timing.sentence(run_timing.read(RESULTS))} Recorded in "
-              f"{RESULTS}/{run_timing.RUN_TIMING_FILE}; the next invocation puts it in RESULTS.md.",
+              f"{RESULTS}/{run_timing.RUN_TIMING_FILE}; the next run states it when it starts.",
               file=sys.stderr, flush=True)

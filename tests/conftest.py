@@ -218,7 +218,8 @@ class DecodeCheck:
         forward's teacher-forced log-probs of its own tokens within ``tol``; its rows are well formed;
         and a second call of the same decode gives the same samples exactly. Returns the largest gap."""
         g = cls.sample(policy, decode, **kw)
-        params = SamplingParams(n=1, temperature=cls.TEMPERATURE, max_tokens=12, seed=7, **kw)
+        params = SamplingParams(temperature=cls.TEMPERATURE, max_tokens=12, seed=7,
+                                **{k: v for k, v in kw.items() if k != "prompts"})
         cls.assert_well_formed(policy, g, params)
         assert sum(len(r) for r in g.response_ids) > len(g.response_ids)  # something was sampled
         gap = cls.max_logprob_gap(policy, g, cls.TEMPERATURE, params.min_tokens)

@@ -15,11 +15,12 @@ from rlpipe.lm import decode_package
 from rlpipe.lm.policy import load_policy
 from rlpipe.trainer.run import prepare_decode_package
 
-# Largest |recorded - teacher-forced| log-prob (tests/kernel_tolerance.py; ``decode_check``: the package's log-probs against one
-# eager forward over its own tokens), the session's micro model, 5 seeds x 32 rows x 40 tokens, with
-# and without stop strings and min_tokens: 1.9e-6 natively (AVX-512) and with ATEN_CPU_CAPABILITY=avx2,
-# 2.9e-6 with =default; the tolerance is 35x the largest. Tokens are never compared with the eager
-# sampler's: a draw within that rounding of a CDF step may pick another token on another CPU.
+# Largest |recorded - teacher-forced| log-prob (tests/kernel_tolerance.py; ``decode_check``: the
+# package's log-probs against one eager forward over its own tokens), the session's micro model,
+# 5 seeds x 32 rows x 40 tokens, with and without stop strings and min_tokens: 1.9e-6 natively
+# (AVX-512) and with ATEN_CPU_CAPABILITY=avx2, 2.9e-6 with =default; the tolerance is 35x the largest.
+# Tokens are never compared with the eager sampler's: a draw within that rounding of a CDF step may
+# pick another token on another CPU.
 LOGPROB_TOL = 1e-4
 
 

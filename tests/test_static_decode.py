@@ -10,8 +10,8 @@ import torch
 from rlpipe.lm.policy import load_policy
 from rlpipe.lm.static_decode import BUCKET, StaticDecodeAdapter
 
-# Largest |recorded - teacher-forced| log-prob (tests/kernel_tolerance.py; ``decode_check``) of the session's micro model, static
-# and compiled decodes, 5 seeds x 32 rows x 40 tokens: 1.9e-6 natively (AVX-512) and with
+# Largest |recorded - teacher-forced| log-prob (tests/kernel_tolerance.py; ``decode_check``) of the
+# session's micro model, static and compiled decodes, 5 seeds x 32 rows x 40 tokens: 1.9e-6 natively (AVX-512) and with
 # ATEN_CPU_CAPABILITY=avx2, 2.9e-6 with =default; the tolerance is 35x the largest. Tokens are never
 # compared with the eager sampler's (another kernel: a draw near a CDF step may differ on another CPU).
 LOGPROB_TOL = 1e-4

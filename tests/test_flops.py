@@ -233,11 +233,12 @@ def test_update_parts_on_a_gpu_wait_for_their_kernels(monkeypatch):
             log.append("fwd_bwd")
             return None, None
 
-        def _optimizer_step(self, step):
+        def _optimizer_step(self, step, sums):
             log.append("optimizer")
 
-        def _kl_metrics(self, t, pre_lp, ref, step):
+        def _kl_metrics(self, t, pre_lp, ref):
             log.append("kl_monitor")
+            return {}
 
     monkeypatch.setattr(update, "build_train_tensors", lambda batch, pad: Tensors())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))

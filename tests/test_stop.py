@@ -165,7 +165,10 @@ def _stopped_cleanly(out: Path, ray_procs: list, step: int | None = None) -> int
 def test_sigterm_to_rlpipe_train_stops_it_with_its_checkpoint_and_its_ray(tmp_path, tiny_base, write_config):
     """SIGTERM mid-run to a disaggregated ``rlpipe train``: exit status 143 within 30 s, with the
     checkpoint of the round it stopped at, and no Ray process of the run left."""
-    cfg = write_config(tmp_path / "c.yaml", train={"n_grpo_steps": 60, "checkpoint_every": 2})
+    # far more steps than the run can take before the signal, even on a fast idle machine (a run that
+    # completes first exits 0 and proves nothing); the variant sets no step count of its own
+    cfg = write_config(tmp_path / "c.yaml", train={"n_grpo_steps": 2000, "checkpoint_every": 2},
+                       variants={"disagg": {"mode": "disaggregated"}})
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlpipe.cli", "train", "--config", str(cfg), "--variant", "disagg",
            "--out", str(out), "--base", tiny_base[0], "--dataset", tiny_base[1], "--threads", "2"]

@@ -91,13 +91,13 @@ def _timed_step(learner: Learner, batch: RolloutBatch, step: int) -> dict[str, f
     out = {}
     _sync(learner.device)  # on a GPU each part's clock stops when its kernels have run, not when launched
     t0 = time.perf_counter()
-    _, pre_lp = learner._accumulate_gradients(t, None, step)
+    sums, pre_lp = learner._accumulate_gradients(t, None, step)
     _sync(learner.device)
     t1 = time.perf_counter()
-    learner._optimizer_step(step)
+    learner._optimizer_step(step, sums)
     _sync(learner.device)
     t2 = time.perf_counter()
-    learner._kl_metrics(t, pre_lp, None, step)
+    {k: float(v) for k, v in learner._kl_metrics(t, pre_lp, None).items()}  # read on the host, as the step does
     _sync(learner.device)
     t3 = time.perf_counter()
     out["fwd_bwd"], out["optimizer"], out["kl_monitor"] = t1 - t0, t2 - t1, t3 - t2

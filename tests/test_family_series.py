@@ -2,6 +2,7 @@
 different cadences are smoothed over the same number of steps, and every line drawn ends at the
 metric's value at its last step, averaged over the smoothing window."""
 
+import dataclasses
 import json
 import math
 
@@ -106,17 +107,44 @@ def _drawn(monkeypatch, draw, fam, tmp_path) -> dict[str, dict[str, np.ndarray]]
 
 
 def test_every_health_line_ends_at_the_metric_over_its_window(fam, tmp_path, monkeypatch):
+    """Variants logging at different cadences are all drawn at the steps every variant logged (every
+    5th), each at the seed mean of its values logged there (the window then holds one point)."""
     drawn = _drawn(monkeypatch, families.draw_health, fam, tmp_path)
-    cadence = {"dense": 1, "sparse": 5}
     checked = 0
     for column, title in contract.HEALTH_COLUMNS.items():
-        for variant, every in cadence.items():
+        for variant, every in {"dense": 1, "sparse": 5}.items():
             xy = drawn[title][variant]
-            assert xy[-1, 0] == STEPS
-            assert xy[-1, 1] == pytest.approx(_expected(variant, column, STEPS, every, SMOOTH_STEPS)), (column, variant)
-            assert list(xy[:, 0]) == [s for s in range(1, STEPS + 1) if s % every == 0]  # drawn where logged
+            assert list(xy[:, 0]) == [s for s in range(1, STEPS + 1) if s % 5 == 0]  # the shared steps
+            shared_every = 5  # what the window sees of the dense run: its points at the shared steps
+            want = _expected(variant, column, STEPS, max(every, shared_every), SMOOTH_STEPS)
+            assert xy[-1, 1] == pytest.approx(want), (column, variant)
             checked += 1
     assert checked == 2 * len(contract.HEALTH_COLUMNS)
+
+
+def test_one_cadence_is_smoothed_over_the_window_at_every_logged_step(fam, tmp_path, monkeypatch):
+    dense_only = dataclasses.replace(fam, variants=["dense"], runs=fam.of("dense"))
+    drawn = _drawn(monkeypatch, families.draw_health, dense_only, tmp_path)
+    for column, title in contract.HEALTH_COLUMNS.items():
+        xy = drawn[title]["dense"]
+        assert list(xy[:, 0]) == list(range(1, STEPS + 1))
+        assert xy[-1, 1] == pytest.approx(_expected("dense", column, STEPS, 1, SMOOTH_STEPS)), column
+
+
+def test_a_lower_last_value_is_drawn_lower_whatever_the_other_runs_cadence(fam, tmp_path, monkeypatch):
+    """The kl_drift figure's defect: the penalty run (every step) ends below the run without it (every
+    5th step) at step 20, but its 5-step mean over steps 16-20 is above. The figure must end the
+    penalty run below, as the runs' values at step 20 are."""
+    spike = {16: 0.14, 17: 0.29, 18: 0.04, 19: 0.17, 20: 0.106}  # the measured kl005 run
+    for r in fam.runs:
+        m = r.run.metrics
+        if r.variant == "dense":
+            m["kl/ref_k3"] = [spike.get(int(s), 0.1) if s else math.nan for s in m["step"]]
+        else:
+            m["kl/ref_k3"] = [0.115 if s and s % 5 == 0 else math.nan for s in m["step"]]
+    drawn = _drawn(monkeypatch, families.draw_health, fam, tmp_path)[contract.HEALTH_COLUMNS["kl/ref_k3"]]
+    assert np.mean(list(spike.values())) > 0.115  # a 5-step window over the penalty run would end above
+    assert drawn["dense"][-1, 1] == pytest.approx(0.106) and drawn["sparse"][-1, 1] == pytest.approx(0.115)
 
 
 def test_every_reward_curve_ends_at_the_last_validation(fam, tmp_path, monkeypatch):

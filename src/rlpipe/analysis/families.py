@@ -73,7 +73,7 @@ from rlpipe.analysis.kl_text import kl_growth_sentence
 from rlpipe.analysis.mechanism import mechanism_sentences, varied
 from rlpipe.analysis.plots import no_data, save
 from rlpipe.analysis.provenance import provenance_sentences
-from rlpipe.analysis.series import band, replicate_frame
+from rlpipe.analysis.series import band, replicate_frame, shared_steps
 from rlpipe.analysis.stats import MeanCI, interval_phrase, welch_difference
 from rlpipe.config import ConfigError
 
@@ -201,9 +201,17 @@ def curve_series(fam: Family) -> dict[str, pd.DataFrame]:
 
 def health_series(fam: Family) -> dict[tuple[str, str], pd.DataFrame]:
     """(health column, variant) -> the curve ``draw_health`` draws: optimizer steps >= 1, smoothed
-    over ``SMOOTH_STEPS`` steps."""
-    return {(c, v): d for c in contract.HEALTH_COLUMNS for v in fam.variants
-            if len(d := _band(fam, v, c, SMOOTH_STEPS, first_step=1))}
+    over ``SMOOTH_STEPS`` steps; where the variants log a column at different cadences (KL: every
+    step with a penalty, every ``kl_monitor_every`` without), every variant at the steps all logged."""
+    out = {}
+    for c in contract.HEALTH_COLUMNS:
+        reps = {v: replicates(fam, v, c, first_step=1) for v in fam.variants}
+        shared = shared_steps(reps.values())
+        for v, rs in reps.items():
+            rs = rs if shared is None else [r[r["step"].isin(shared)] for r in rs]
+            if len(d := band(rs, SMOOTH_STEPS)):
+                out[(c, v)] = d
+    return out
 
 
 def _draw(ax, d: pd.DataFrame, x: str, color, label: str, marker: str | None = None) -> None:
@@ -268,7 +276,8 @@ def draw_health(fam: Family, out: str | Path, notes: list[str]) -> None:
         if handles:
             fig.legend(handles, labels, loc="upper right", fontsize=7)
         fig.suptitle(f"{fam.name}: seed means, each point the mean over the {SMOOTH_STEPS} optimizer steps up to it "
-                     "(steps, not logged points: a run logging every 5th step is drawn as logged)", fontsize=9)
+                     "(steps, not logged points); where variants log a metric at different cadences, all are "
+                     "drawn at the steps every variant logged", fontsize=9)
         save(fig, out)
     finally:
         plt.close(fig)

@@ -8,6 +8,8 @@ values a run logged at steps s - window < step <= s (a trailing window), whateve
 seed mean at a step is then taken over the replicates that logged that step.
 
 ``trailing_mean`` is that window; ``band`` the per-step seed mean with its 95% half-width;
+``shared_steps`` the steps a panel draws when its variants log at different cadences (every variant
+at the steps all of them logged, so the curves end where the runs' own values do);
 ``window_value`` the value a figure shows at a given step, for the text to quote the same number.
 """
 
@@ -65,6 +67,20 @@ def band(replicates: Iterable[pd.DataFrame], window: int = 1) -> pd.DataFrame:
     rows = [(step, mean_ci(g["y"]), g["t"].mean()) for step, g in d.groupby("step")]
     return pd.DataFrame({"step": [s for s, _, _ in rows], "mean": [c.mean for _, c, _ in rows],
                          "half": [c.half for _, c, _ in rows], "t": [t for _, _, t in rows]})
+
+
+def shared_steps(runs_by_variant: Iterable[Iterable[pd.DataFrame]]) -> set[float] | None:
+    """The steps every variant logged (in any of its replicates), when the variants log at different
+    cadences; None when they all log the same steps (nothing to align). A figure that draws each
+    variant only at these steps compares like with like: a run logging every step, smoothed over 5,
+    beside one logging every 5th step, drawn as logged, can end on the other side of it than the two
+    runs' values at the same step do."""
+    logged = [set().union(*(set(d["step"]) for d in reps)) for reps in map(list, runs_by_variant)]
+    logged = [s for s in logged if s]
+    if len(logged) < 2 or all(s == logged[0] for s in logged):
+        return None
+    common = set.intersection(*logged)
+    return common or None
 
 
 def window_value(d: pd.DataFrame, step: float, window: int = 1) -> float:

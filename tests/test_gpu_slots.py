@@ -7,10 +7,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from rlpipe.trainer.gpu_slots import ENV, acquire_gpus, actor_gpus
+
+ROOT = Path(__file__).resolve().parents[1]
 
 HOLDER = textwrap.dedent("""
     import sys
@@ -127,3 +130,44 @@ def test_cuda_with_no_gpu_declared_is_refused_at_parse_time_naming_the_key(data,
     assert str(err.value).startswith(f"{key} is ") and f"but workflow.{field} is 0" in str(err.value), err.value
     ok = {"gpus_per_colocated": 1, "gpus_per_disaggregated": 1} | (data.get("workflow") or {})
     parse_config(data | {"workflow": ok})  # one GPU declared (shared, for a disaggregated run): accepted
+
+
+@pytest.mark.parametrize("where, data", [
+    ("variants.r", {"train": {"device": "cuda"},
+                    "variants": {"r": {"mode": "disaggregated", "weight_sync.transport": "rdt",
+                                       "weight_sync.backend": "nccl"}}}),
+    ("train", {"train": {"device": "cuda", "mode": "disaggregated",
+                         "weight_sync": {"transport": "rdt", "backend": "nccl"}}}),
+])
+def test_nccl_between_two_actors_on_one_gpu_is_refused_at_parse_time(where, data):
+    """NCCL refuses two ranks on one device ("Duplicate GPU detected"): with one GPU declared for a
+    disaggregated CUDA run, rdt/nccl is refused before any job, naming the key and cuda_ipc."""
+    from rlpipe.config import ConfigError, parse_config
+
+    one = data | {"workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 1}}
+    with pytest.raises(ConfigError) as err:
+        parse_config(one)
+    assert str(err.value).startswith(f"{where}.weight_sync.backend is 'nccl'"), err.value
+    assert "gpus_per_disaggregated is 1" in str(err.value) and "cuda_ipc" in str(err.value)
+    parse_config(data | {"workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 2}})  # one GPU each
+    cpu = {**data, "train": {**data["train"], "device": "cpu"}}
+    parse_config(cpu | {"workflow": {"gpus_per_disaggregated": 1}})  # no CUDA: the run's preflight decides
+
+
+def test_the_gpu_overlay_with_one_gpu_per_disaggregated_variant_needs_cuda_ipc():
+    """config/gpu.yaml over config.yaml, with one GPU per disaggregated variant: refused for the NCCL
+    variant; accepted once that variant syncs over cuda_ipc (what the GPU docs tell the user)."""
+    from snakemake.utils import update_config
+
+    from rlpipe.config import ConfigError, parse_config
+    from rlpipe.config.pipeline import load_yaml
+
+    data = load_yaml(ROOT / "config" / "config.yaml")
+    update_config(data, load_yaml(ROOT / "config" / "gpu.yaml"))
+    update_config(data, {"workflow": {"gpus_per_disaggregated": 1}})
+    nccl = [v for v, o in data["variants"].items() if (o or {}).get("weight_sync.backend") == "nccl"]
+    assert nccl, "config/gpu.yaml has no NCCL variant any more: update this test"
+    with pytest.raises(ConfigError, match=f"variants.{nccl[0]}.weight_sync.backend is 'nccl'"):
+        parse_config(data)
+    update_config(data, {"variants": {v: {"weight_sync.backend": "cuda_ipc"} for v in nccl}})
+    parse_config(data)

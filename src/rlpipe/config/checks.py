@@ -8,6 +8,10 @@ mean 'num_layers'?". ``check_paths`` runs where the paths are read: the workflow
 before any job (``workflow/rules/common.smk``). It checks each input exists and is readable, and
 that the output directory (``workflow.results_dir``) is, or can be created, writable.
 
+``check_one_gpu_nccl`` runs inside ``parse_config`` too: a disaggregated CUDA variant whose two
+actors share one GPU (``workflow.gpus_per_disaggregated: 1``) cannot sync over NCCL, which refuses
+two ranks on one device ("Duplicate GPU detected"); the run would fail only once its actors met.
+
 ``MODEL_FIELDS`` are the fields of ``rlpipe.lm.model.ModelConfig`` (the config layer does not import
 torch; a test keeps the two equal).
 """
@@ -22,6 +26,7 @@ from typing import Any
 from rlpipe.config.base import ConfigError
 from rlpipe.config.root import PipelineConfig
 from rlpipe.config.sections import ModelSection
+from rlpipe.config.train import TrainConfig
 
 #: ``rlpipe.lm.model.ModelConfig``'s fields, in order: what ``model.overrides`` may set.
 MODEL_FIELDS = ("vocab_size", "context_length", "num_layers", "d_model", "num_heads", "d_ff", "rope_theta")
@@ -121,3 +126,16 @@ def check_paths(cfg: PipelineConfig, trains: dict[str, dict[str, Any]] | None = 
     for key, train in (trains or {}).items():
         _train_files(key, train)
     _writable("workflow.results_dir", cfg.workflow.results_dir)
+
+
+def check_one_gpu_nccl(key: str, train: TrainConfig, gpus_per_disaggregated: int) -> None:
+    """Refuse ``weight_sync`` over rdt/nccl for a disaggregated CUDA run given one GPU: NCCL cannot
+    connect two ranks on the same device, so the learner and the generator sharing it would fail at
+    their first sync. ``key`` is the dotted place of the train section (``variants.<name>``)."""
+    ws = train.weight_sync
+    if (train.mode == "disaggregated" and str(train.device).startswith("cuda") and ws.transport == "rdt"
+            and ws.backend == "nccl" and gpus_per_disaggregated == 1):
+        raise ConfigError(
+            f"{key}.weight_sync.backend is 'nccl' but workflow.gpus_per_disaggregated is 1: the learner and "
+            "the generator share one GPU, and NCCL cannot connect two ranks on one device. Set "
+            f"{key}.weight_sync.backend: cuda_ipc (same-GPU RDT), or workflow.gpus_per_disaggregated: 2")

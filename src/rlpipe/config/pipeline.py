@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from rlpipe.config.base import ConfigError, from_dict, to_dict
-from rlpipe.config.checks import check_model_overrides
+from rlpipe.config.checks import check_model_overrides, check_one_gpu_nccl
 from rlpipe.config.root import PipelineConfig
 from rlpipe.config.sections import KEYWORD_TRACK, MATH_TRACK, SYSTEMS_TRACK
 from rlpipe.config.smoke import shrink_pipeline, shrink_train, smoke_train
@@ -67,8 +67,9 @@ def parse_config(data: dict[str, Any]) -> PipelineConfig:
     check_model_overrides(cfg)
     _check_names(cfg)
     _check_tracks(cfg)
+    check_one_gpu_nccl("train", cfg.train, cfg.workflow.gpus_per_disaggregated)
     for name in cfg.variants:
-        resolve_variant(cfg, name)
+        check_one_gpu_nccl(f"variants.{name}", resolve_variant(cfg, name), cfg.workflow.gpus_per_disaggregated)
     for name in cfg.workflow.tracks:
         if name != KEYWORD_TRACK:
             track_pipeline(cfg, name)

@@ -485,8 +485,8 @@ class DryRun:
 
     @staticmethod
     def jobs(output: str) -> list[dict]:
-        """Planned jobs (``all`` excluded): rule, wildcards, resources and threads of each; ``[]`` when
-        nothing is to be done."""
+        """Planned jobs (``all`` excluded): rule, wildcards, resources, threads and input files of each,
+        and its shell command (with ``-p``; else ""); ``[]`` when nothing is to be done."""
         out = []
         for block in re.split(r"\n(?=(?:localrule|rule) \w+:)", output):
             m = re.match(r"(?:localrule|rule) (\w+):", block)
@@ -498,6 +498,10 @@ class DryRun:
                 job[key] = dict(kv.split("=", 1) for kv in line.group(1).split(", ")) if line else {}
             threads = re.search(r"^\s+threads: (\d+)$", block, re.M)
             job["threads"] = int(threads.group(1)) if threads else 1  # Snakemake omits threads: 1
+            inputs = re.search(r"^\s+input: (.*)$", block, re.M)
+            job["input"] = inputs.group(1).split(", ") if inputs else []
+            shell = re.search(r"^Shell command: (.*)$", block, re.M)  # with -p (--printshellcmds)
+            job["shell"] = shell.group(1).strip() if shell and shell.group(1).strip() != "None" else ""
             out.append(job)
         return out
 

@@ -8,9 +8,7 @@ rule aggregate_metrics:
         runs=expand(res("runs", "{variant}", "run_info.json"), variant=VARIANTS),
         metrics=expand(res("runs", "{variant}", "metrics.parquet"), variant=VARIANTS),
         bench=[res("bench", f"{b}.json") for b in BENCH_NAMES],  # trl only where installed (bench.smk)
-        code=[module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "bench_text",
-                                                             "optimization_text", "rdt_text", "bench_read",
-                                                             "summary_table")],
+        code=code_inputs("aggregate"),  # the report's code (common.smk)
     output:
         **{k: res("summary", f) for k, f in SUMMARY_FILES.items()},
         table_html=report(
@@ -49,9 +47,7 @@ rule write_results_page:
         # Not an input: the last complete run's duration (run_timing.json), which setup.smk's onsuccess
         # writes after every job, so as an input it would mark this page out of date after each complete
         # run. The page states the record that exists when it is written, with its finishing time.
-        code=[module_file(f"rlpipe.analysis.{m}") for m in ("results_page", "deliverables", "answers_systems",
-                                                             "answers_math", "family_answer", "results_view",
-                                                             "run_timing")],
+        code=code_inputs("results-page"),
     output:
         page=res("RESULTS.md"),
         answers=report(

@@ -116,7 +116,7 @@ rule report_scaling:
     input:
         bench=res("bench", SCALING_FILE),
         weight_sync=res("bench", "weight_sync.json"),
-        code=module_file("rlpipe.analysis.scaling"),
+        code=code_inputs("scaling-report"),
     output:
         figure=report(
             res("bench", SCALING_REPORT_DIR, SCALING_REPORT_FILES["figure"]),

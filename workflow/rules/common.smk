@@ -23,6 +23,7 @@
 # - The unit-test gate is still an ancient() input of training: rerunning the tests (their params or
 #   junit.xml changed) does not retrain. The masking above applies to that one case only.
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -36,6 +37,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 
 from rlpipe import io
+from rlpipe.cli import COMMANDS
 from rlpipe.config import (
     CORPUS_FILE,
     KEYWORD_TRACK,
@@ -251,13 +253,75 @@ def res(*parts: str) -> str:
     return "/".join([RESULTS, *parts])
 
 
-def module_file(name: str) -> str:
-    """Source file of an rlpipe module, as an input: editing it reruns only the rules that use it.
-    Found without importing (plots would pull in matplotlib at parse time)."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None:
-        raise WorkflowError(f"module {name} not found: is rlpipe installed (pip install -e .)?")
-    return spec.origin
+# --------------------------------------------------------------------------- code inputs
+# A report's code is an input of its rule, so that editing it reruns exactly the rules that run it and
+# nothing upstream (training lists no code: editing the trainer retrains nothing). The lists are
+# derived, never kept by hand: code_inputs("family-report") reads the entry module of that `rlpipe`
+# command (rlpipe.cli.COMMANDS) and follows its import statements, transitively, through every rlpipe
+# module it loads (with the package __init__ files Python runs on the way), without importing any of
+# them (the plots would pull in matplotlib at parse time). It keeps the modules of the entry's own
+# package (rlpipe.analysis for every report; the config and io layers below reach a report through its
+# params), and each data file beside them that a kept module names (deliverables.py's
+# seed_questions.yaml). tests/test_workflow_code_inputs.py holds every planned job that runs a report
+# against what importing its entry really loads.
+RLPIPE_ROOT = Path(importlib.util.find_spec("rlpipe").origin).parent.parent  # the directory holding rlpipe/
+
+
+def _module_source(name: str) -> Path | None:
+    """The file of an rlpipe module or package; None for a namespace package or a name that is no module."""
+    p = RLPIPE_ROOT.joinpath(*name.split("."))
+    return next((f for f in (p.with_suffix(".py"), p / "__init__.py") if f.is_file()), None)
+
+
+@cache
+def _module_imports(name: str) -> tuple[frozenset, frozenset]:
+    """(the rlpipe modules that loading ``name`` runs directly: its ancestor packages and what its import
+    statements name, a submodule imported from a package included; the data files beside it that it
+    names in a string)."""
+    path = _module_source(name)
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    parts = name.split(".")
+    found = {".".join(parts[:i]) for i in range(1, len(parts))}
+    data = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[\w.-]+", node.value):
+            beside = path.parent / node.value
+            if beside.suffix != ".py" and beside.is_file():
+                data.add(str(beside))
+    rlpipe = frozenset(m for m in found if m.split(".")[0] == "rlpipe" and _module_source(m))
+    return rlpipe, frozenset(data)
+
+
+def code_inputs(*commands: str) -> list:
+    """The source files (and the data files they name) of the entry modules of these `rlpipe` commands
+    and of every module of the entry's package that they load, as inputs: see above."""
+    files = set()
+    for command in commands:
+        if command not in COMMANDS:
+            raise WorkflowError(f"code_inputs: no rlpipe command {command!r}")
+        entry = COMMANDS[command][0]
+        own = entry.rpartition(".")[0] + "."
+        seen, todo = set(), [entry]
+        while todo:
+            m = todo.pop()
+            if m in seen:
+                continue
+            seen.add(m)
+            modules, data = _module_imports(m)
+            todo += modules
+            if m.startswith(own):
+                files |= {str(_module_source(m)), *data}
+    return sorted(files)
 
 
 def canonical(value) -> str:
@@ -501,7 +565,7 @@ def track_report_inputs(wildcards) -> dict:
     models = ["base", *t.pipeline.variants]
     return {"evals": [track_eval_outputs(t.name, m)["summary"] for m in models],
             "runs": [track_run_outputs(t.name, v)["metrics"] for v in t.pipeline.variants],
-            "code": module_file("rlpipe.analysis.math_report")}
+            "code": code_inputs("math-report")}
 
 
 def track_targets(t) -> list:
@@ -525,7 +589,7 @@ def track_summary_inputs(wildcards) -> dict:
     t = track_of(wildcards)
     runs = [track_run_outputs(t.name, v) for v in t.pipeline.variants]
     return {"info": [r["info"] for r in runs], "metrics": [r["metrics"] for r in runs],
-            "code": [module_file(f"rlpipe.analysis.{m}") for m in ("aggregate", "report_text", "flat_reward")]}
+            "code": code_inputs("aggregate")}
 
 
 def track_systems_targets(t) -> list:
@@ -710,4 +774,4 @@ def family_report_inputs(wildcards) -> dict:
     runs = family_runs(f)
     return {"metrics": [family_trained_outputs(f, v, s)["metrics"] for v, s in runs],
             "info": [family_trained_outputs(f, v, s)["info"] for v, s in runs],
-            "code": [module_file("rlpipe.analysis.families"), module_file("rlpipe.analysis.stats")]}
+            "code": code_inputs("family-report")}

@@ -91,8 +91,7 @@ rule report_family:
 # lint: conda (no environment on purpose, see common.smk)
 rule run_toy_sort:
     input:
-        code=[module_file("rlpipe.tasks.sorting.experiment"), module_file("rlpipe.tasks.sorting.toy_model"),
-              module_file("rlpipe.analysis.toy_sort")],
+        code=code_inputs("toy-sort", "toy-sort-report"),
     output:
         curves=report(
             res("toy_sort", TOY_SORT_FILES["curves"]),

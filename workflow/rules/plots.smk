@@ -1,6 +1,6 @@
 # One rule per figure (plot_<kind>), generated from rlpipe.analysis.contract.FIGURES (imported by
-# common.smk). Each takes the plotting modules (plots, plots_systems, figure_kit) as inputs, so
-# editing the plotting code reruns the figures and nothing upstream. Captions:
+# common.smk). Each takes the plotting code as inputs (code_inputs: `rlpipe plot`'s module and the
+# analysis modules it loads), so editing it reruns the figures and nothing upstream. Captions:
 # workflow/report/<kind>.rst.
 
 for _kind, _fig in FIGURES.items():
@@ -11,7 +11,7 @@ for _kind, _fig in FIGURES.items():
             f"plot_{_kind}"
         input:
             summary=[res("summary", f) for f in SUMMARY_FILES.values()],
-            code=[module_file(f"rlpipe.analysis.{m}") for m in ("plots", "plots_systems", "figure_kit")],
+            code=code_inputs("plot"),
         output:
             report(
                 figure_path(_kind),

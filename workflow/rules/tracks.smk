@@ -236,7 +236,7 @@ for _kind in TRACK_FIGURES:
             f"plot_track_{_kind}"
         input:
             summary=[tdir_res("summary", f) for f in SUMMARY_FILES.values()],
-            code=[module_file(f"rlpipe.analysis.{m}") for m in ("plots", "plots_systems", "figure_kit")],
+            code=code_inputs("plot"),
         output:
             report(
                 tdir_res("figures", figure_file(_kind)),

@@ -141,7 +141,9 @@ class Learner:
             self.model.eval()
             lp = policy_log_probs(self.model, batch, self.pad_id, self.cfg, self.device)  # (B, T)
             self.model.train()
-        lp = lp.clone()  # a normal tensor: inference tensors cannot take part in autograd later
+        # a normal host tensor: it goes into the rollout batch, which crosses actor boundaries (and
+        # inference tensors cannot take part in autograd later)
+        lp = lp.to("cpu", copy=True)
         mask = pack_token_ids(batch.prompt_ids, batch.response_ids, self.pad_id)["response_mask"].bool()  # (B, T)
         rows = [row[m] for row, m in zip(lp, mask, strict=True)]  # (B,) each (T_i,)
         if sum(r.numel() for r in rows) != batch.response_tokens():

@@ -9,7 +9,9 @@ reads it (``needed``: ``train.kl_coef > 0`` or ``train.kl_monitor``). Seed 001 t
 policy with no KL term, where a third copy of the weights costs a GPU's worth of memory for nothing;
 without it the ``kl/ref_*`` metrics stay NaN and the learner gets ``ref_log_probs=None``.
 The policy is either backend (``rlpipe.lm.policy.load_policy``: an rlpipe checkpoint or an HF
-directory); ``log_probs`` is microbatched like the learner (``policy_log_probs``).
+directory); ``log_probs`` is microbatched like the learner (``policy_log_probs``). Its log-probs stay
+on the device: the reference and the learner share one actor in both placements (``workers``), so
+the learner consumes them there, with no copy to the host and back and no synchronisation per step.
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ def token_log_probs(model, input_ids, labels, response_mask, train_cfg, entropy:
 
 
 def policy_log_probs(model, batch: RolloutBatch, pad_id: int, train_cfg, device: torch.device) -> torch.Tensor:
-    """(B, T) float32 CPU log-probs of ``batch``'s sampled tokens under ``model`` (label layout of
+    """(B, T) float32 log-probs of ``batch``'s sampled tokens under ``model`` (label layout of
     ``pack_token_ids``, 0 off the response), in microbatches of ``train_batch_size //
-    gradient_accumulation_steps`` rows. Call it under ``no_grad`` or ``inference_mode``."""
+    gradient_accumulation_steps`` rows, on ``device``: a caller that hands them to another process
+    copies them to the host itself, one consumed where they were computed needs no device-to-host
+    synchronisation. Call it under ``no_grad`` or ``inference_mode``."""
     packed = pack_token_ids(batch.prompt_ids, batch.response_ids, pad_id)
     mb = train_cfg.train_batch_size // train_cfg.gradient_accumulation_steps
     ids, labels = packed["input_ids"].to(device), packed["labels"].to(device)  # (B, T) each
@@ -55,7 +59,7 @@ def policy_log_probs(model, batch: RolloutBatch, pad_id: int, train_cfg, device:
         with autocast(device, train_cfg.dtype):
             out = token_log_probs(model, ids[s:s + mb], labels[s:s + mb], mask[s:s + mb], train_cfg)
         outs.append(out["log_probs"].float())  # (mb, T)
-    return torch.cat(outs).cpu()  # (B, T)
+    return torch.cat(outs)  # (B, T) on device
 
 
 class ReferenceModel:
@@ -69,6 +73,7 @@ class ReferenceModel:
 
     @torch.no_grad()
     def log_probs(self, batch: RolloutBatch, step: int, version: int) -> torch.Tensor:
-        """(B, T) log-probs of the sampled response tokens (label layout of ``pack_token_ids``)."""
+        """(B, T) log-probs of the sampled response tokens (label layout of ``pack_token_ids``), on
+        this model's device: the learner that reads them lives in the same process (``workers``)."""
         with self.prof.phase("ref_logprobs", step, version):
             return policy_log_probs(self.model, batch, self.pad_id, self.cfg, self.device)

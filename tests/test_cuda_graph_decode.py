@@ -6,6 +6,7 @@ and the static decodes' early stop without a host read every step."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import weakref
@@ -106,6 +107,52 @@ def test_one_runner_per_shape_reused_and_rebuilt_when_the_parameters_move():
     assert _runner(model, 3) is first
     model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)  # moved
     assert _runner(model, 3) is not first
+
+
+@pytest.mark.filterwarnings("ignore:decode 'cudagraph'")
+def test_capture_warms_up_on_a_side_stream_then_records_once_in_thread_local_mode(monkeypatch):
+    """``StaticBuffers._capture``'s sequence on CPU, torch.cuda's stream and graph calls recorded (the
+    steps run eagerly): ``WARMUP_STEPS`` steps on a side stream that waited for the current one, the
+    current stream waiting for it, then one step recorded into the model's pool in ``thread_local``
+    error mode (Ray runs an actor's RDT receives on another thread; torch's default, ``global``, fails
+    a capture when any thread makes an unsafe CUDA call); a replay returns the captured logits buffer."""
+    events: list = []
+
+    class Stream:
+        def wait_stream(self, other):
+            events.append(("wait", self, other))
+
+    class Graph:
+        def replay(self):
+            events.append("replay")
+
+    @contextlib.contextmanager
+    def on(stream):
+        events.append(("on", stream))
+        yield
+        events.append(("off", stream))
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+        assert isinstance(cuda_graph, Graph)
+        events.append(("capture", pool, capture_error_mode))
+        yield
+        events.append("captured")
+
+    side, current = Stream(), Stream()
+    for name, fake in (("Stream", lambda device=None: side), ("current_stream", lambda device=None: current),
+                       ("stream", on), ("CUDAGraph", Graph), ("graph", graph)):
+        monkeypatch.setattr(torch.cuda, name, fake)
+    model = _micro_model()  # the runner holds it weakly
+    runner = _runner(model, 2)  # on CPU: built, not captured
+    real_run = runner.run
+    runner.run = lambda: events.append("step") or real_run()
+    with torch.inference_mode():
+        runner._capture("the model's pool", None)
+        assert events == [("wait", side, current), ("on", side), *["step"] * cgd.WARMUP_STEPS, ("off", side),
+                          ("wait", current, side), ("capture", "the model's pool", "thread_local"), "step", "captured"]
+        out = runner.step(torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    assert events[-1] == "replay" and out is runner.logits
 
 
 @pytest.mark.filterwarnings("ignore:decode 'cudagraph'")

@@ -120,15 +120,21 @@ def test_hf_stop_string_and_eos_bookkeeping(qwen, tok, decode_check):
     assert "stop" in g.finish_reason
 
 
-def test_bench_sampler_smoke(tmp_path, capsys):
+def test_bench_sampler_smoke(tmp_path, capsys, monkeypatch):
     """``rlpipe bench sampler`` runs end to end and writes the JSON line it prints (no timing is
     asserted). It lives here because it imports transformers, which this file needs anyway."""
     import json
 
-    from rlpipe.bench.sampler import main
+    from rlpipe.bench import sampler as bench_sampler
 
+    shape_peak_devices, real_peak = [], bench_sampler.matmul_peak
+    monkeypatch.setattr(bench_sampler, "matmul_peak", lambda *a, **kw: shape_peak_devices.append(
+        kw.get("device")) or real_peak(*a, **kw))
     out = tmp_path / "bench.json"
-    result = main(["--batch", "2", "--new-tokens", "3", "--repeats", "1", "--no-compiled", "--out", str(out)])
+    result = bench_sampler.main(["--batch", "2", "--new-tokens", "3", "--repeats", "1", "--no-compiled", "--device",
+                                 "cpu", "--out", str(out)])
+    # the shape peak is measured on the bench's --device (with --device cuda, not on the host's CPU)
+    assert shape_peak_devices and all(d == torch.device("cpu") for d in shape_peak_devices), shape_peak_devices
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed == result == json.loads(out.read_text())
     for key in ("kv_tokens_per_s", "naive_tokens_per_s", "kv_over_naive", "hf_ours_tokens_per_s",

@@ -12,8 +12,9 @@ Prints ONE JSON line (and with ``--out`` also writes it atomically):
 - ``kv_gflops`` / ``matmul_peak_gflops`` / ``kv_fraction_of_peak``: the KV-cache sampler's achieved
   FLOP/s (prefill plus one forward per new token against its cached context, counted as in
   ``rlpipe.bench.flops``) against the best square fp32 matmul rate measured in this process on the
-  same threads. Decoding multiplies (B, D) rows by (D, D) weights once per token: small products
-  plus per-token Python and sampling work, so a low fraction here says what bounds generation.
+  same threads and the same ``--device``. Decoding multiplies (B, D) rows by (D, D) weights once per
+  token: small products plus per-token Python and sampling work, so a low fraction here says what
+  bounds generation.
 
 - ``compiled_tokens_per_s`` / ``compiled_over_eager`` / ``compiled_fraction_of_peak`` /
   ``compile_s``: the same model and batch through the fixed-shape decode step compiled with
@@ -154,10 +155,10 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
     for warm in (ours(model, p=small), ours(model, False, small), ours(hf, p=small),
                  _hf_generate_fn(hf, small, new_tokens, tok.pad_token_id, dev)):
         warm()
-    peak = matmul_peak()["flops_per_s"]
+    peak = matmul_peak(device=dev)["flops_per_s"]  # the shape peak on the decode's own device, not the CPU
     chip = device_peak(dev, next(model.parameters()).dtype)
     kv_s, naive_s = _paired_median_seconds(ours(model), ours(model, False), repeats)
-    peak = max(peak, matmul_peak()["flops_per_s"])
+    peak = max(peak, matmul_peak(device=dev)["flops_per_s"])
     kv_flops = sum(decode_flops(cfg, len(p), new_tokens, 1) for p in prompts)
     hf_gen = _hf_generate_fn(hf, prompts, new_tokens, tok.pad_token_id, dev)
     hf_ours_s, hf_gen_s = _paired_median_seconds(ours(hf), hf_gen, repeats)

@@ -17,9 +17,10 @@ What a graph needs, and how it is met here:
   advances (``at += 1``) and its key-mask column is set on the device (``index_fill_``), so the same
   recorded kernels serve every position;
 - warm-up on a side stream before capture (cuBLAS workspaces and lazy initialisation happen outside
-  the graph), then one capture; every shape's graph shares one memory pool per model (graphs run one
-  at a time on one stream, so their intermediates may share memory; persistent buffers are
-  allocated outside the pool);
+  the graph), then one capture in ``thread_local`` error mode (``CAPTURE_ERROR_MODE``: Ray's RDT
+  receives run on another thread of the actor); every shape's graph shares one memory pool per
+  model (graphs run one at a time on one stream, so their intermediates may share memory;
+  persistent buffers are allocated outside the pool);
 - under bf16 autocast the capture runs with the autocast weight cache off, so the graph holds the
   weight casts and reads the current fp32 weights on every replay (a cached cast would freeze the
   weights of the capture); weight syncs copy into the parameters in place, and a model whose
@@ -49,6 +50,12 @@ from rlpipe.lm.model import KVCache, TransformerLM
 from rlpipe.lm.static_decode import StaticDecodeAdapter, decode_step, rope_cos_sin
 
 WARMUP_STEPS = 2  # eager runs on the side stream before capture
+# Only this thread's calls may not break the capture (torch's default, "global", forbids unsafe CUDA
+# calls in every thread of the process). Ray runs a receiving actor's RDT transfers (cuda_ipc's
+# IPC-handle opens, NCCL receives) on its own "_ray_system" thread while the actor's task runs, so a
+# weight sync submitted during a rollout that captures a new batch shape would otherwise fail the
+# capture or the transfer. Inductor's CUDA-graph trees capture with the same mode.
+CAPTURE_ERROR_MODE = "thread_local"
 
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _ModelGraphs
 _WARNED: set[str] = set()
@@ -133,7 +140,7 @@ class StaticBuffers:
                 self.run()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool), cast():
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE), cast():
             self.logits = self.run()
         self.graph = graph
         self.replay = self._replay

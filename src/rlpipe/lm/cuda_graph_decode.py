@@ -52,9 +52,9 @@ from rlpipe.lm.static_decode import StaticDecodeAdapter, decode_step, rope_cos_s
 WARMUP_STEPS = 2  # eager runs on the side stream before capture
 # Only this thread's calls may not break the capture (torch's default, "global", forbids unsafe CUDA
 # calls in every thread of the process). Ray runs a receiving actor's RDT transfers (cuda_ipc's
-# IPC-handle opens, NCCL receives) on its own "_ray_system" thread while the actor's task runs, so a
-# weight sync submitted during a rollout that captures a new batch shape would otherwise fail the
-# capture or the transfer. Inductor's CUDA-graph trees capture with the same mode.
+# IPC-handle opens, NCCL receives) on its own "_ray_system" thread, beside the actor's task: the
+# drivers sync weights between rollouts, but a capture no longer depends on that. Inductor's
+# CUDA-graph trees capture in the same mode.
 CAPTURE_ERROR_MODE = "thread_local"
 
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _ModelGraphs

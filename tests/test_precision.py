@@ -90,3 +90,126 @@ def test_bf16_learns_like_fp32(tiny_base, learning):
     # bf16 - fp32 mean +0.047, sd 0.017 (margin 8.7 sd).
     learning.check("bf16 train reward, last 8 steps - first 4", bf16, threshold=0.15, noise=0.022)
     learning.check("bf16 gain - fp32 gain", bf16 - fp32, threshold=-0.1, noise=0.028)
+
+
+# --------------------------------------------------------------------------- an HF policy's learner
+
+
+def _bf16_inference(device, dtype):  # hf_dtype's CUDA answer, on any device
+    return torch.bfloat16 if dtype == "bfloat16" else torch.float32
+
+
+@pytest.fixture
+def cuda_precision(monkeypatch):
+    """The weight-dtype decision an HF policy gets on CUDA (``rlpipe.lm.checkpoint.hf_dtype``: bf16
+    inference copies under dtype bfloat16), made on CPU, where it otherwise keeps everything fp32, so
+    that the bf16 path runs here (bf16 works on CPU, slowly)."""
+    from rlpipe.lm import checkpoint, policy
+    from rlpipe.trainer.actors import learner
+
+    for module in (checkpoint, policy, learner):
+        monkeypatch.setattr(module, "hf_dtype", _bf16_inference)
+
+
+def _hf_config(**kw) -> TrainConfig:
+    return TrainConfig(**({"task": "math", "device": "cpu", "dtype": "bfloat16", "rollout_batch_size": 8,
+                           "group_size": 4, "train_batch_size": 8, "gradient_accumulation_steps": 2,
+                           "sampling_max_tokens": 8, "val_size": 2, "threads": 1, "kl_monitor": True} | kw))
+
+
+def _dtypes(model) -> set:
+    return {p.dtype for p in model.parameters()}
+
+
+def _adam_dtypes(learner) -> set:
+    return {s.dtype for st in learner.opt.state.values() for s in st.values() if torch.is_tensor(s) and s.dim()}
+
+
+def _signed(batch):
+    """``batch`` with alternating advantages +-1: the tiny policy's short samples all score 0, whose
+    advantages (and so gradients) would be 0."""
+    batch.advantages = torch.tensor([1.0, -1.0] * (len(batch) // 2))
+    return batch
+
+
+def _resume_extra(step: int) -> dict:
+    return {"step": step, "next_batch": step, "samples": 8 * step}
+
+
+def test_master_weights_decision():
+    from rlpipe.lm.policy import learner_weight_dtype
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # a decision only: no CUDA needed
+    assert learner_weight_dtype(cuda, "bfloat16") == torch.float32
+    assert learner_weight_dtype(cuda, "bfloat16", "bfloat16") == torch.bfloat16
+    assert learner_weight_dtype(cpu, "bfloat16", "bfloat16") == torch.float32  # CPU: HF weights always fp32
+    with pytest.raises(ValueError, match="master_weights: bfloat16 needs .*dtype: bfloat16"):
+        TrainConfig(master_weights="bfloat16")
+
+
+def test_hf_learner_keeps_fp32_masters_and_syncs_bf16_into_its_generator(tiny_qwen, math_fixture, cuda_precision,
+                                                                           tmp_path):
+    """dtype bfloat16 with an HF policy (the CUDA decision, on CPU): the generator and the reference hold
+    bf16 weights, the learner fp32 master weights and fp32 AdamW state, and computes in bf16; a sync
+    gives the generator the learner's weights rounded to bf16; last.pt stores fp32 and resumes exactly."""
+    from rlpipe.trainer.weight_sync import flat_weights
+
+    w = ColocatedWorker(str(tiny_qwen), _hf_config(), str(math_fixture), threads=1)
+    assert _dtypes(w.generator.model) == _dtypes(w.reference.model) == {torch.bfloat16}
+    assert _dtypes(w.learner.model) == {torch.float32} and w.learner.sync_dtype == torch.bfloat16
+    seen = []
+    hook = _output_dtypes(w.learner.model, seen)[0]
+    try:
+        batch = _signed(w.rollout(0, 1))
+        result = w.learner.train_step(batch, None, 1)
+    finally:
+        hook.remove()
+    assert result.metrics["optim/grad_norm"] > 0 and set(seen) == {torch.bfloat16}  # autocast
+    assert _dtypes(w.learner.model) == _adam_dtypes(w.learner) == {torch.float32}
+    w.sync_weights(1)
+    gen, master = flat_weights(w.generator.model), flat_weights(w.learner.model)
+    assert gen.keys() == master.keys()
+    assert all(gen[k].dtype == torch.bfloat16 and torch.equal(gen[k], master[k].to(torch.bfloat16)) for k in gen)
+    # an AdamW step of ~lr moved the fp32 masters off the bf16 grid: the generator's copy is rounded
+    assert any(not torch.equal(master[k], gen[k].float()) for k in gen)
+
+    path = str(tmp_path / "last.pt")
+    w.save(path, _resume_extra(1))
+    w.wait_saved()
+    raw = torch.load(path, weights_only=True)
+    assert {t.dtype for t in raw["model"].values()} == {torch.float32}
+    assert {s.dtype for st in raw["optimizer"]["state"].values() for s in st.values() if s.dim()} == {torch.float32}
+    resumed = ColocatedWorker(str(tiny_qwen), _hf_config(), str(math_fixture), threads=1)
+    resumed.restore(path)
+    assert _dtypes(resumed.learner.model) == _adam_dtypes(resumed.learner) == {torch.float32}
+    assert all(torch.equal(a, b) for a, b in zip(resumed.learner.model.parameters(), w.learner.model.parameters(),
+                                                 strict=True))
+    assert all(torch.equal(a, flat_weights(resumed.generator.model)[k]) for k, a in gen.items())
+    torch.manual_seed(0)
+    w.learner.train_step(batch, None, 2)
+    torch.manual_seed(0)
+    resumed.learner.train_step(batch, None, 2)
+    assert all(torch.equal(a, b) for a, b in zip(resumed.learner.model.parameters(), w.learner.model.parameters(),
+                                                 strict=True))
+
+
+def test_bf16_master_weights_option_and_resuming_their_checkpoint_into_fp32_masters(
+        tiny_qwen, math_fixture, cuda_precision, tmp_path):
+    """``train.master_weights: bfloat16``: seed 001's bf16 learner weights and AdamW state; its
+    checkpoint (as rlpipe wrote before fp32 masters) resumes into an fp32-master learner, upcast."""
+    from rlpipe.trainer.actors.learner import Learner
+
+    cfg = _hf_config(kl_monitor=False)
+    w = ColocatedWorker(str(tiny_qwen), cfg.model_copy(update={"master_weights": "bfloat16"}), str(math_fixture),
+                        threads=1)
+    w.learner.train_step(_signed(w.rollout(0, 1)), None, 1)
+    assert _dtypes(w.learner.model) == _adam_dtypes(w.learner) == {torch.bfloat16}
+    path = str(tmp_path / "last.pt")
+    w.save(path, _resume_extra(1))
+    w.wait_saved()
+    fp32 = Learner(str(tiny_qwen), cfg)
+    fp32.restore(path)
+    assert fp32.version == 1
+    assert _dtypes(fp32.model) == _adam_dtypes(fp32) == {torch.float32}
+    assert all(torch.equal(a, b.float()) for a, b in zip(fp32.model.parameters(), w.learner.model.parameters(),
+                                                         strict=True))

@@ -16,6 +16,7 @@ from rlpipe.trainer.weight_sync import (
     WeightReceiver,
     WeightSender,
     WeightSyncError,
+    copy_weights,
     flat_weights,
     shm_payload,
     weights_checksum,
@@ -332,3 +333,62 @@ def test_state_tensors_read_each_submodule_once_without_state_dict(monkeypatch):
     model = _models()["transformer"]
     monkeypatch.setattr(nn.Module, "state_dict", lambda self, *a, **k: pytest.fail("state_dict() was called"))
     assert payload_mod._state_tensors(model)  # the plain path: no state_dict() at any level
+
+
+# --------------------------------------------------------------------------- fp32 sender, bf16 receiver
+
+
+def _bf16_twin(seed: int) -> nn.Module:
+    return MixedNet(seed).to(torch.bfloat16)  # floating tensors bf16; the int64 and bool buffers kept
+
+
+def _cast_equal(received: nn.Module, sent: nn.Module) -> bool:
+    """``received`` holds ``sent``'s values rounded to its dtypes (the ints and bools unchanged)."""
+    r, s = flat_weights(received), flat_weights(sent)
+    return r.keys() == s.keys() and all(torch.equal(r[k], s[k].to(r[k].dtype)) for k in r)
+
+
+SENDS = {  # the export every transport uses: rdt (packed), object_store (views / packed, and naive tensors)
+    "tensors": lambda p: p.export_weights("cpu", False),
+    "packed": lambda p: p.export_weights("cpu", True),
+    "shm_views": lambda p: p.export_weights_shm(False),
+    "shm_packed": lambda p: p.export_weights_shm(True),
+}
+
+
+@pytest.mark.parametrize("path", list(SENDS))
+def test_fp32_sender_syncs_into_a_bf16_receiver_rounded(path):
+    """An fp32 learner (master weights) into a bf16 generator: with ``weight_sync_dtype`` the sender
+    exports floating weights in bf16 (half the bytes) and the receiver gets them rounded to nearest."""
+    src, dst = MixedNet(1), Peer(_bf16_twin(2))
+    assert not _cast_equal(dst.model, src)
+    sender = Peer(src)
+    sender.weight_sync_dtype = torch.bfloat16
+    ptrs = {k: v.data_ptr() for k, v in dst.model.state_dict().items()}
+    ack = dst.load_weights(SENDS[path](sender), version=1)
+    assert _cast_equal(dst.model, src)
+    assert ack.bytes == sum(t.numel() * t.element_size() for t in flat_weights(dst.model).values())
+    assert {k: v.data_ptr() for k, v in dst.model.state_dict().items()} == ptrs  # in place
+    assert src.emb.weight.dtype == torch.float32  # the sender's own weights untouched
+
+
+def test_a_named_fp32_payload_is_cast_by_the_receiver_but_raw_bytes_need_the_senders_cast():
+    """The in-process sync (``copy_weights``, colocated) and named tensors cast on the receiver's copy;
+    packed and shared-memory payloads carry raw bytes, so without the sender's cast the layout check
+    refuses them before anything is written."""
+    src = MixedNet(3)
+    local = _bf16_twin(4)
+    copy_weights(src, local)
+    assert _cast_equal(local, src)
+    named = Peer(_bf16_twin(4))
+    named.load_weights(Peer(src).export_weights("cpu", False), version=1)
+    assert _cast_equal(named.model, src)
+    for send in ("packed", "shm_views", "shm_packed"):
+        dst = Peer(_bf16_twin(5))
+        before = weights_checksum(dst.model)
+        with pytest.raises(WeightSyncError, match="another layout"):
+            dst.load_weights(SENDS[send](Peer(src)), version=1)
+        assert weights_checksum(dst.model) == before, send
+    with pytest.raises(WeightSyncError, match="'count'"):  # a non-floating dtype is never cast
+        Peer(_bf16_twin(6)).load_weights({**Peer(src).export_weights("cpu", False),
+                                          "count": torch.tensor(1.0)}, version=1)

@@ -175,8 +175,16 @@ class TrainConfig(_Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Compute precision of generation, reference and update. bfloat16: our "
         "TransformerLM runs under torch.autocast (bf16 matmuls; norms, RoPE, softmax, log-probs and losses in "
-        "fp32) on CUDA and CPU, with fp32 weights and fp32 AdamW state; an HF policy is loaded with bf16 weights "
-        "on CUDA (seed 001) and stays fp32 on CPU. config/gpu.yaml sets bfloat16.")
+        "fp32) on CUDA and CPU, with fp32 weights and fp32 AdamW state; an HF policy's learner does the same "
+        "(see master_weights), its generator and reference model hold bf16 weights on CUDA (seed 001) and fp32 "
+        "on CPU. config/gpu.yaml sets bfloat16.")
+    master_weights: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Learner weights of an HF policy under dtype bfloat16 on CUDA, and so its "
+        "gradients and AdamW state. float32: master weights, forward and backward under bf16 autocast (updates "
+        "far below bf16's resolution still count); 16 bytes per parameter (24.7 GB for Qwen2.5-Math-1.5B). "
+        "bfloat16: seed 001's bf16 weights and AdamW state, 8 bytes per parameter (12.3 GB), for a GPU too "
+        "small for the other. Needs dtype bfloat16; elsewhere (CPU, our TransformerLM) the weights are fp32. "
+        "Checkpoints store the learner's weights and AdamW state in this dtype.")
     threads: int = Field(
         1, ge=1, description="torch threads per compute actor (one CPU 'device': colocated runs one, "
                              "disaggregated two), capped by the job's threads (workflow.threads_per_variant).")
@@ -252,6 +260,8 @@ class TrainConfig(_Section):
              f"@k={self.k} needs @mode: colocated_k (mode is {self.mode})")
         need(not self.replay.enabled or self.mode == "disaggregated",
              f"@replay.enabled needs @mode: disaggregated (mode is {self.mode})")
+        need(self.master_weights == "float32" or self.dtype == "bfloat16",
+             f"@master_weights: bfloat16 needs @dtype: bfloat16 (dtype is {self.dtype})")
         need(self.policy_lag == 1 or self.mode == "disaggregated",
              f"@policy_lag={self.policy_lag} needs @mode: disaggregated (mode is {self.mode})")
         groups = self.rollout_batch_size // self.group_size

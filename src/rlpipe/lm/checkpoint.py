@@ -289,12 +289,12 @@ def is_hf_checkpoint_config(model_config: dict) -> bool:
     return isinstance(model_config, dict) and HF_PRETRAINED in model_config
 
 
-def _load_hf(path, payload: dict, device, dtype: str) -> LoadedCheckpoint:
+def _load_hf(path, payload: dict, device, dtype: str, weight_dtype: torch.dtype | None) -> LoadedCheckpoint:
     source = payload["model_config"][HF_PRETRAINED]
     if not is_hf_dir(source):
         raise CheckpointError(f"checkpoint {path} holds an HF policy built from {source}, which is gone "
                               "(no config.json there); restore that model directory to load it")
-    model = load_hf_model(source, torch.device(device), dtype)
+    model = load_hf_model(source, torch.device(device), dtype, weight_dtype)  # the saved weights are cast to it
     check_state_dict(model, payload["model"], source=f"checkpoint {path}")
     model.load_state_dict(payload["model"], strict=True)
     return LoadedCheckpoint(model=model, model_config=None, tokenizer=payload.get("tokenizer"),
@@ -309,18 +309,22 @@ def is_hf_dir(path: str | Path) -> bool:
 
 
 def hf_dtype(device: torch.device, dtype: str) -> torch.dtype:
-    """Weight dtype of an HF policy: bf16 on CUDA when asked, fp32 otherwise."""
+    """Weight dtype of an HF policy's inference copies (generator, reference): bf16 on CUDA when
+    ``dtype`` is ``bfloat16``, fp32 otherwise. The learner chooses its own (``rlpipe.lm.policy``)."""
     return torch.bfloat16 if device.type == "cuda" and dtype == "bfloat16" else torch.float32
 
 
-def load_hf_model(path: str | Path, device: torch.device, dtype: str = "float32") -> nn.Module:
-    """``AutoModelForCausalLM`` from a local directory (never downloads; see ``rlpipe.lm.policy``)."""
+def load_hf_model(path: str | Path, device: torch.device, dtype: str = "float32",
+                  weight_dtype: torch.dtype | None = None) -> nn.Module:
+    """``AutoModelForCausalLM`` from a local directory (never downloads; see ``rlpipe.lm.policy``),
+    with weights in ``weight_dtype`` (default ``hf_dtype(device, dtype)``)."""
     from transformers import AutoModelForCausalLM
 
     p = Path(path)
     if not is_hf_dir(p):
         raise FileNotFoundError(f"{p} is not a HuggingFace model directory (no {HF_CONFIG})")
-    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=hf_dtype(device, dtype), local_files_only=True)
+    weights = hf_dtype(device, dtype) if weight_dtype is None else weight_dtype
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=weights, local_files_only=True)
     disable_dropout(model)
     return model.to(device)
 
@@ -345,12 +349,14 @@ def read_extra(path) -> dict:
     return _read(path, "cpu").get("extra") or {}
 
 
-def load_checkpoint(path, device="cpu", dtype: str = "float32") -> LoadedCheckpoint:
+def load_checkpoint(path, device="cpu", dtype: str = "float32",
+                    weight_dtype: torch.dtype | None = None) -> LoadedCheckpoint:
     """Rebuild the model saved at ``path`` on ``device``: a ``TransformerLM`` (fp32), or an HF policy
-    from its directory (weights bf16 on CUDA when ``dtype`` is ``bfloat16``, see ``rlpipe.lm.policy``)."""
+    from its directory, its weights in ``weight_dtype`` (default: bf16 on CUDA when ``dtype`` is
+    ``bfloat16``, fp32 otherwise; see ``rlpipe.lm.policy``) whatever dtype the file stores them in."""
     payload = _read(path, device)
     if is_hf_checkpoint_config(payload["model_config"]):
-        return _load_hf(path, payload, device, dtype)
+        return _load_hf(path, payload, device, dtype, weight_dtype)
     try:
         config = ModelConfig.from_dict(payload["model_config"])
     except (TypeError, ValueError) as e:

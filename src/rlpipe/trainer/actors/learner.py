@@ -35,6 +35,12 @@ How this departs from the seed skeleton, and why:
   (``grpo.kl_importance_weights``). On-policy the weights are ~1 and change nothing; on replayed
   batches several versions old, unweighted k3 read 147 where the log-ratio estimate read 9.4,
   because exp(log pi_ref/pi_t) is huge on old tokens that pi_t has since learned to avoid.
+- Precision (``train.dtype: bfloat16``): the forward/backward runs under bf16 autocast over fp32
+  master weights, so gradients and AdamW state are fp32, for an HF policy as for our TransformerLM
+  (``rlpipe.lm.policy.learner_weight_dtype``; ``train.master_weights: bfloat16`` keeps seed 001's bf16
+  weights and state instead). An HF policy's generator holds bf16 weights on CUDA: ``sync_dtype``
+  names that dtype, and weight syncs cast to it (``rlpipe.trainer.weight_sync``). ``last.pt`` stores
+  the learner's weights and AdamW state as the learner holds them (fp32 by default).
 - Staleness per row = learner version when the row is trained - version that generated it.
 - Divergence stops the run (``NonFiniteLossError``, naming the optimizer step): a non-finite loss
   or gradient norm (weights not updated), or, after the update, a non-finite parameter or
@@ -54,7 +60,7 @@ import torch
 
 from rlpipe.lm.checkpoint import CheckpointError, load_training_state, non_finite_tensors
 from rlpipe.lm.device import autocast, resolve_device, setup_process
-from rlpipe.lm.policy import for_training, load_policy
+from rlpipe.lm.policy import for_training, hf_dtype, learner_weight_dtype, load_policy
 from rlpipe.rl.grpo import (
     grpo_microbatch_train_step,
     kl_importance_weights,
@@ -122,8 +128,12 @@ class Learner:
         self.cfg = train_cfg
         self.sizes = train_cfg.derived()
         self.device = resolve_device(train_cfg.device)
-        self.policy = load_policy(checkpoint, device=self.device, dtype=train_cfg.dtype, tokenizer=tokenizer)
+        masters = learner_weight_dtype(self.device, train_cfg.dtype, train_cfg.master_weights)
+        self.policy = load_policy(checkpoint, device=self.device, dtype=train_cfg.dtype, tokenizer=tokenizer,
+                                  weight_dtype=masters)
         self.model = for_training(self.policy.model, train_cfg.gradient_checkpointing).train()
+        # the generator's weight dtype (an HF policy's inference copy: bf16 on CUDA), which syncs cast to
+        self.sync_dtype = hf_dtype(self.device, train_cfg.dtype) if self.policy.kind == "hf" else None
         self.pad_id = self.policy.tokenizer.pad_token_id
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=train_cfg.learning_rate,
                                      weight_decay=train_cfg.weight_decay, betas=tuple(train_cfg.betas))

@@ -142,6 +142,10 @@ class LearnerWorker(WeightSender):
     def model(self):  # what WeightSender exports
         return self.learner.model
 
+    @property
+    def weight_sync_dtype(self):  # the generator's weight dtype: exports cast to it
+        return self.learner.sync_dtype
+
     def save(self, path: str, extra: dict) -> None:
         self.learner.save(path, extra)
 

@@ -23,6 +23,7 @@ from rlpipe.trainer.weight_sync.payload import (
     shm_payload,
     state_bytes,
     weights_checksum,
+    wire_dtype,
 )
 
 # room for a ShmPayload's pickled names and chunk headers in a channel (~50 bytes per 1 MiB chunk
@@ -84,10 +85,16 @@ class _WeightActor:
 
 
 class WeightSender(_WeightActor):
-    """Mixin for the actor that owns the trained weights (the Learner)."""
+    """Mixin for the actor that owns the trained weights (the Learner).
+
+    ``weight_sync_dtype``: the receivers' floating weight dtype when it differs from the sender's
+    (an fp32 learner's bf16 generator); every export casts floating weights to it, so the bytes that
+    cross are the receiver's (half of fp32's for bf16). None: the model's own dtypes."""
+
+    weight_sync_dtype: torch.dtype | None = None
 
     def export_weights(self, device: str | None = "cpu", pack: bool = False) -> dict[str, torch.Tensor]:
-        """The flat weights on ``device`` (None: the model's own device).
+        """The flat weights on ``device`` (None: the model's own device), in ``weight_sync_dtype``.
 
         ``pack=True`` (rdt) returns ``pack_weights``: one buffer per dtype, a copy, so a later
         in-place optimizer step cannot leak into a transfer still in flight (RDT keeps a reference,
@@ -96,13 +103,13 @@ class WeightSender(_WeightActor):
         packing 100 MB took ~60 ms into fresh memory and ~10 ms into a reused buffer. Without
         ``pack``, tensors already on ``device`` are the model's own (the object store copies them
         when the task returns)."""
-        flat = flat_weights(self.model)
+        flat, dtype = flat_weights(self.model), self.weight_sync_dtype
         if not pack:
-            return {name: t.detach().to(device or t.device) for name, t in flat.items()}
+            return {name: t.detach().to(device or t.device, wire_dtype(t, dtype)) for name, t in flat.items()}
         device = device or next(iter(flat.values())).device
         prev = getattr(self, "_weight_sync_pack", None)
-        into = prev if _reusable(prev, flat, device, wait_s=0.05) else None
-        self._weight_sync_pack = pack_weights(flat, device, into)
+        into = prev if _reusable(prev, flat, device, wait_s=0.05, dtype=dtype) else None
+        self._weight_sync_pack = pack_weights(flat, device, into, dtype)
         return self._weight_sync_pack
 
     def export_weights_shm(self, pack: bool | None = None) -> ShmPayload:
@@ -112,7 +119,7 @@ class WeightSender(_WeightActor):
         store when this task returns, before the actor can run an optimizer step. Models off the
         CPU (or ``pack=True``) are packed into a CPU buffer that is refilled on every call."""
         payload, self._weight_sync_shm_pack = shm_payload(
-            flat_weights(self.model), pack, getattr(self, "_weight_sync_shm_pack", None))
+            flat_weights(self.model), pack, getattr(self, "_weight_sync_shm_pack", None), self.weight_sync_dtype)
         return payload
 
 
@@ -123,7 +130,7 @@ class WeightSender(_WeightActor):
         from ray.experimental.channel import Channel
 
         flat = flat_weights(self.model)
-        size = state_bytes(flat) + CHANNEL_SLACK_PER_TENSOR * len(flat) + CHANNEL_SLACK
+        size = state_bytes(flat, self.weight_sync_dtype) + CHANNEL_SLACK_PER_TENSOR * len(flat) + CHANNEL_SLACK
         channel = Channel(ray.get_runtime_context().current_actor, readers, typ=size)
         self._weight_channels = {**getattr(self, "_weight_channels", {}), key: channel}
         return channel

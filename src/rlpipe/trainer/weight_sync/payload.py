@@ -63,6 +63,19 @@ def flat_weights(module: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def wire_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype ``t`` crosses a sync in: ``dtype`` for a floating tensor when one is given (the
+    receiver's weight dtype: an fp32 learner's bf16 generator), else its own."""
+    return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+
+def as_wire(flat: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``flat`` with every floating tensor in ``dtype`` (a copy where it differs; unchanged for None)."""
+    if dtype is None:
+        return flat
+    return {name: t.to(wire_dtype(t, dtype)) for name, t in flat.items()}
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """(numel,) view of a contiguous tensor with unit stride. ``reshape(-1)`` would keep a 1-element
     tensor's odd stride (``x[0:1, 0]`` is contiguous with stride 4), which ``view(torch.uint8)``
@@ -70,8 +83,9 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.numel(),), (1,))
 
 
-def state_bytes(state: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in state.values())
+def state_bytes(state: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> int:
+    """Bytes of ``state``, with floating tensors counted in ``dtype`` when given (``wire_dtype``)."""
+    return sum(t.numel() * wire_dtype(t, dtype).itemsize for t in state.values())
 
 
 def weights_checksum(state: dict[str, torch.Tensor] | nn.Module) -> str:
@@ -89,18 +103,20 @@ def weights_checksum(state: dict[str, torch.Tensor] | nn.Module) -> str:
 LAYOUT_KEY = "__layout__"  # in a packed payload: (1,) int64 fingerprint of names/dtypes/shapes
 
 
-def layout_fingerprint(flat: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> torch.Tensor:
-    """(1,) int64 hash of the names, dtypes and shapes in order: a packed payload carries no names,
-    so sender and receiver prove with this that they cut the buffers the same way."""
+def layout_fingerprint(flat: dict[str, torch.Tensor], device: torch.device | str = "cpu",
+                       dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(1,) int64 hash of the names, dtypes (``wire_dtype``) and shapes in order: a packed payload
+    carries no names, so sender and receiver prove with this that they cut the buffers the same way."""
     h = hashlib.blake2b(digest_size=8)
     for name, t in flat.items():
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)};".encode())
+        h.update(f"{name}|{wire_dtype(t, dtype)}|{tuple(t.shape)};".encode())
     return torch.tensor([int.from_bytes(h.digest(), "little", signed=True)], dtype=torch.int64, device=device)
 
 
-def pack_weights(flat: dict[str, torch.Tensor], device: torch.device | str,
-                 into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """One contiguous 1-D buffer per dtype (in ``flat`` order) on ``device``, plus the layout.
+def pack_weights(flat: dict[str, torch.Tensor], device: torch.device | str, into: dict[str, torch.Tensor] | None = None,
+                 dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """One contiguous 1-D buffer per dtype (in ``flat`` order) on ``device``, plus the layout;
+    floating tensors are cast to ``dtype`` by the copy when one is given (``wire_dtype``).
 
     A copy, never a view of the model; ``into`` (a previous pack of the same layout that no
     transfer references any more) is refilled instead of allocating. RDT moves each tensor
@@ -108,20 +124,21 @@ def pack_weights(flat: dict[str, torch.Tensor], device: torch.device | str,
     model took 142 ms unpacked and 13 ms packed."""
     sizes: dict[torch.dtype, int] = {}
     for t in flat.values():
-        sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+        sizes[wire_dtype(t, dtype)] = sizes.get(wire_dtype(t, dtype), 0) + t.numel()
     if into is not None:
         bufs = {dt: into[str(dt)] for dt in sizes}
     else:
         bufs = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()}
     offsets, dst, src = dict.fromkeys(sizes, 0), [], []
     for t in flat.values():
-        o, n = offsets[t.dtype], t.numel()
-        dst.append(bufs[t.dtype][o:o + n])
+        wire = wire_dtype(t, dtype)
+        o, n = offsets[wire], t.numel()
+        dst.append(bufs[wire][o:o + n])
         src.append(t.detach().reshape(-1))
-        offsets[t.dtype] = o + n
-    copy_all(dst, src)  # one fused copy; device to device when the pack is on the model's device
+        offsets[wire] = o + n
+    copy_all(dst, src)  # one fused copy (casting where the dtypes differ); on device when the pack is there
     out = {str(dt): b for dt, b in bufs.items()}  # keys like "torch.float32"
-    out[LAYOUT_KEY] = into[LAYOUT_KEY] if into is not None else layout_fingerprint(flat, device)
+    out[LAYOUT_KEY] = into[LAYOUT_KEY] if into is not None else layout_fingerprint(flat, device, dtype)
     return out
 
 
@@ -165,20 +182,23 @@ def _bytes_view(t: torch.Tensor) -> tuple[np.ndarray, ...]:
 
 
 def shm_payload(flat: dict[str, torch.Tensor], pack: bool | None = None,
-                into: dict[str, torch.Tensor] | None = None) -> tuple[ShmPayload, dict[str, torch.Tensor] | None]:
+                into: dict[str, torch.Tensor] | None = None,
+                dtype: torch.dtype | None = None) -> tuple[ShmPayload, dict[str, torch.Tensor] | None]:
     """``(payload, pack)`` for the object store. ``pack=None`` packs only when some tensor is off the
-    CPU; otherwise the buffers are views of ``flat``. ``into``: the previous pack, refilled when its
+    CPU; otherwise the buffers are views of ``flat`` (of a cast copy where ``dtype``, the receiver's
+    floating dtype, differs: ``wire_dtype``). ``into``: the previous pack, refilled when its
     layout matches (always safe: Ray copies a task's return value into the object store before the
     task returns, and a channel write copies before it returns, so nothing references the pack
     afterwards). Returns the pack to keep for reuse."""
-    layout = layout_fingerprint(flat)
+    layout = layout_fingerprint(flat, dtype=dtype)
     if pack is None:
         pack = any(t.device.type != "cpu" for t in flat.values())
     if not pack:
-        return ShmPayload(int(layout.item()), False, {n: _bytes_view(t) for n, t in flat.items()}), None
+        views = {n: _bytes_view(t) for n, t in as_wire(flat, dtype).items()}
+        return ShmPayload(int(layout.item()), False, views), None
     if into is not None and int(into[LAYOUT_KEY].item()) != int(layout.item()):
         into = None
-    packed = pack_weights(flat, "cpu", into)
+    packed = pack_weights(flat, "cpu", into, dtype)
     bufs = {k: _bytes_view(b) for k, b in packed.items() if k != LAYOUT_KEY}
     return ShmPayload(int(layout.item()), True, bufs), packed
 
@@ -231,12 +251,13 @@ def _load_shm(dst: dict[str, torch.Tensor], payload: ShmPayload) -> int:
 
 
 def _reusable(payload: dict[str, torch.Tensor] | None, flat: dict[str, torch.Tensor], device: Any,
-              wait_s: float) -> bool:
-    """Whether a previous RDT pack may be refilled: same layout and device, and Ray has released
-    it (every ObjectRef gone, ``wait_tensor_freed``), so no receiver can still be reading it."""
+              wait_s: float, dtype: torch.dtype | None = None) -> bool:
+    """Whether a previous RDT pack may be refilled: same layout (in the wire ``dtype``) and device,
+    and Ray has released it (every ObjectRef gone, ``wait_tensor_freed``), so no receiver can still
+    be reading it."""
     if payload is None or payload[LAYOUT_KEY].device != torch.device(device):
         return False
-    if int(payload[LAYOUT_KEY].item()) != int(layout_fingerprint(flat).item()):
+    if int(payload[LAYOUT_KEY].item()) != int(layout_fingerprint(flat, dtype=dtype).item()):
         return False
     import ray
 
@@ -269,7 +290,10 @@ def _unpack(dst: dict[str, torch.Tensor], payload: dict[str, torch.Tensor]) -> d
 
 def _load_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor] | ShmPayload) -> int:
     """Copy ``src`` (named tensors, a ``pack_weights`` payload or a ``ShmPayload``) into ``dst`` in
-    place; names, shapes and dtypes must match exactly. Returns the payload bytes."""
+    place; names and shapes must match exactly. Named tensors may differ from ``dst`` in floating
+    dtype (an fp32 learner into a bf16 generator: the copy casts, rounding to nearest); packed and
+    shared-memory payloads carry raw bytes, so their sender casts to the receiver's dtypes
+    (``pack_weights(dtype=)``) and the layout check refuses any other. Returns the payload bytes."""
     if isinstance(src, ShmPayload):
         return _load_shm(dst, src)
     nbytes = state_bytes({k: v for k, v in src.items() if k != LAYOUT_KEY})
@@ -281,7 +305,7 @@ def _load_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor] | ShmP
                               f"unexpected {extra[:5]}")
     for name, d in dst.items():  # every check before the first byte moves: no half-loaded model
         s = src[name]
-        if s.shape != d.shape or s.dtype != d.dtype:
+        if s.shape != d.shape or (s.dtype != d.dtype and not (s.is_floating_point() and d.is_floating_point())):
             raise WeightSyncError(f"weight {name!r}: received {s.dtype}{tuple(s.shape)}, "
                                   f"model has {d.dtype}{tuple(d.shape)}")
     copy_all(list(dst.values()), [src[name] for name in dst])

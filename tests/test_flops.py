@@ -47,6 +47,28 @@ def test_matmul_count_equals_torch_flop_counter():
     assert ours_attn == pytest.approx(scores * (T + 1) / (2 * T))
 
 
+def test_grouped_query_attention_count_equals_torch_flop_counter():
+    """An HF Qwen2 config (grouped-query attention: K and V of 2 heads' width, biases on Q, K, V),
+    as qwen_step counts it: the weight products torch counts (``mm`` and the biased ``addmm``) are
+    ``2 N_mm`` per token, the scores ``4 L D`` per attended position (full T x T in the math kernel)."""
+    from rlpipe.bench import qwen_step
+
+    cfg = qwen_step.qwen_config(vocab_size=64, hidden_size=16, intermediate_size=48, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    model = qwen_step.build_policy(cfg, "cpu", torch.float32)
+    B, T = 3, 10
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        model(torch.randint(0, 64, (B, T)))  # (B, T) -> (B, T, V)
+    counts = counter.get_flop_counts()["Global"]
+    weights = sum(v for op, v in counts.items() if str(op).startswith(("aten.mm", "aten.addmm")))
+    scores = sum(v for op, v in counts.items() if str(op).startswith("aten.bmm"))
+    assert matmul_params(cfg) == 2 * (2 * 16 * 16 + 2 * 16 * 8 + 3 * 16 * 48) + 16 * 64  # D_kv = 16 x 2 / 4
+    assert weights == B * T * 2 * matmul_params(cfg)
+    assert scores == 2 * 4 * B * T * T * 16
+    assert forward_flops(cfg, [T] * B) - weights == pytest.approx(scores * (T + 1) / (2 * T))
+
+
 def test_matmul_peak_is_measured_per_size():
     peak = matmul_peak(sizes=(64, 128), repeats=2)
     assert set(peak["by_size"]) == {64, 128} and peak["size"] in (64, 128)

@@ -5,7 +5,8 @@ products are counted (norms, RoPE, softmax, SwiGLU's pointwise product and AdamW
 update are a few FLOPs per element, under 1% here, and are left out). Per token, a forward pass costs
 
 - ``2 * N_mm`` in the weight matrices, with ``N_mm = L * (4 D^2 + 3 D F) + D V`` (attention
-  projections, the SwiGLU MLP and the LM head; the embedding lookup is a gather, not a matmul);
+  projections, the SwiGLU MLP and the LM head; the embedding lookup is a gather, not a matmul;
+  with grouped-query attention, as in an HF Qwen2 config, the K and V projections are ``D x D_kv``);
 - ``4 * L * D * c`` in attention (``QK^T`` and ``AV``) for a token that attends to ``c`` positions.
   Causal self-attention over a sequence of ``T`` tokens sums ``c = 1..T``, i.e. about ``T^2 / 2``
   attended positions per sequence; that is what we count, although the SDPA math kernel on CPU
@@ -58,35 +59,60 @@ PEAK_NOTE = ("fraction_of_shape_peak and every *_fraction_of_peak: achieved FLOP
              "do). FLOPs are counted as in rlpipe.bench.flops (matrix products only).")
 
 
-def matmul_params(cfg: ModelConfig) -> int:
-    """``N_mm``: parameters that take part in a matrix product per token (not the embedding table)."""
-    d = cfg.d_model
-    return cfg.num_layers * (4 * d * d + 3 * d * cfg.d_ff) + d * cfg.vocab_size
+def dims(cfg) -> tuple[int, int, int, int, int]:
+    """``(L, D, F, V, D_kv)`` of a ``ModelConfig`` or of a ``transformers`` Llama/Qwen2-style config
+    (``num_hidden_layers``, ``hidden_size``, ...): depth, width, MLP width, vocabulary and the width
+    of the K and V projections, ``D`` without grouped-query attention, ``D * kv_heads / heads`` with it."""
+    if isinstance(cfg, ModelConfig):
+        return cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.d_model
+    heads, d = cfg.num_attention_heads, cfg.hidden_size
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    return cfg.num_hidden_layers, d, cfg.intermediate_size, cfg.vocab_size, d * kv // heads
 
 
-def forward_flops(cfg: ModelConfig, seq_lens: Sequence[int], head_tokens: int | None = None) -> float:
+def matmul_params(cfg) -> int:
+    """``N_mm``: parameters that take part in a matrix product per token (not the embedding table):
+    ``L (2 D^2 + 2 D D_kv + 3 D F) + D V`` (``dims``; ``4 D^2`` per layer's attention without GQA)."""
+    n_layers, d, d_ff, vocab, d_kv = dims(cfg)
+    return n_layers * (2 * d * d + 2 * d * d_kv + 3 * d * d_ff) + d * vocab
+
+
+def forward_flops(cfg, seq_lens: Sequence[int], head_tokens: int | None = None) -> float:
     """FLOPs of one forward pass over sequences of the given lengths (causal attention, no padding
     counted: a padded batch's extra columns are overhead of the implementation, not work).
     ``head_tokens``: positions whose logits are needed (the LM head's work); default every token. A
-    GRPO log-prob pass needs them at the response tokens only, so that is its useful work."""
-    n_head = 2 * cfg.d_model * cfg.vocab_size
-    n_body, attn = 2 * matmul_params(cfg) - n_head, 4 * cfg.num_layers * cfg.d_model
+    GRPO log-prob pass needs them at the response tokens only, so that is its useful work. ``cfg``:
+    as ``dims`` takes it."""
+    n_layers, d, _, vocab, _ = dims(cfg)
+    n_head = 2 * d * vocab
+    n_body, attn = 2 * matmul_params(cfg) - n_head, 4 * n_layers * d
     head = sum(seq_lens) if head_tokens is None else head_tokens
     return float(sum(t * n_body + attn * t * (t + 1) / 2 for t in seq_lens) + head * n_head)
 
 
-def train_flops(cfg: ModelConfig, seq_lens: Sequence[int], head_tokens: int | None = None) -> float:
+def train_flops(cfg, seq_lens: Sequence[int], head_tokens: int | None = None) -> float:
     """Forward + backward over the sequences: 3x the forward."""
     return 3.0 * forward_flops(cfg, seq_lens, head_tokens)
 
 
-def decode_flops(cfg: ModelConfig, prompt_len: int, new_tokens: int, rows: int) -> float:
+def decode_flops(cfg, prompt_len: int, new_tokens: int, rows: int) -> float:
     """FLOPs of KV-cache generation: a prefill of ``rows`` prompts of ``prompt_len`` tokens, then
     ``new_tokens`` single-token steps per row, step i attending to ``prompt_len + i`` positions."""
-    n_mm, attn = 2 * matmul_params(cfg), 4 * cfg.num_layers * cfg.d_model
+    n_layers, d, *_ = dims(cfg)
+    n_mm, attn = 2 * matmul_params(cfg), 4 * n_layers * d
     prefill = forward_flops(cfg, [prompt_len] * rows)
     steps = sum(n_mm + attn * (prompt_len + i + 1) for i in range(new_tokens))
     return prefill + rows * float(steps)
+
+
+def grpo_step_flops(cfg, prompt_lens: Sequence[int], group_size: int, response_len: int) -> dict[str, float]:
+    """The useful FLOPs of GRPO over ``prompt_lens`` prompts, by phase: ``generate``, each prompt's
+    ``group_size`` responses of ``response_len`` tokens prefilled and decoded, and ``update``, the
+    training forward and backward over every prompt + response (the LM head on the response tokens:
+    the log-probs GRPO needs). Old/reference log-prob passes and the KL monitor are not counted."""
+    return {"generate": float(group_size * sum(decode_flops(cfg, p, response_len, 1) for p in prompt_lens)),
+            "update": float(group_size * sum(train_flops(cfg, [p + response_len], head_tokens=response_len)
+                                             for p in prompt_lens))}
 
 
 def matmul_peak(sizes: Sequence[int] = PEAK_SIZES, repeats: int = 7, dtype=torch.float32,

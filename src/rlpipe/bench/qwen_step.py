@@ -16,6 +16,14 @@ no-grad log-prob pass and the forward/backward of the loss (``rlpipe.rl``), then
 step. ``peak_memory_gib`` is ``torch.cuda.max_memory_allocated`` over the whole step; at the seed's
 micro-batch and length it is the seed's peak, since a larger batch only adds micro-batches.
 
+Fractions of the chip, as every bench gives them (``rlpipe.bench.flops``, ``peak_note``): the useful
+FLOPs of each measured phase (``<phase>_gflops``; the HF config's grouped-query attention counted;
+the LM head at the response tokens only, and gradient checkpointing's recomputed forward not
+counted) over its seconds, against the shape peak (``<phase>_fraction_of_peak``) and the device
+peak in the policy's dtype (``<phase>_fraction_of_device_peak``), both measured after the step;
+the top-level ``fraction_of_shape_peak`` / ``fraction_of_device_peak`` are all the measured work
+over all the measured time (the optimizer step counted as time without FLOPs).
+
 The seed-scale step (256 rollouts x 1024 response tokens) is a PROJECTION, not a measurement:
 the micro-batch phases scale with the number of micro-batches (exact up to overheads); generation
 is projected two ways: by token count (the brief's rule: per-token time constant, an upper bound
@@ -31,6 +39,17 @@ import time
 
 import torch
 
+from rlpipe.bench.flops import (
+    PEAK_NOTE,
+    decode_flops,
+    device_peak,
+    forward_flops,
+    fraction,
+    gflops,
+    matmul_peak,
+    peak_fields,
+    train_flops,
+)
 from rlpipe.io import write_json
 from rlpipe.lm.policy import for_training
 from rlpipe.rl.logprobs import get_response_log_probs
@@ -144,6 +163,30 @@ def _update_phases(model, device, rows: int, prompt: int, response: int, n_micro
     return out
 
 
+def chip_fractions(cfg, measured: dict, device: torch.device) -> dict:
+    """Each measured phase's useful GFLOP/s and its two fractions (into ``measured``), and the whole
+    measured step's pair with both peaks (returned: ``peak_fields``), the peaks taken here."""
+    m = measured
+    seq, head = m["prompt_tokens"] + m["response_tokens"] - 1, m["micro_rows"] * m["response_tokens"]  # (B, T-1)
+    flops = {"gen": decode_flops(cfg, m["prompt_tokens"], m["gen_tokens"], m["gen_rows"]),
+             "logprob": forward_flops(cfg, [seq] * m["micro_rows"], head_tokens=head),
+             "update": train_flops(cfg, [seq] * m["micro_rows"], head_tokens=head)}
+    secs = {"gen": m["gen_s"], "logprob": m["logprob_s_per_micro"], "update": m["update_s_per_micro"]}
+    shape = max(matmul_peak(device=device)["flops_per_s"] for _ in range(2))
+    chip = device_peak(device, m["dtype"])
+    for ph, f in flops.items():
+        m[f"{ph}_gflops"] = gflops(f / secs[ph])
+        m[f"{ph}_fraction_of_peak"] = fraction(f / secs[ph], shape)
+        m[f"{ph}_fraction_of_device_peak"] = fraction(f / secs[ph], chip["flops_per_s"])
+    n = m["micro_batches_timed"]
+    work = flops["gen"] + n * (flops["logprob"] + flops["update"])
+    seconds = m["gen_s"] + n * (secs["logprob"] + secs["update"]) + m["optimizer_s"]
+    return {**peak_fields(work / seconds, shape, chip),
+            "peak_note": PEAK_NOTE + " Here: gen_*, logprob_* and update_* per measured phase (useful FLOPs: the LM "
+                         "head at the response tokens, gradient checkpointing's recomputation not counted); the "
+                         "top-level pair is all the measured work over all the measured time."}
+
+
 def measure(device: torch.device, cfg=None, gen_rows: int = 32, gen_tokens: int = 256, prompt_tokens: int = 128,
             response_tokens: int = 1024, micro_rows: int = 2, n_micro: int = 3) -> dict:
     """The part's record: the measured phases, peak memory and the seed-scale projection."""
@@ -163,8 +206,10 @@ def measure(device: torch.device, cfg=None, gen_rows: int = 32, gen_tokens: int 
         measured["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     measured["gen_tokens_per_s"] = round(gen_rows * gen_tokens / measured["gen_s"], 1)
     projection = project(measured, SEED_SCALE["rollouts"], SEED_SCALE["response_tokens"])
+    del model  # its memory is free before the peaks' large products
+    peaks = chip_fractions(cfg, measured, device)
     return {"model": "Qwen2.5-Math-1.5B shape, random weights", "config": dict(QWEN_MATH_1_5B),
-            "device": str(device), "measured": measured, "projection": projection}
+            "device": str(device), "measured": measured, **peaks, "projection": projection}
 
 
 def main(argv: list[str] | None = None) -> int:

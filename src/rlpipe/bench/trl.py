@@ -104,7 +104,7 @@ import yaml
 
 from rlpipe.analysis.contract import CHECKPOINT_FILE, METRICS_FILE, RUN_INFO_FILE
 from rlpipe.bench import stamp
-from rlpipe.bench.flops import PEAK_NOTE, decode_flops, device_peak, fraction, gflops, matmul_peak, train_flops
+from rlpipe.bench.flops import PEAK_NOTE, device_peak, fraction, gflops, grpo_step_flops, matmul_peak
 from rlpipe.bench.phase_split import PhaseClock, rlpipe_phase_split
 from rlpipe.bench.trl_settings import (
     DEVICES,
@@ -458,8 +458,7 @@ def useful_flops(cfg: ModelConfig, prompt_lens: list[int], group_size: int, resp
     are not kept: at these lengths the attention term they change is a few percent)."""
     samples = len(prompt_lens) * group_size
     r = max(1, round(response_tokens / samples))
-    return float(group_size * sum(decode_flops(cfg, p, r, 1) + train_flops(cfg, [p + r], head_tokens=r)
-                                  for p in prompt_lens))
+    return sum(grpo_step_flops(cfg, prompt_lens, group_size, r).values())
 
 
 def side_fractions(flops: float, wall_s: float, shape_peak: float, chip: dict) -> dict:

@@ -142,3 +142,38 @@ def test_contended_exponents_are_flagged_and_drawn_hollow_quiet_ones_are_not(tmp
     faces = [ln.get_markerfacecolor() for ln in ax.lines if ln.get_marker() == "o"]
     assert "none" in faces and any(f != "none" for f in faces)
     scaling.plt.close(fig)
+
+
+def test_point_fractions_divide_the_steps_useful_flops_by_both_peaks():
+    """Hand values: 8 GFLOP per step of 8 samples at 16 samples/s is 16 GFLOP/s; a phase that took
+    no time gets None, not a number."""
+    p = {"flops_per_step": {"generate": 2e9, "update": 6e9}, "samples_per_s": 16.0, "batch": 8,
+         scaling_phase_key("generate"): 0.5, scaling_phase_key("update"): 0.0}
+    chip = {"flops_per_s": 1.6e12}
+    out = bench.point_fractions(p, 32e9, chip)
+    assert out["step_gflops"] == 16.0
+    assert out["fraction_of_shape_peak"] == 0.5 and out["fraction_of_device_peak"] == 0.01
+    assert out["generate_fraction_of_peak"] == 0.125 and out["generate_fraction_of_device_peak"] == 0.0025
+    assert out["update_fraction_of_peak"] is None and out["update_fraction_of_device_peak"] is None
+    top = bench.chip_fields([{**p, "mode": "colocated_sync", "d_model": 1, "length": 2}],
+                            {"d_model": 1, "batch": 8, "length": 2}, 32e9, {**chip, "tflops": 1.6, "dtype": "float32",
+                                                                           "matmul_size": 2048})
+    assert top["fraction_of_shape_peak"] == 0.5 and top["fraction_of_device_peak"] == 0.01
+    assert set(top["fraction_not_applicable"]) == {"score", "weight_sync"} and "grpo_step_flops" in top["peak_note"]
+
+
+def test_report_lists_every_points_fractions(tmp_path):
+    pts = synthetic_points()
+    for i, p in enumerate(pts):
+        p.update(fraction_of_shape_peak=0.01 * (i + 1), fraction_of_device_peak=0.001 * (i + 1))
+    pts[0].pop("fraction_of_device_peak")  # a point without it reads n/a
+    src = tmp_path / "scaling.json"
+    src.write_text(json.dumps({"bench": "scaling", "steps": 4, "threads": 2, "points": pts, "device_peak_tflops": 0.07,
+                               "device_peak_dtype": "float32", "shape_peak_gflops": 110.0,
+                               "fraction_not_applicable": {"score": "no matrix products"}}))
+    scaling.main(["--bench", str(src), "--out", str(tmp_path / "out")])
+    page = (tmp_path / "out" / SCALING_REPORT_FILES["discussion"]).read_text()
+    assert "device peak 0.07 TFLOP/s (float32)" in page and "No FLOP fraction for score: no matrix products" in page
+    table = page.split("<h4>Points")[1]
+    assert table.count("<tr><td>") == len(pts) and "<td>colocated_sync</td><td>batch</td><td>16</td>" in table
+    assert "<td>0.01</td><td>n/a</td>" in table and "<td>0.02</td><td>0.002</td>" in table

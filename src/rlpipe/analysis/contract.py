@@ -171,6 +171,10 @@ PROVENANCE_KEYS = ("cpu_capability", "aten_cpu_capability", "cpu_model", "cpus",
                    "versions", "lock_sha256")
 #: The provenance keys whose difference between two runs can change their numbers.
 PROVENANCE_COMPARED = ("cpu_capability", "cpu_model", "versions", "lock_sha256")
+#: every benchmark JSON's two fractions of the chip and the note saying which is which
+#: (``rlpipe.bench.flops``): the achieved rate over the shape-matched peak and over the device peak in
+#: the run's dtype; None where nothing was measured, never left out
+BENCH_PEAK_KEYS = ("fraction_of_shape_peak", "fraction_of_device_peak", "peak_note")
 
 #: ``device_type`` values the drivers write: a run on GPUs is billed in GPU-hours, any other in
 #: device-hours (wall time x devices).
@@ -359,7 +363,8 @@ TOY_SORT_FILES = MappingProxyType({
 # --------------------------------------------------------------------------- scaling bench
 
 #: ``rlpipe bench scaling`` (``rlpipe.bench.scaling``) writes results/bench/``SCALING_FILE``: one
-#: record per (mode, axis, point); ``rlpipe scaling-report`` draws and fits it into ``SCALING_REPORT_FILES``.
+#: record per (mode, axis, point), each with the step's two ``BENCH_PEAK_KEYS`` fractions;
+#: ``rlpipe scaling-report`` draws and fits it into ``SCALING_REPORT_FILES``.
 SCALING_FILE = "scaling.json"
 SCALING_AXES = ("model", "batch", "length")  # x: parameters, responses per rollout batch, response tokens
 SCALING_X = MappingProxyType({"model": "num_parameters", "batch": "batch", "length": "length"})

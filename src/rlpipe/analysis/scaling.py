@@ -9,7 +9,9 @@ writes ``SCALING_REPORT_FILES`` into ``--out``:
 - ``exponents.csv``: every curve's growth exponent b of y ~ x^b, the least-squares slope of
   log y on log x over its points (with 3 points it is a summary of the trend, not a law:
   the range it holds over is in the table);
-- ``scaling.html``: sentences computed from the exponents.
+- ``scaling.html``: sentences computed from the exponents, and every point's samples/s with its
+  step's fractions of the shape and the device peak (``BENCH_PEAK_KEYS``; n/a in a JSON from
+  before the bench measured them).
 
 Every exponent is timing-derived, so every sentence carries the load its bench recorded and, when
 contended by the training runs' rule (``rlpipe.analysis.findings.timing_load``: a point's own run
@@ -40,6 +42,7 @@ import pandas as pd
 from rlpipe import io
 from rlpipe.analysis.aggregate import read_bench_weight_sync
 from rlpipe.analysis.contract import (
+    BENCH_PEAK_KEYS,
     SCALING_AXES,
     SCALING_PHASES,
     SCALING_REPORT_FILES,
@@ -219,7 +222,28 @@ def _draw_sync(top, bottom, sync: pd.DataFrame | None, notes: list[str], load: T
         ax.legend(fontsize=7)
 
 
-def page(tab: pd.DataFrame, text: list[str], meta: dict, notes: list[str]) -> str:
+def _frac(x) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+
+def points_table(pts: pd.DataFrame, meta: dict) -> str:
+    """Every point's samples/s and its step's two fractions of the chip (``BENCH_PEAK_KEYS``), with
+    the peaks they divide by and the bench's note on the phases that have none."""
+    shape, device = BENCH_PEAK_KEYS[:2]
+    rows = "".join(
+        f"<tr><td>{html.escape(str(r['mode']))}</td><td>{r['axis']}</td><td>{r[SCALING_X[r['axis']]]:.4g}</td>"
+        f"<td>{r['samples_per_s']:.3g}</td><td>{_frac(r.get(shape))}</td><td>{_frac(r.get(device))}</td></tr>"
+        for _, r in pts.iterrows())
+    peaks = (f"shape peak {meta.get('shape_peak_gflops', 'n/a')} GFLOP/s (fp32, sides 256-1024); device peak "
+             f"{meta.get('device_peak_tflops', 'n/a')} TFLOP/s ({meta.get('device_peak_dtype', 'n/a')})")
+    none = "; ".join(f"{k}: {v}" for k, v in (meta.get("fraction_not_applicable") or {}).items())
+    return ("<h4>Points: a step's useful FLOP/s as a fraction of the chip</h4>"
+            f"<p>{html.escape(peaks)}.{' No FLOP fraction for ' + html.escape(none) + '.' if none else ''}</p>"
+            "<table border=1 cellpadding=4 style='border-collapse:collapse'><tr><th>mode</th><th>axis</th><th>x</th>"
+            f"<th>samples/s</th><th>{shape}</th><th>{device}</th></tr>" + rows + "</table>")
+
+
+def page(tab: pd.DataFrame, text: list[str], meta: dict, notes: list[str], pts: pd.DataFrame | None = None) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(str(r.mode))}</td><td>{r.axis}</td><td>{r.quantity}</td><td>{_fmt(r.exponent)}</td>"
         f"<td>{r.x_min:.4g} to {r.x_max:.4g}</td><td>{r.points}</td></tr>" for r in tab.itertuples())
@@ -231,6 +255,7 @@ def page(tab: pd.DataFrame, text: list[str], meta: dict, notes: list[str]) -> st
             + "<table border=1 cellpadding=4 style='border-collapse:collapse'><tr><th>mode / transport</th>"
               "<th>axis</th><th>quantity</th><th>exponent b</th><th>x range</th><th>points</th></tr>"
             + rows + "</table>"
+            + (points_table(pts, meta) if pts is not None else "")
             + f"<p>Bench settings: {cond}.</p>"
             + "".join(f"<p><i>Empty panel: {html.escape(n)}</i></p>" for n in notes)
             + "</body></html>")
@@ -249,7 +274,7 @@ def write(bench: str | Path, weight_sync: str | Path | None, out: str | Path) ->
     notes = draw(pts, sync, out / SCALING_REPORT_FILES["figure"], load, sync_load)
     text = sentences(tab, pts, load, sync_load)
     io.write_text(out / SCALING_REPORT_FILES["table"], tab.to_csv(index=False))
-    io.write_text(out / SCALING_REPORT_FILES["discussion"], page(tab, text, meta, notes))
+    io.write_text(out / SCALING_REPORT_FILES["discussion"], page(tab, text, meta, notes, pts))
     return tab
 
 

@@ -16,6 +16,16 @@ values come from the config (``workflow.scaling_*``, one place for the defaults)
 
 A point's numbers are medians over its steps after the first (which pays for warm-up):
 ``samples_per_s`` (``perf/samples_per_s``) and each phase's seconds per step (``time/<phase>``).
+
+Fractions of the chip, as every bench gives them (``rlpipe.bench.flops``, ``peak_note``): a point's
+useful FLOPs per step (``flops_per_step``: ``grpo_step_flops`` on that point's model, with the
+token counts of the prompts its steady steps sample and its response length) give
+``fraction_of_shape_peak`` / ``fraction_of_device_peak`` of the whole step (at ``samples_per_s``)
+and ``generate_`` / ``update_fraction_of_peak`` and ``_fraction_of_device_peak`` of those two
+phases (over their own seconds). The shape and device peaks are measured once per bench, after
+the runs, in the runs' ``train.dtype`` on their device and on one compute actor's threads; the
+top-level pair is the first mode's centre point's. ``score`` and ``weight_sync`` do no matrix
+products, so they get no FLOP fraction (``fraction_not_applicable`` says why).
 The JSON (``--out``, written atomically) holds every point with the run's load record
 (``rlpipe.trainer.conditions``); ``rlpipe scaling-report`` draws the curves and fits the growth
 exponents. Seed 000 asks for none of this; it is here to show where each phase stops scaling
@@ -47,11 +57,27 @@ from rlpipe.analysis.contract import (
     scaling_phase_key,
 )
 from rlpipe.bench import stamp
+from rlpipe.bench.flops import PEAK_NOTE, device_peak, fraction, gflops, grpo_step_flops, matmul_peak, peak_fields
 from rlpipe.config import ConfigError, load_config, to_dict
 from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
+from rlpipe.lm.device import resolve_device
 from rlpipe.lm.model import TransformerLM
+from rlpipe.lm.tokenizer import load_tokenizer
+from rlpipe.tasks import task_for
 from rlpipe.trainer import ray_reaper
 from rlpipe.trainer import run as train_run
+
+#: the phases with no matrix products of their own: a FLOP fraction would mean nothing there
+FRACTION_NOT_APPLICABLE = {
+    "score": "the reward is string matching on the host: no matrix products",
+    "weight_sync": "a copy of the weights, not FLOPs: its yardstick is the device's copy rate "
+                   "(rlpipe bench weight-sync: fraction_of_device_memcpy)"}
+SCALING_PEAK_NOTE = PEAK_NOTE + (
+    " Here a point's FLOPs are one steady GRPO step's useful work (flops_per_step: rlpipe.bench.flops."
+    "grpo_step_flops on that point's model, prompts and response length): each point's fraction_of_shape_peak / "
+    "fraction_of_device_peak are the whole step's (FLOPs x samples_per_s / batch), generate_* and update_* that "
+    "phase's over its own step_<phase>_s; the top-level pair is the headline point's. score and weight_sync have "
+    "none (fraction_not_applicable).")
 
 
 def points(sizes, batches, lengths, center: dict) -> list[dict]:
@@ -104,6 +130,59 @@ def _summarise(out_dir: Path, info: dict) -> dict:
     return row
 
 
+def step_flops(config: str, dataset: str, ckpt: str, p: dict, steps: int) -> dict[str, float]:
+    """A steady step's useful FLOPs by phase (``grpo_step_flops``) on the point's model: the mean over
+    the rollout batches its steady steps sample (step s samples batch s - 1; the first step is left
+    out, as in the timings), every prompt's tokens counted with the checkpoint's tokenizer."""
+    train = load_config(config).train
+    loaded = load_checkpoint(ckpt)
+    tok, task, g = load_tokenizer(loaded.tokenizer), task_for(train, dataset), train.group_size
+    per_step = []
+    for b in range(1 if steps > 1 else 0, steps):
+        prompts = [e.prompt for e in task.prompts_for_batch(b, p["batch"] // g, train.seed)]
+        lens = [len(ids) for ids in tok.encode_batch(prompts)]
+        per_step.append(grpo_step_flops(loaded.model_config, lens, g, p["length"]))
+    return {ph: statistics.mean(f[ph] for f in per_step) for ph in per_step[0]}
+
+
+def measure_peaks(config: str, threads: int) -> tuple[float, dict]:
+    """(shape peak FLOP/s, ``device_peak``) on the runs' device (``train.device``), in their dtype
+    (``train.dtype``), on one compute actor's threads (``train.threads``, at most the job's)."""
+    train = load_config(config).train
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(train.threads, threads)))
+    try:
+        dev = resolve_device(train.device)
+        shape = max(matmul_peak(device=dev)["flops_per_s"] for _ in range(2))
+        return shape, device_peak(dev, train.dtype)
+    finally:
+        torch.set_num_threads(before)
+
+
+def point_fractions(point: dict, shape_peak: float, chip: dict) -> dict:
+    """A point's useful GFLOP/s per step and its fractions of both peaks: the whole step's (its
+    ``flops_per_step`` at ``samples_per_s``) and each FLOP phase's over its own seconds per step
+    (None where the phase took no time, e.g. not run)."""
+    flops = point["flops_per_step"]
+    rate = sum(flops.values()) * point["samples_per_s"] / point["batch"]
+    out = {"step_gflops": gflops(rate), "fraction_of_shape_peak": fraction(rate, shape_peak),
+           "fraction_of_device_peak": fraction(rate, chip["flops_per_s"])}
+    for ph, f in flops.items():
+        s = point[scaling_phase_key(ph)]
+        out[f"{ph}_fraction_of_peak"] = fraction(f / s, shape_peak) if s > 0 else None
+        out[f"{ph}_fraction_of_device_peak"] = fraction(f / s, chip["flops_per_s"]) if s > 0 else None
+    return out
+
+
+def chip_fields(results: list[dict], center: dict, shape_peak: float, chip: dict) -> dict:
+    """The bench's top level: the headline point's pair (the first mode's centre point) with both
+    peaks (``peak_fields``), ``SCALING_PEAK_NOTE`` and the phases that have no FLOP fraction."""
+    head = next(r for r in results if all(r[k] == v for k, v in center.items()))
+    rate = sum(head["flops_per_step"].values()) * head["samples_per_s"] / head["batch"]
+    return {**peak_fields(rate, shape_peak, chip), "peak_note": SCALING_PEAK_NOTE,
+            "headline": f"{head['mode']}, centre point", "fraction_not_applicable": dict(FRACTION_NOT_APPLICABLE)}
+
+
 def run_point(config, base, dataset, mode, p, steps, threads, tmp: Path) -> dict:
     ckpt = _checkpoint(base, p["d_model"], tmp)
     cfg_path, name = _point_config(config, mode, p, steps, tmp)
@@ -114,6 +193,7 @@ def run_point(config, base, dataset, mode, p, steps, threads, tmp: Path) -> dict
     loaded = load_checkpoint(ckpt).model_config
     res = {"mode": mode, **p, "num_parameters": loaded.num_parameters(), "seconds": time.perf_counter() - t0}
     res.update(_summarise(out_dir, info))
+    res["flops_per_step"] = step_flops(config, dataset, ckpt, p, steps)
     print(f"  {mode:15s} {p['axis']:6s} d={p['d_model']:<4d} b={p['batch']:<3d} l={p['length']:<3d} "
           f"{res['samples_per_s']:7.1f} samples/s  ({res['seconds']:.1f} s)", flush=True)
     return res
@@ -163,9 +243,12 @@ def run_bench(config, base, dataset, modes, threads) -> dict:
             ray.shutdown()
             if watchdog is not None:
                 ray_reaper.stop(watchdog)
+    shape_peak, chip = measure_peaks(config, threads)  # once, after the runs: on a GPU the driver holds none of it
+    for r in results:
+        r.update(point_fractions(r, shape_peak, chip))
     return {"bench": "scaling", "steps": steps, "threads": threads, "center": center, "modes": list(modes),
             "load_avg_1m_end": round(os.getloadavg()[0], 2), "seconds": round(time.time() - start, 1),
-            "points": results}
+            **chip_fields(results, center, shape_peak, chip), "points": results}
 
 
 def main(argv=None) -> dict:

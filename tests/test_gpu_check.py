@@ -139,6 +139,32 @@ def test_qwen_shaped_policy_has_about_1_5b_parameters_without_allocating():
             cfg.intermediate_size, cfg.vocab_size) == (1536, 28, 12, 2, 8960, 151936)
 
 
+def _micro_qwen():
+    return qwen_step.qwen_config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+
+
+@pytest.mark.parametrize("masters", ["float32", "bfloat16"])
+def test_qwen_step_measures_the_pipelines_precision(masters):
+    """As the pipeline runs an HF policy under dtype bfloat16: a bf16 generator holding the learner's
+    weights rounded, and a learner with ``masters`` weights (fp32 by default) and AdamW state of the
+    same dtype, computing under bf16 autocast."""
+    learner, gen = qwen_step.build_pair(_micro_qwen(), "cpu", masters)
+    assert {p.dtype for p in learner.parameters()} == {qwen_step.DTYPES[masters]}
+    assert {p.dtype for p in gen.parameters()} == {torch.bfloat16}
+    assert gen.lm_head.weight is gen.model.embed_tokens.weight
+    assert all(torch.equal(g, learner.state_dict()[k].to(torch.bfloat16)) for k, g in gen.state_dict().items())
+    logits = []
+    hook = learner.lm_head.register_forward_hook(lambda m, i, o: logits.append(o.dtype))
+    qwen_step._update_phases(learner, torch.device("cpu"), rows=2, prompt=4, response=6, n_micro=1, vocab=64)
+    hook.remove()
+    assert logits and set(logits) == {torch.bfloat16}  # autocast, over the masters
+    assert {p.dtype for p in learner.parameters()} == {qwen_step.DTYPES[masters]}
+    m = qwen_step.measure(torch.device("cpu"), _micro_qwen(), gen_rows=2, gen_tokens=3, prompt_tokens=4,
+                          response_tokens=6, n_micro=1, master_weights=masters)["measured"]
+    assert (m["dtype"], m["master_weights"], m["generator_dtype"]) == ("bfloat16", masters, "bfloat16")
+
+
 def test_projection_arithmetic():
     measured = {"gen_s": 2.0, "gen_rows": 32, "gen_tokens": 256, "micro_rows": 2, "logprob_s_per_micro": 0.1,
                 "update_s_per_micro": 0.3, "optimizer_s": 0.5}

@@ -5,9 +5,14 @@ seed 001's scale (a part of ``rlpipe gpu-check``, run in its own process):
 
 The policy is ``transformers``' ``Qwen2ForCausalLM`` built from a local config of the published
 model's shape (``QWEN_MATH_1_5B``) with random weights: nothing is downloaded, and the time and
-memory of a step do not depend on the weights' values. Like ``config/math.yaml``: bf16 weights,
-AdamW, gradient checkpointing, micro-batches of 2 rows, ``reinforce_with_baseline``, old
-log-probs recomputed by the policy, no reference model.
+memory of a step do not depend on the weights' values. Like ``config/math.yaml`` run colocated:
+a generator copy with bf16 weights, a learner with fp32 master weights (so fp32 gradients and AdamW
+state) computing under bf16 autocast, as the pipeline's learner does (``rlpipe.lm.policy``;
+``--master-weights bfloat16`` measures seed 001's bf16 learner weights instead), AdamW, gradient
+checkpointing, micro-batches of 2 rows, ``reinforce_with_baseline``, old log-probs recomputed by
+the learner, no reference model. Both copies are held throughout, as in one colocated actor, so
+``peak_memory_gib`` counts both. ``measured.dtype`` is the compute dtype (bf16),
+``measured.master_weights`` the learner's weight dtype, ``measured.generator_dtype`` the generator's.
 
 Measured (CUDA events around synchronised phases): HF ``generate`` of ``gen_rows`` x
 ``gen_tokens`` (fixed length; the pipeline's own sampler is not used because it needs a real
@@ -51,6 +56,7 @@ from rlpipe.bench.flops import (
     train_flops,
 )
 from rlpipe.io import write_json
+from rlpipe.lm.device import autocast
 from rlpipe.lm.policy import for_training
 from rlpipe.rl.logprobs import get_response_log_probs
 from rlpipe.rl.train_step import grpo_microbatch_train_step
@@ -61,6 +67,9 @@ QWEN_MATH_1_5B = {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size"
                   "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "hidden_act": "silu"}
 #: seed 001's step (config/math.yaml): rollouts, response tokens, micro-batch rows
 SEED_SCALE = {"rollouts": 256, "response_tokens": 1024, "micro_rows": 2}
+#: config/math.yaml's train.dtype: the compute dtype, and the generator's weights on CUDA
+COMPUTE_DTYPE = "bfloat16"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def qwen_config(**overrides):
@@ -132,20 +141,23 @@ def _micro_batch(rows: int, prompt: int, response: int, vocab: int, device: torc
             "advantages": torch.randn(rows, 1, device=device)}
 
 
-def _update_phases(model, device, rows: int, prompt: int, response: int, n_micro: int, vocab: int) -> dict:
-    """Seconds per micro-batch of the no-grad log-prob pass and of forward/backward, and of the
-    optimizer step (after one untimed warm-up of each)."""
+def _update_phases(model, device, rows: int, prompt: int, response: int, n_micro: int, vocab: int,
+                   dtype: str = COMPUTE_DTYPE) -> dict:
+    """Seconds per micro-batch of the no-grad log-prob pass and of forward/backward (both under
+    ``dtype``'s autocast, as the learner computes), and of the optimizer step (after one untimed
+    warm-up of each)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.0)
     for_training(model, gradient_checkpointing=True)  # as the learner prepares an HF policy
     model.train()
     batches = [_micro_batch(rows, prompt, response, vocab, device) for _ in range(n_micro + 1)]
 
     def logprob(b):
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(device, dtype):
             get_response_log_probs(model, b["input_ids"], b["labels"])
 
     def update(b):
-        lp = get_response_log_probs(model, b["input_ids"], b["labels"])["log_probs"]  # (B, T)
+        with autocast(device, dtype):
+            lp = get_response_log_probs(model, b["input_ids"], b["labels"])["log_probs"].float()  # (B, T)
         grpo_microbatch_train_step(lp, b["response_mask"], SEED_SCALE["rollouts"] // rows,
                                    "reinforce_with_baseline", advantages=b["advantages"])
 
@@ -187,21 +199,33 @@ def chip_fractions(cfg, measured: dict, device: torch.device) -> dict:
                          "top-level pair is all the measured work over all the measured time."}
 
 
+def build_pair(cfg, device: torch.device | str, master_weights: str = "float32"):
+    """``(learner, generator)``: the learner's policy with ``master_weights`` weights and the
+    generator's bf16 copy holding the same values (rounded), as a weight sync leaves them."""
+    model = build_policy(cfg, device, DTYPES[master_weights])
+    gen = build_policy(cfg, device, DTYPES[COMPUTE_DTYPE])  # its own buffers (RoPE), then the learner's weights
+    gen.load_state_dict(model.state_dict())  # casts; the tied embedding / LM head stays tied
+    return model, gen
+
+
 def measure(device: torch.device, cfg=None, gen_rows: int = 32, gen_tokens: int = 256, prompt_tokens: int = 128,
-            response_tokens: int = 1024, micro_rows: int = 2, n_micro: int = 3) -> dict:
+            response_tokens: int = 1024, micro_rows: int = 2, n_micro: int = 3,
+            master_weights: str = "float32") -> dict:
     """The part's record: the measured phases, peak memory and the seed-scale projection."""
     cfg = qwen_config() if cfg is None else cfg
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    model = build_policy(cfg, device)
+    model, gen = build_pair(cfg, device, master_weights)
     measured = {"build_s": round(time.perf_counter() - t0, 2), "parameters": parameter_count(model),
-                "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                "dtype": COMPUTE_DTYPE, "master_weights": master_weights, "generator_dtype": COMPUTE_DTYPE,
                 "gen_rows": gen_rows, "gen_tokens": gen_tokens, "prompt_tokens": prompt_tokens,
                 "micro_rows": micro_rows, "micro_batches_timed": n_micro, "response_tokens": response_tokens}
-    model.eval()
-    measured["gen_s"] = _generate(model, device, gen_rows, prompt_tokens, gen_tokens, cfg.vocab_size)
+    gen.eval()
+    with autocast(device, COMPUTE_DTYPE):
+        measured["gen_s"] = _generate(gen, device, gen_rows, prompt_tokens, gen_tokens, cfg.vocab_size)
     measured |= _update_phases(model, device, micro_rows, prompt_tokens, response_tokens, n_micro, cfg.vocab_size)
+    del gen
     if device.type == "cuda":
         measured["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     measured["gen_tokens_per_s"] = round(gen_rows * gen_tokens / measured["gen_s"], 1)
@@ -220,12 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--micro-batches", type=int, default=3, help="timed micro-batches of each phase")
+    ap.add_argument("--master-weights", choices=list(DTYPES), default="float32",
+                    help="the learner's weight dtype (train.master_weights); the generator's is bfloat16")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device")
     write_json(a.out, measure(device, gen_rows=a.gen_rows, gen_tokens=a.gen_tokens, prompt_tokens=a.prompt_tokens,
-                              n_micro=a.micro_batches))
+                              n_micro=a.micro_batches, master_weights=a.master_weights))
     return 0
 
 

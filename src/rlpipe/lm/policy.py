@@ -11,9 +11,9 @@ fp32 otherwise (``hf_dtype``; CPU always fp32: CPU bf16 matmuls are slow and mak
 the sampler's numerics drift apart); the attention kernel is transformers' default (``sdpa``), since
 flash-attn is not a dependency. The learner keeps fp32 master weights (so fp32 gradients and AdamW
 state) and computes under bf16 autocast (``rlpipe.lm.device.autocast``), as our ``TransformerLM``
-always does: an AdamW step moves a weight by about lr (seed 001: 1e-5), under half of bf16's spacing
-(2**-8 relative) for any weight above about 0.005 in magnitude, so bf16 masters round such updates
-away. ``train.master_weights: bfloat16`` gives
+always does: an AdamW step moves a weight by at most about lr (seed 001: 1e-5), under half of
+bf16's spacing (2**-9 to 2**-8 of the weight's magnitude) for any weight above about 0.005, so bf16
+masters round such updates away. ``train.master_weights: bfloat16`` gives
 seed 001's bf16 weights and AdamW state instead (``learner_weight_dtype``), where memory is short.
 
 The memory that choice costs, for Qwen2.5-Math-1.5B (1.544e9 parameters, tied embeddings counted

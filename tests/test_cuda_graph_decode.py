@@ -109,14 +109,9 @@ def test_one_runner_per_shape_reused_and_rebuilt_when_the_parameters_move():
     assert _runner(model, 3) is not first
 
 
-@pytest.mark.filterwarnings("ignore:decode 'cudagraph'")
-def test_capture_warms_up_on_a_side_stream_then_records_once_in_thread_local_mode(monkeypatch):
-    """``StaticBuffers._capture``'s sequence on CPU, torch.cuda's stream and graph calls recorded (the
-    steps run eagerly): ``WARMUP_STEPS`` steps on a side stream that waited for the current one, the
-    current stream waiting for it, then one step recorded into the model's pool in ``thread_local``
-    error mode (Ray runs an actor's RDT receives on another thread; torch's default, ``global``, fails
-    a capture when any thread makes an unsafe CUDA call); a replay returns the captured logits buffer."""
-    events: list = []
+def _fake_cuda_capture(monkeypatch, events: list):
+    """torch.cuda's stream and graph calls replaced by recorders (on CPU the steps then run eagerly):
+    returns the side and the current stream."""
 
     class Stream:
         def wait_stream(self, other):
@@ -143,6 +138,18 @@ def test_capture_warms_up_on_a_side_stream_then_records_once_in_thread_local_mod
     for name, fake in (("Stream", lambda device=None: side), ("current_stream", lambda device=None: current),
                        ("stream", on), ("CUDAGraph", Graph), ("graph", graph)):
         monkeypatch.setattr(torch.cuda, name, fake)
+    return side, current
+
+
+@pytest.mark.filterwarnings("ignore:decode 'cudagraph'")
+def test_capture_warms_up_on_a_side_stream_then_records_once_in_thread_local_mode(monkeypatch):
+    """``StaticBuffers._capture``'s sequence on CPU, torch.cuda's stream and graph calls recorded (the
+    steps run eagerly): ``WARMUP_STEPS`` steps on a side stream that waited for the current one, the
+    current stream waiting for it, then one step recorded into the model's pool in ``thread_local``
+    error mode (Ray runs an actor's RDT receives on another thread; torch's default, ``global``, fails
+    a capture when any thread makes an unsafe CUDA call); a replay returns the captured logits buffer."""
+    events: list = []
+    side, current = _fake_cuda_capture(monkeypatch, events)
     model = _micro_model()  # the runner holds it weakly
     runner = _runner(model, 2)  # on CPU: built, not captured
     real_run = runner.run
@@ -153,6 +160,25 @@ def test_capture_warms_up_on_a_side_stream_then_records_once_in_thread_local_mod
                           ("wait", current, side), ("capture", "the model's pool", "thread_local"), "step", "captured"]
         out = runner.step(torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long))
     assert events[-1] == "replay" and out is runner.logits
+
+
+@pytest.mark.filterwarnings("ignore:decode 'cudagraph'")
+def test_capture_under_bf16_autocast_records_the_weight_casts(monkeypatch):
+    """Under the caller's bf16 autocast, the warm-up and the captured step run under bf16 autocast with
+    its weight cache off: a cast cached at capture would be replayed as it was, so the graph would
+    read the capture's weights after every later weight sync. The caller's cache setting is back after."""
+    seen: list = []
+    _fake_cuda_capture(monkeypatch, [])
+    model = _micro_model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        runner = _runner(model, 2)
+        real_run = runner.run
+        runner.run = lambda: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+                                          torch.is_autocast_cache_enabled())) or real_run()
+        with torch.inference_mode():
+            runner._capture(None, cgd._autocast_dtype(torch.device("cpu")))
+        assert torch.is_autocast_cache_enabled()
+    assert seen == [(True, torch.bfloat16, False)] * (cgd.WARMUP_STEPS + 1)
 
 
 @pytest.mark.filterwarnings("ignore:decode 'cudagraph'")

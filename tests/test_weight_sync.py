@@ -305,6 +305,46 @@ def test_sync_is_bit_identical(actors, case):
     assert ray.get(gen.pointers.remote()) == ptrs  # loaded in place: every tensor kept its storage
 
 
+class MasterLearner(Learner):
+    """An fp32 learner whose generator holds bf16 weights (an HF policy under train.dtype bfloat16)."""
+
+    weight_sync_dtype = torch.bfloat16
+
+    def state(self):
+        return self.model.state_dict()
+
+
+class Bf16Gen(Generator):
+    def __init__(self):
+        super().__init__()
+        self.model = TiedNet(22).to(torch.bfloat16)  # the int64 buffer stays int64
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("case", list(TRANSPORT_CASES))
+def test_fp32_learner_syncs_into_a_bf16_generator(actors, case):
+    """Every transport: the generator gets the fp32 learner's weights rounded to bf16, in place, and
+    the bytes that cross are bf16 (the sender casts: packed and shared-memory payloads carry raw bytes)."""
+    import ray
+
+    learner, gen = (ray_actor_class(c, "rdt").options(num_cpus=0).remote() for c in (MasterLearner, Bf16Gen))
+    try:
+        ptrs = ray.get(gen.pointers.remote())
+        with TRANSPORT_CASES[case]() as t:
+            t.setup(learner, [gen])
+            stats = t.sync(learner, [gen], version=1)
+        got, want = ray.get(gen.state.remote()), ray.get(learner.state.remote())
+        assert got.keys() == want.keys() and want["mid.weight"].dtype == torch.float32
+        assert all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in want)
+        assert got["mid.weight"].dtype == torch.bfloat16 and got["steps"].dtype == torch.int64
+        flat = {k: v for k, v in got.items() if k != "out.weight"}  # tied to emb.weight: sent once
+        assert stats.bytes == sum(v.numel() * v.element_size() for v in flat.values())
+        assert ray.get(gen.pointers.remote()) == ptrs
+    finally:
+        for h in (learner, gen):
+            ray.kill(h)
+
+
 @pytest.mark.ray
 def test_object_store_payload_is_read_from_shared_memory_without_a_copy(actors):
     """The default object-store payload reaches the receiver as read-only views into Ray's shared

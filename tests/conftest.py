@@ -11,6 +11,10 @@
 - ``make_runs``: synthetic ``results/runs/<variant>/`` directories with hand-computed numbers
   (documented in tests/test_aggregate.py, whose expected values depend on them).
 - ``dry_run``: reads the jobs a ``snakemake -n`` printout plans (rule, wildcards, resources).
+- ``run_snakemake``: ``run_snakemake(workdir, *args, check=True)`` runs the project's Snakefile in
+  ``workdir`` (a failure, when checked, raises with its output's tail).
+- ``live_processes``: ``live_processes(procs)``: those of the psutil processes still running, zombies
+  left out.
 - ``one_torch_thread``: one intra-op thread for a module of tiny-model tests.
 - ``flip_tensor_bytes``: ``flip_tensor_bytes(path, n=400)`` inverts ``n`` bytes in the middle of the
   largest tensor stored in a checkpoint file, leaving the zip structure intact (a bit-rotted file).
@@ -30,6 +34,8 @@ import os
 import random
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -41,6 +47,7 @@ from rlpipe.analysis import contract
 from rlpipe.lm.sampler import SamplingParams, generate
 
 MATH_FIXTURE = Path(__file__).parent / "data" / "math_fixture"
+ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["cat", "dog", "apple", "tree", "ball", "house", "moon", "fish", "bird", "cake", "boat", "hat"]
 
 
@@ -519,6 +526,38 @@ class DryRun:
 @pytest.fixture(scope="session")
 def dry_run():
     return DryRun
+
+
+def _run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=workdir)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def run_snakemake():
+    return _run_snakemake
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _live_processes(procs) -> list:
+    import psutil
+
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
+@pytest.fixture(scope="session")
+def live_processes():
+    return _live_processes
 
 
 # --------------------------------------------------------------------------- tiny HF Qwen2

@@ -126,17 +126,6 @@ def _ray_processes(pid: int) -> list:
             if p.name() in ("gcs_server", "raylet") or p.name().startswith("ray::")]
 
 
-def _alive(procs) -> list:
-    import psutil
-
-    out = []
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-    return out
-
-
 def _wait_for(path: Path, proc: subprocess.Popen, within: float = 300) -> None:
     deadline = time.time() + within
     while not path.exists() and time.time() < deadline and proc.poll() is None:
@@ -144,25 +133,27 @@ def _wait_for(path: Path, proc: subprocess.Popen, within: float = 300) -> None:
     assert path.exists() and proc.poll() is None, f"{path} did not appear while the run was going"
 
 
-def _stopped_cleanly(out: Path, ray_procs: list, step: int | None = None) -> int:
+def _stopped_cleanly(out: Path, ray_procs: list, live, step: int | None = None) -> int:
     """The checkpoint loads and is a resumable trainer checkpoint (of optimizer step ``step``), no
-    process of the run's Ray instance is left, no temporary file, the run is not marked finished."""
+    process of the run's Ray instance is left (``live``: the ``live_processes`` fixture), no temporary
+    file, the run is not marked finished."""
     from rlpipe.lm.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(out / "checkpoints" / "last.pt")
     assert {"step", "next_batch", "samples", "version"} <= set(ckpt.extra)
     assert step is None or int(ckpt.extra["step"]) == step
     deadline = time.time() + 10
-    while _alive(ray_procs) and time.time() < deadline:
+    while live(ray_procs) and time.time() < deadline:
         time.sleep(0.2)
-    assert not _alive(ray_procs), [p.name() for p in _alive(ray_procs)]
+    assert not live(ray_procs), [p.name() for p in live(ray_procs)]
     assert not (out / "run_info.json").exists()
     assert not list(out.rglob("*.tmp"))
     return int(ckpt.extra["step"])
 
 
 @pytest.mark.ray
-def test_sigterm_to_rlpipe_train_stops_it_with_its_checkpoint_and_its_ray(tmp_path, tiny_base, write_config):
+def test_sigterm_to_rlpipe_train_stops_it_with_its_checkpoint_and_its_ray(tmp_path, tiny_base, write_config,
+                                                                          live_processes):
     """SIGTERM mid-run to a disaggregated ``rlpipe train``: exit status 143 within 30 s, with the
     checkpoint of the round it stopped at, and no Ray process of the run left."""
     # far more steps than the run can take before the signal, even on a fast idle machine (a run that
@@ -191,12 +182,12 @@ def test_sigterm_to_rlpipe_train_stops_it_with_its_checkpoint_and_its_ray(tmp_pa
     assert last.startswith("rlpipe train disagg: stopped by SIGTERM after optimizer step "), last
     step = int(last.split("after optimizer step ")[1].split()[0])
     assert f"Rerun with --resume to continue from {out / 'checkpoints' / 'last.pt'} (optimizer step {step})" in last
-    _stopped_cleanly(out, ray_procs, step)  # the checkpoint is the one written at the stop
+    _stopped_cleanly(out, ray_procs, live_processes, step)  # the checkpoint is the one written at the stop
 
 
 @pytest.mark.slow
 @pytest.mark.workflow
-def test_sigterm_to_snakemake_stops_the_training_job_and_snakemake(tmp_path):
+def test_sigterm_to_snakemake_stops_the_training_job_and_snakemake(tmp_path, live_processes):
     """The smoke workflow, with a long training job: SIGTERM to the Snakemake process alone (not its
     process group; Snakemake would wait for the job to finish) while ``onpolicy`` trains. Snakemake
     exits within 30 s; the job stopped with its checkpoint and its Ray processes."""
@@ -226,4 +217,4 @@ def test_sigterm_to_snakemake_stops_the_training_job_and_snakemake(tmp_path):
     assert took < 30, f"Snakemake took {took:.1f} s to exit\n{(tmp_path / 'snakemake.log').read_text()[-3000:]}"
     assert proc.returncode != 0
     assert "rlpipe train onpolicy: stopped by SIGTERM after optimizer step" in job_log, job_log[-3000:]
-    _stopped_cleanly(out, ray_procs)
+    _stopped_cleanly(out, ray_procs, live_processes)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -73,14 +71,6 @@ def test_a_wrong_track_names_its_key(change, match):
 # --------------------------------------------------------------------------- the workflow
 
 
-def _snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=workdir)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
 @pytest.fixture
 def track_workdir(tmp_path) -> Path:
     shutil.copytree(ROOT / "config", tmp_path / "config")
@@ -94,8 +84,9 @@ def track_workdir(tmp_path) -> Path:
 
 
 @pytest.mark.dag
-def test_the_workflow_plans_a_users_track_its_families_and_report_with_one_path_scheme(track_workdir, dry_run):
-    out = _snakemake(track_workdir, "-n", "--configfile", "config/config.yaml", "config/mine.yaml").stdout
+def test_the_workflow_plans_a_users_track_its_families_and_report_with_one_path_scheme(track_workdir, dry_run,
+                                                                                        run_snakemake):
+    out = run_snakemake(track_workdir, "-n", "--configfile", "config/config.yaml", "config/mine.yaml").stdout
     jobs = dry_run.jobs(out)
     by_rule = {}
     for j in jobs:
@@ -114,7 +105,7 @@ def test_the_workflow_plans_a_users_track_its_families_and_report_with_one_path_
 
 
 @pytest.mark.dag
-def test_a_given_dataset_is_checked_when_the_workflow_parses(track_workdir):
+def test_a_given_dataset_is_checked_when_the_workflow_parses(track_workdir, run_snakemake):
     data = track_workdir / "data"
     data.mkdir()
     (data / "train.jsonl").write_text(json.dumps({"x": 1, "answer": "1"}) + "\n")
@@ -124,7 +115,7 @@ def test_a_given_dataset_is_checked_when_the_workflow_parses(track_workdir):
     overlay["tracks"]["mine"].pop("dataset_command")
     overlay["tracks"]["mine"]["dataset_dir"] = str(data)
     (track_workdir / "config" / "mine.yaml").write_text(yaml.safe_dump(overlay))
-    proc = _snakemake(track_workdir, "-n", "--configfile", "config/config.yaml", "config/mine.yaml", check=False)
+    proc = run_snakemake(track_workdir, "-n", "--configfile", "config/config.yaml", "config/mine.yaml", check=False)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "track mine:" in text and "train.jsonl:1" in text and "'q'" in text, text[-2000:]

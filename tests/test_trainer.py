@@ -286,17 +286,6 @@ def _session_name(procs) -> str:
     return ""
 
 
-def _running(procs) -> list:
-    import psutil
-
-    out = []
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-    return out
-
-
 def _carrying(session: str) -> list:
     """Every live process on the machine whose command line names ``session``."""
     import psutil
@@ -309,7 +298,8 @@ def _carrying(session: str) -> list:
     return out
 
 
-def test_kill_9_of_a_local_run_stops_its_ray_processes_and_no_others(env, tmp_path, write_config):
+def test_kill_9_of_a_local_run_stops_its_ray_processes_and_no_others(env, tmp_path, write_config,
+                                                                     live_processes):
     """``kill -9`` of ``rlpipe train`` (no ``ray.shutdown``): within seconds no process of its Ray
     session is left (GCS, raylet, agents, workers; Ray alone leaves the agents running for a while),
     and this test session's own Ray instance (``ray_session``) is untouched."""
@@ -334,13 +324,13 @@ def test_kill_9_of_a_local_run_stops_its_ray_processes_and_no_others(env, tmp_pa
         os.kill(proc.pid, signal.SIGKILL)  # the driver only, as the OOM killer would
         proc.wait()
         deadline = time.time() + 10
-        while (_running(theirs) or _carrying(session)) and time.time() < deadline:
+        while (live_processes(theirs) or _carrying(session)) and time.time() < deadline:
             time.sleep(0.2)
-        left = {(p.pid, p.name()) for p in _running(theirs) + _carrying(session)}
+        left = {(p.pid, p.name()) for p in live_processes(theirs) + _carrying(session)}
         assert not left, f"still running 10 s after the driver was killed: {sorted(left)}"
-        assert len(ours) == 2 and len(_running(ours)) == 2, "this test session's Ray instance was touched"
+        assert len(ours) == 2 and len(live_processes(ours)) == 2, "this test session's Ray instance was touched"
     finally:
-        for p in _running(theirs):
+        for p in live_processes(theirs):
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
         if proc.poll() is None:

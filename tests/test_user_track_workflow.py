@@ -8,8 +8,6 @@ from __future__ import annotations
 import io
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,14 +20,6 @@ pytestmark = pytest.mark.dag
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILTIN_SWITCHES = ("run_tests", "toy_sort_seeds", "bench_scaling")
-
-
-def snakemake(workdir: Path, *args: str, check: bool = True):
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=workdir)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
 
 
 @pytest.fixture
@@ -55,9 +45,9 @@ def merged(workdir: Path, *overlays: str) -> dict:
     return config
 
 
-def test_smoke_shrinks_a_users_track_and_keeps_its_lists(workdir, dry_run):
+def test_smoke_shrinks_a_users_track_and_keeps_its_lists(workdir, dry_run, run_snakemake):
     files = ("my_track.yaml", "config/smoke.yaml")
-    proc = snakemake(workdir, "-n", "--configfile", *files)
+    proc = run_snakemake(workdir, "-n", "--configfile", *files)
     rules = dry_run.rules(proc.stdout)
     assert {"build_track_data", "pretrain_base", "train_variant", "train_family_run", "report_family",
             "report_track", "write_results_page", "aggregate_track"} <= rules
@@ -85,20 +75,20 @@ def test_smoke_shrinks_a_users_track_and_keeps_its_lists(workdir, dry_run):
         assert small.val_size == 8 and small.val_every <= small.n_grpo_steps
 
 
-def test_an_overlay_replacing_a_list_of_another_is_named(workdir):
+def test_an_overlay_replacing_a_list_of_another_is_named(workdir, run_snakemake):
     (workdir / "later.yaml").write_text("workflow: {families: [wordrev_lr]}\n")
-    proc = snakemake(workdir, "-n", "--configfile", "my_track.yaml", "later.yaml")
+    proc = run_snakemake(workdir, "-n", "--configfile", "my_track.yaml", "later.yaml")
     assert re.search(r"warning: \S*later\.yaml replaces workflow\.families: \['wordrev_systems', 'wordrev_lr'\] "
                      r"\(set by \S*my_track\.yaml\) with \['wordrev_lr'\]", proc.stderr), proc.stderr[-2000:]
     msgs = overlay_list_replacements([("a.yaml", {"w": {"x": [1], "y": [2]}}), ("b.yaml", {"w": {"x": [1], "y": [3]}})])
     assert len(msgs) == 1 and msgs[0].startswith("b.yaml replaces w.y: [2] (set by a.yaml) with [3]")
 
 
-def test_a_failed_invocation_leaves_no_resolved_config(workdir):
+def test_a_failed_invocation_leaves_no_resolved_config(workdir, run_snakemake):
     (workdir / "bad.yaml").write_text("train: {lerning_rate: 0.1}\n")
-    proc = snakemake(workdir, "-n", "--configfile", "bad.yaml", check=False)
+    proc = run_snakemake(workdir, "-n", "--configfile", "bad.yaml", check=False)
     assert proc.returncode != 0 and "lerning_rate" in proc.stdout + proc.stderr
-    proc = snakemake(workdir, "-n", "--configfile", "config/smoke.yaml", "--quiet")
+    proc = run_snakemake(workdir, "-n", "--configfile", "config/smoke.yaml", "--quiet")
     assert not (workdir / "results").exists()
 
 

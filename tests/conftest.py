@@ -5,6 +5,7 @@
   eager model by teacher forcing on the same tokens (tests/test_static_decode.py and
   tests/test_decode_package.py); never token for token across decodes, which run other kernels.
 - ``decode_cache``: the session's AOT decode-package directory (autouse: set before Ray starts).
+- ``digest_cache``: the session's cache of the run fingerprint's file digests (autouse).
 - ``tiny_base``: a briefly trained micro TransformerLM and a keyword dataset (trainer tests).
 - ``write_config`` / ``make_dataset`` / ``make_base``: factories for trainer configs, keyword datasets
   and micro base models.
@@ -247,6 +248,18 @@ def decode_cache(tmp_path_factory):
     from rlpipe.lm.decode_package import CACHE_ENV
 
     d = tmp_path_factory.mktemp("decode_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_ENV, str(d))
+        yield d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def digest_cache(tmp_path_factory):
+    """One cache of the run fingerprint's file digests for the session (``rlpipe.trainer.digest_cache``),
+    never the user's ``~/.cache``; autouse, so every ``rlpipe train`` a test starts inherits it."""
+    from rlpipe.trainer.digest_cache import CACHE_ENV
+
+    d = tmp_path_factory.mktemp("digest_cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CACHE_ENV, str(d))
         yield d

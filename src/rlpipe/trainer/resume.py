@@ -26,7 +26,10 @@ interval changes nothing computed, so raising one resumes the run. The inputs (b
 HF model directory, dataset directory) enter by the content of their files (sha256, with names
 relative to the directory), never by absolute path or modification time: a retrained base model
 never continues a run that started from the old one, while a project directory that was moved or
-copied resumes its runs.
+copied resumes its runs. Each file's digest is kept between starts (``rlpipe.trainer.digest_cache``)
+and read back only while the file's device, inode, size, mtime and ctime are unchanged, so a second
+start reads no unchanged file again and a changed one always is: the fingerprint still holds the
+digests alone.
 
 Departure from the previous design: this decision used to live in the rule's shell code (and in
 part in ``RunContext.restore``); it moved here so that it has unit tests.
@@ -42,8 +45,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlpipe.analysis.contract import CHECKPOINT_DIR, CHECKPOINT_FILE, FINGERPRINT_FILE, FINISHED_MARKER
-from rlpipe.config.identity import file_digest, identity
+from rlpipe.config.identity import identity
 from rlpipe.io import write_text
+from rlpipe.trainer.digest_cache import DigestCache
 
 ResumeMode = Literal["auto", "never", "always"]
 RESUME_MODES: tuple[str, ...] = ("auto", "never", "always")
@@ -59,28 +63,30 @@ class ResumeDecision:
     reason: str
 
 
-def _file_identity(path: Path) -> dict[str, Any]:
-    return {"sha256": file_digest(path), "size": path.stat().st_size}
+def _file_identity(path: Path, digests: DigestCache) -> dict[str, Any]:
+    return {"sha256": digests.digest(path), "size": path.stat().st_size}
 
 
-def _input_identity(path: str | Path | None) -> Any:
+def _input_identity(path: str | Path | None, digests: DigestCache) -> Any:
     """A file's content identity; a directory's: each of its files (names relative to it) with theirs."""
     if path is None:
         return None
     p = Path(path)
     if p.is_dir():
-        return {str(f.relative_to(p)): _file_identity(f) for f in sorted(p.rglob("*")) if f.is_file()}
+        return {str(f.relative_to(p)): _file_identity(f, digests) for f in sorted(p.rglob("*")) if f.is_file()}
     if not p.is_file():
         return {"missing": p.name}
-    return _file_identity(p)
+    return _file_identity(p, digests)
 
 
 def run_fingerprint(train: dict, model: dict, variant: str, base: str | Path | None = None,
-                    dataset: str | Path | None = None) -> str:
+                    dataset: str | Path | None = None, digests: DigestCache | None = None) -> str:
     """Hash of what defines a run: the identity keys of its settings (sorted keys: key order is
-    irrelevant) and the content of its inputs."""
+    irrelevant) and the content of its inputs (their files' digests, through ``digests``: by default
+    the user's digest cache, ``DigestCache.default()``)."""
+    digests = DigestCache.default() if digests is None else digests
     payload = {"train": identity(train, "train"), "model": identity(model, "model"), "variant": variant,
-               "base": _input_identity(base), "dataset": _input_identity(dataset)}
+               "base": _input_identity(base, digests), "dataset": _input_identity(dataset, digests)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -160,9 +160,11 @@ def test_qwen_step_measures_the_pipelines_precision(masters):
     hook.remove()
     assert logits and set(logits) == {torch.bfloat16}  # autocast, over the masters
     assert {p.dtype for p in learner.parameters()} == {qwen_step.DTYPES[masters]}
-    m = qwen_step.measure(torch.device("cpu"), _micro_qwen(), gen_rows=2, gen_tokens=3, prompt_tokens=4,
-                          response_tokens=6, n_micro=1, master_weights=masters)["measured"]
+    r = qwen_step.measure(torch.device("cpu"), _micro_qwen(), gen_rows=2, gen_tokens=3, prompt_tokens=4,
+                          response_tokens=6, n_micro=1, master_weights=masters)
+    m = r["measured"]
     assert (m["dtype"], m["master_weights"], m["generator_dtype"]) == ("bfloat16", masters, "bfloat16")
+    assert f"parameters in bfloat16 (learner: {masters} master weights);" in gpu_report._qwen_lines(r)[0]
 
 
 def test_projection_arithmetic():

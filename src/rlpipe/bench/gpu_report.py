@@ -119,7 +119,8 @@ def _qwen_lines(r: Any) -> list[str]:
     if not isinstance(r, dict) or "projection" not in r:
         return []
     m, p = r["measured"], r["projection"]
-    return [f"- measured: {_num(m['parameters'] / 1e9)}B parameters in {m['dtype']}; generate {m['gen_rows']} x "
+    dtype = m["dtype"] + (f" (learner: {m['master_weights']} master weights)" if "master_weights" in m else "")
+    return [f"- measured: {_num(m['parameters'] / 1e9)}B parameters in {dtype}; generate {m['gen_rows']} x "
             f"{m['gen_tokens']} tokens in {_num(m['gen_s'])} s; per micro-batch of {m['micro_rows']} x "
             f"{m['prompt_tokens'] + m['response_tokens']} tokens: log-probs {_num(m['logprob_s_per_micro'])} s, "
             f"forward + backward {_num(m['update_s_per_micro'])} s; optimizer step {_num(m['optimizer_s'])} s; "

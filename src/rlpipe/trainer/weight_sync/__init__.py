@@ -40,6 +40,14 @@ receiver computes them itself. ``load_weights`` copies in place into the receive
 tensors (its optimizer-free model keeps its storage, device and dtype) and returns a ``LoadAck``
 with the byte count and, on request, a blake2b checksum of the received weights.
 
+Precision: an fp32 learner (master weights under bf16 autocast) may feed a generator with bf16
+weights (an HF policy on CUDA). The sender's ``weight_sync_dtype`` (the ``LearnerWorker`` takes it
+from ``Learner.sync_dtype``) makes every export cast floating weights to the receiver's dtype, so
+bf16 crosses (half the bytes) and packed and shared-memory payloads, which carry raw bytes cut by
+the receiver's layout, match it; a sender that does not cast is refused by the layout check before
+anything is written. Named tensors (``local``: ``copy_weights``, and named payloads) may differ in
+floating dtype: the receiver's in-place copy rounds them to nearest.
+
 Make both actor classes with ``ray_actor_class(cls, cfg.transport)`` (``ray.remote(**actor_options
 (transport))(cls)``): for rdt this sets ``enable_tensor_transport=True`` and ``max_concurrency=1``
 in the class decorator -- ``ActorClass.options(enable_tensor_transport=True)`` is silently

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -78,6 +79,31 @@ def test_a_part_over_its_limit_is_killed_with_its_children_and_the_next_runs(tmp
     assert _gone(int(pid_file.read_text())), "the part's child outlived the kill"
     assert records[1]["status"] == "ok"
     assert (tmp_path / "logs" / "next.out").read_text().strip() == "ran"
+
+
+def test_sigterm_to_the_check_kills_the_running_part_first(tmp_path):
+    """A part runs in a session of its own, so a signal to the check's process group never reaches
+    it: a SIGTERM to the check (a remote runner's time limit) must kill the running part's group
+    before the check ends, else the part runs on, holding the GPU and its GPU slot, into a rerun."""
+    pid_file = tmp_path / "part.pid"
+    part = _script(tmp_path, "long_part", f"""
+        import os, time
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        time.sleep(60)
+    """)
+    check = _script(tmp_path, "check", f"""
+        from pathlib import Path
+        from rlpipe.bench.part_runner import Part, run_parts
+        run_parts([Part("long", {part!r}, 60)], Path({str(tmp_path / "logs")!r}), budget_s=100)
+    """)
+    proc = subprocess.Popen(check, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the part did not start"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert _gone(int(pid_file.read_text())), "the running part outlived the check"
 
 
 def test_a_failing_part_is_recorded_and_the_next_still_runs(tmp_path):
@@ -336,6 +362,26 @@ def test_the_gpu_path_records_every_part_and_goes_on(tmp_path, monkeypatch):
     assert (tmp_path / "work" / "config.yaml").is_file()
     summary = (tmp_path / "summary.md").read_text()
     assert "### Test GPU" in summary and "| peaks | failed |" in summary and "no peaks here" in summary
+
+
+def test_a_stopped_check_says_so(tmp_path, monkeypatch):
+    """SIGTERM or Ctrl-C while the parts run (``run_parts`` raises once it killed the running part):
+    the JSON says ``stopped`` with what was recorded so far, and the exit goes on."""
+    gpu = {"name": "Test GPU", "count": 1}
+    res = tmp_path / "parts" / "machine.json"
+    write = f"import json, pathlib; p = pathlib.Path({str(res)!r}); p.parent.mkdir(parents=True, exist_ok=True); "
+    machine = Part("machine", [PY, "-c", write + f"p.write_text(json.dumps({{'gpu': {gpu!r}}}))"], 30, str(res))
+    monkeypatch.setattr(gpu_check, "build_parts", lambda out, config, gpus, dtype="float32": [machine])
+
+    def stopped(parts, log_dir, budget_s, monitor_for=None, on_record=None):
+        raise SystemExit(128 + signal.SIGTERM)
+
+    monkeypatch.setattr(gpu_check, "run_parts", stopped)
+    with pytest.raises(SystemExit):
+        gpu_check.run_check(tmp_path, 60.0, None, ROOT / "config")
+    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert written["status"] == "stopped" and list(written["parts"]) == ["machine"]
+    assert "status stopped" in (tmp_path / "summary.md").read_text()
 
 
 def test_a_training_part_reads_its_run(tmp_path):

@@ -208,8 +208,14 @@ def run_check(out: Path, budget_s: float, wanted: list[str] | None, config_dir: 
             result["wall_s"] = round(time.monotonic() - t0, 1)
             _write(out, result)
 
-        run_parts(parts, out / "logs", budget_s - (time.monotonic() - t0), monitor_for=lambda p: BusySampler(),
-                  on_record=progress)
+        try:
+            run_parts(parts, out / "logs", budget_s - (time.monotonic() - t0), monitor_for=lambda p: BusySampler(),
+                      on_record=progress)
+        except (SystemExit, KeyboardInterrupt):  # SIGTERM or Ctrl-C: the running part was killed first
+            result["status"] = "stopped"
+            result["wall_s"] = round(time.monotonic() - t0, 1)
+            _write(out, result)
+            raise
         result["status"] = _status(result["parts"])
     result["wall_s"] = round(time.monotonic() - t0, 1)
     result["load_avg_end"] = list(os.getloadavg())

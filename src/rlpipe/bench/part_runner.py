@@ -10,14 +10,22 @@ or is refused is recorded (status, seconds, the last lines of its stderr) and th
 Statuses: ``ok``; ``failed`` (non-zero exit); ``timeout`` (killed at its limit); ``unsupported``
 (argparse refused a flag: the bench does not have it yet); ``skipped`` (a part it needs did not
 succeed, or the check's time budget was spent).
+
+A part's own session also keeps a signal to the check's process group from reaching it. Ctrl-C
+raises ``KeyboardInterrupt`` in the check, whose cleanup kills the running part's group; SIGTERM
+(a scheduler's or a remote runner's time limit) would end the check at once and leave the part
+running on the GPU, holding its GPU slot, into a rerun. So while ``run_parts`` runs, SIGTERM raises
+``SystemExit`` instead, and the same cleanup runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -146,12 +154,39 @@ def skipped(part: Part, reason: str) -> dict:
             "seconds": 0.0, "note": reason, "stderr_tail": [], "result": None}
 
 
+@contextlib.contextmanager
+def sigterm_raises() -> Any:
+    """SIGTERM raises ``SystemExit(128 + 15)`` in the main thread while inside (Python's default ends
+    the process without running any cleanup), once: a second SIGTERM is ignored until the cleanup
+    is done. Elsewhere than the main thread, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the kill of the running part must not be cut short
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_parts(parts: list[Part], log_dir: Path, budget_s: float, cwd: str | Path | None = None,
               monitor_for: Callable[[Part], Any] | None = None,
               on_record: Callable[[dict], None] | None = None) -> list[dict]:
     """Run ``parts`` in order within ``budget_s`` seconds in all; a part whose ``needs`` did not
     all succeed, or that would start with under ``MIN_PART_S`` left, is skipped. ``on_record`` sees
-    each record as it is made (to save progress)."""
+    each record as it is made (to save progress). A SIGTERM to this process kills the running part's
+    process group, then ends this process (``sigterm_raises``)."""
+    with sigterm_raises():
+        return _run_parts(parts, log_dir, budget_s, cwd, monitor_for, on_record)
+
+
+def _run_parts(parts: list[Part], log_dir: Path, budget_s: float, cwd: str | Path | None,
+               monitor_for: Callable[[Part], Any] | None, on_record: Callable[[dict], None] | None) -> list[dict]:
     deadline = time.monotonic() + budget_s
     records: dict[str, dict] = {}
     for part in parts:

@@ -123,7 +123,7 @@ def test_every_json_writing_bench_is_listed():
     modules = {name.replace("-", "_") for name in BENCH_RUNS}
     writers = {p.stem for p in BENCH_DIR.glob("*.py") if _writes_json(p)}
     unlisted = writers - modules - set(NOT_A_BENCH)
-    assert not unlisted, f"modules under rlpipe/bench/ that write a JSON, in neither BENCH_RUNS nor NOT_A_BENCH: {unlisted}"
+    assert not unlisted, f"bench modules writing a JSON, in neither BENCH_RUNS nor NOT_A_BENCH: {unlisted}"
     assert set(NOT_A_BENCH) <= writers  # the exemptions are still writers (else drop them)
 
 

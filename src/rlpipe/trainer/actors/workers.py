@@ -15,6 +15,12 @@ The ReferenceModel is only loaded when something reads it (``reference.needed``:
 With ``train.recompute_old_log_probs`` the learner rescores each rollout batch after scoring:
 ``ColocatedWorker.rollout`` does it in place (its learner holds the generator's version), the
 disaggregated driver calls ``LearnerWorker.prepare`` on each batch it receives.
+
+The drivers submit a round's calls without waiting between them, so calls can be queued behind an
+update that diverges: once the learner has diverged, ``update`` refuses (``NonFiniteLossError``
+naming the step that diverged) instead of training on, and the driver, which reads results in
+order, reports the first failure. The reference log-probs stay on the device (``reference``): the
+learner reads them in the same process.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from rlpipe.rl.scoring import score_batch
 from rlpipe.tasks import task_for
 from rlpipe.trainer.actors import reference
 from rlpipe.trainer.actors.generator import Generator
-from rlpipe.trainer.actors.learner import Learner
+from rlpipe.trainer.actors.learner import Learner, NonFiniteLossError
 from rlpipe.trainer.actors.reference import ReferenceModel
 from rlpipe.trainer.profiling import Profiler
 from rlpipe.trainer.weight_sync import SyncStats, WeightReceiver, WeightSender, copy_weights
@@ -39,6 +45,8 @@ def _reference(checkpoint: str, train_cfg, tokenizer: str | None, prof: Profiler
 
 
 def _update(learner: Learner, ref_model: ReferenceModel | None, batch: RolloutBatch, step: int) -> UpdateResult:
+    if learner.diverged:  # a step queued behind the one that diverged (the drivers submit a round at once)
+        raise NonFiniteLossError(f"optimizer step {step} not taken: training diverged at {learner.diverged}")
     due = ref_model is not None and learner.kl_due(step)  # train.kl_monitor_every
     ref = ref_model.log_probs(batch, step, learner.version) if due else None
     return learner.train_step(batch, ref, step)

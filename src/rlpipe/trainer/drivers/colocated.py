@@ -10,15 +10,52 @@ The worker keeps each rollout batch it returns, and the update calls name it (ba
 train-batch part) instead of sending it back. ``colocated_sync`` is the loop with k = 1, so the two
 modes cannot drift apart; a test checks that
 a ``colocated_k`` run with k = 1 reproduces a ``colocated_sync`` run bit for bit.
+
+A round's calls are submitted together (``_submit_round``: the rollouts, the initial KL, every
+update, the weight sync and the log drain), then their results are read in order. Ray runs the
+tasks one submitter gives a synchronous actor one at a time, in submission order
+(``max_concurrency=1``; the drivers set no task retries, which would void that), so the worker computes
+exactly what it did when the driver waited for each result before the next call, but goes from one
+step to the next without a driver round trip in between. Only the round boundary (validation,
+checkpoint, stop signal) waits for the driver. Each step's row is written when its result arrives
+(its progress line at the round's end, as before), and a failure is raised at the step that failed:
+- a step that diverges raises ``TrainingDiverged`` naming it; the round's later calls, already
+  queued on the worker, find the learner diverged and refuse to train (``workers``), and the driver
+  reads none of their results, so no row, checkpoint or log reflects a step after the failure;
+- a dead worker fails every queued call; the first one read names the step, as before;
+- ``train.ray_timeout_s`` bounds each result's wait, from when the driver starts reading it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rlpipe.analysis.contract import DEVICE_CPU, DEVICE_GPU
 from rlpipe.trainer.actors import reference
 from rlpipe.trainer.actors.workers import ColocatedWorker
 from rlpipe.trainer.drivers.common import RunContext, train_batches
 from rlpipe.trainer.gpu_slots import actor_gpus
+
+
+@dataclass
+class _Round:
+    """The refs of one round's calls, in the order the worker runs them."""
+    batches: range  # rollout batch indices
+    rollouts: list  # one per rollout batch
+    initial_kl: object | None  # the step-0 KL to the reference (first round of a fresh run)
+    updates: list  # one per optimizer step, batch by batch, train-batch part by part
+    sync: object  # the weight sync after the last step
+    logs: object  # the worker's phase and version events of the round
+
+
+def _submit_round(worker, batches: range, step: int, spb: int, initial_kl: bool) -> _Round:
+    """Submit every call of a round, without waiting for any (see the module docstring)."""
+    rollouts = [worker.rollout.remote(b, b * spb + 1) for b in batches]
+    kl = worker.initial_kl.remote(rollouts[0]) if initial_kl else None  # after the rollouts, before any update
+    updates = [worker.update_rollout.remote(b, part, step + i * spb + part + 1)
+               for i, b in enumerate(batches) for part in range(spb)]
+    last = step + len(updates)
+    return _Round(batches, rollouts, kl, updates, worker.sync_weights.remote(last), worker.drain_logs.remote())
 
 
 def run_colocated(ctx: RunContext, gpus: int) -> dict:
@@ -33,19 +70,27 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
         ctx.begin(worker)
     for round_start in range(next_batch, t.n_grpo_steps, k):
         first_step = step + 1
-        batches = [ctx.wait_get(worker.rollout.remote(b, b * spb + 1), f"rollout batch {b} (for step {b * spb + 1})",
-                                b * spb + 1, step)
-                   for b in range(round_start, round_start + k)]
-        if step == 0 and reference.needed(t):  # no reference model: no KL to it
-            ctx.writer.update_row(0, ctx.get(worker.initial_kl.remote(batches[0]), "initial KL"))
-        for b, batch in zip(range(round_start, round_start + k), batches, strict=True):
-            for part, sub in enumerate(train_batches(batch, t, b)):  # the worker holds the same split
-                step += 1
-                ctx.log_update(step, ctx.get(worker.update_rollout.remote(b, part, step), f"update step {step}"), sub)
-        ctx.log_sync(step, ctx.get(worker.sync_weights.remote(step), f"weight sync after step {step}"))
-        ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
+        rnd = _submit_round(worker, range(round_start, round_start + k), step, spb,
+                            initial_kl=step == 0 and reference.needed(t))  # no reference model: no KL to it
+        step = _read_round(ctx, rnd, step, spb)
         ctx.end_round(first_step, step, round_start + k, worker, worker)
     ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
     ctx.collect_validation()
     return ctx.run_info(devices=max(1, min(gpus, 1)), device_type=DEVICE_GPU if gpus else DEVICE_CPU,
                         gpu_fraction=share)
+
+
+def _read_round(ctx: RunContext, rnd: _Round, step: int, spb: int) -> int:
+    """Read a submitted round's results in order, logging each step; returns the round's last step."""
+    batches = [ctx.wait_get(ref, f"rollout batch {b} (for step {b * spb + 1})", b * spb + 1, step)
+               for b, ref in zip(rnd.batches, rnd.rollouts, strict=True)]
+    if rnd.initial_kl is not None:
+        ctx.writer.update_row(0, ctx.get(rnd.initial_kl, "initial KL"))
+    subs = [sub for b, batch in zip(rnd.batches, batches, strict=True)
+            for sub in train_batches(batch, ctx.train, b)]  # the worker holds the same split
+    for sub, ref in zip(subs, rnd.updates, strict=True):
+        step += 1
+        ctx.log_update(step, ctx.get(ref, f"update step {step}"), sub)
+    ctx.log_sync(step, ctx.get(rnd.sync, f"weight sync after step {step}"))
+    ctx.finalize_steps([ctx.get(rnd.logs, "drain logs")])
+    return step

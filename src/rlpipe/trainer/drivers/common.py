@@ -11,6 +11,10 @@ Driver-side conventions (the metrics are only comparable across variants because
 - Validation runs on the generator, so it measures exactly the weights the generator holds: in
   colocated k-step runs that is at round ends (the first round end at or after each multiple of
   ``val_every``), plus step 0 and the final step.
+- Within a round the drivers submit an actor's calls without waiting between them and ``get``
+  the results in submission order, the order the actor runs them: the actor goes from one step to
+  the next with no driver round trip, and the driver still logs each step and names the step of a
+  failure. Rounds end at a sync point (validation, checkpoint, stop signal).
 
 Failures (every message names the step; the resume advice is given only when a checkpoint exists):
 - an actor that fails (``ActorFailure``) names its role (generator, learner, scorer, colocated

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlpipe.bench import gpu_bundle, gpu_check, gpu_report, part_runner, qwen_step
+from rlpipe.bench import gpu_bundle, gpu_check, gpu_report, part_runner, qwen_step, stop_check
 from rlpipe.bench.gpu_busy import summarize
 from rlpipe.bench.lock_diff import lock_differences
 from rlpipe.bench.part_runner import Part, run_parts
+from rlpipe.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -136,6 +137,48 @@ def test_an_unknown_flag_is_unsupported_and_needs_and_budget_skip(tmp_path):
     assert spent[0]["status"] == "skipped" and "budget" in spent[0]["note"]
 
 
+def test_a_hung_part_leaves_the_later_parts_their_shares(tmp_path, monkeypatch):
+    """A part that never ends is capped at the budget less the shares kept for the parts after it,
+    so they still run; without the reservation it would take the whole budget and they would be
+    skipped."""
+    monkeypatch.setattr(part_runner, "GRACE_S", 0.5)
+    monkeypatch.setattr(part_runner, "MIN_PART_S", 0.5)
+    parts = [Part("hang", ["sleep", "60"], limit_s=60, min_s=1), Part("a", ["sleep", "0.1"], 30, min_s=2),
+             Part("b", ["sleep", "0.1"], 30, min_s=2)]
+    t0 = time.monotonic()
+    records = run_parts(parts, tmp_path, budget_s=9.0)
+    assert time.monotonic() - t0 < 9.0
+    hang, a, b = records
+    assert hang["status"] == "timeout" and 3.0 <= hang["limit_s"] <= 3.5, hang  # 9 - 0.5 - 2 x (2 + 0.5)
+    assert a["status"] == b["status"] == "ok", (a, b)
+    assert (hang["estimate_s"], a["estimate_s"]) == (1, 2)
+
+
+def test_shares_are_kept_only_for_parts_that_can_still_run(monkeypatch):
+    monkeypatch.setattr(part_runner, "GRACE_S", 5.0)
+    later = [Part("needs_x", ["true"], 30, needs=("x",), min_s=100), Part("free", ["true"], 30, min_s=3),
+             Part("no_share", ["true"], 30)]
+    assert part_runner.reserved_s(later, {"x": {"status": "failed"}}) == 8.0
+    assert part_runner.reserved_s(later, {}) == 113.0  # x has not run yet: it may still succeed
+    part = Part("p", ["true"], limit_s=60, min_s=10)
+    assert part_runner.part_limit(part, left_s=200, reserved=50) == 60  # its own limit
+    assert part_runner.part_limit(part, left_s=100, reserved=50) == 45  # what the later shares leave
+    assert part_runner.part_limit(part, left_s=40, reserved=50) == 10  # never below its share ...
+    assert part_runner.part_limit(part, left_s=12, reserved=50) == 7  # ... nor past the budget
+
+
+def test_the_parts_shares_fit_the_budget_and_the_goals_come_first(tmp_path):
+    parts = gpu_check.build_parts(tmp_path, tmp_path / "c.yaml", gpus=1)
+    assert [p.name for p in parts] == list(gpu_check.PART_ORDER)
+    assert all(0 < p.min_s <= p.limit_s for p in parts), [(p.name, p.min_s, p.limit_s) for p in parts]
+    kept = parts[0].min_s + sum(p.min_s + part_runner.GRACE_S for p in parts[1:])
+    assert kept <= gpu_check.BUDGET_S, kept
+    order = gpu_check.PART_ORDER.index
+    goals = ["bench_sampler", "train_onpolicy", "train_k4", "train_disagg", "bench_weight_sync", "bench_trl"]
+    assert [order(n) for n in goals] == sorted(order(n) for n in goals)
+    assert max(order(n) for n in goals) < min(order(n) for n in ("qwen_step", "bench_update", "stop_train"))
+
+
 def test_lock_differences_of_a_constructed_lock():
     lock = textwrap.dedent("""\
         # header
@@ -190,7 +233,10 @@ def test_qwen_step_measures_the_pipelines_precision(masters):
                           response_tokens=6, n_micro=1, master_weights=masters)
     m = r["measured"]
     assert (m["dtype"], m["master_weights"], m["generator_dtype"]) == ("bfloat16", masters, "bfloat16")
-    assert f"parameters in bfloat16 (learner: {masters} master weights);" in gpu_report._qwen_lines(r)[0]
+    line = gpu_report._qwen_lines(r)[0]
+    assert f"parameters in bfloat16 (learner: {masters} master weights);" in line
+    assert (f"all measured work at {gpu_report._num(r['fraction_of_device_peak'])} of the device peak "
+            f"({r['device_peak_dtype']}) and {gpu_report._num(r['fraction_of_shape_peak'])} of the shape peak") in line
 
 
 def test_projection_arithmetic():
@@ -272,7 +318,12 @@ def _result(tmp_path: Path) -> dict:
                       "bench_update": {"status": "unsupported", "seconds": 3.0,
                                        "note": "not supported by this bench yet: --device cuda", "result": None},
                       "bench_sampler": {"status": "ok", "seconds": 50.0,
-                                        "result": {"kv_tokens_per_s": 23097.0, "device": "cuda"}}}}
+                                        "result": {"kv_tokens_per_s": 23097.0, "device": "cuda"}},
+                      "stop_train": {"status": "ok", "seconds": 70.0, "result": {
+                          "variant": "onpolicy", "goal_s": 30.0, "met": False, "step_at_signal": 6, "exit_s": 41.5,
+                          "exit_code": 143, "ray_processes_at_signal": ["1 raylet", "2 gcs_server"],
+                          "ray_processes_left_after_goal": ["2 gcs_server"], "ray_processes_gone_s": None,
+                          "checkpoint": {"loads": True, "step": 7, "matches_stop": True}}}}}
 
 
 def test_docs_generator_empty_and_with_a_result(tmp_path):
@@ -286,6 +337,10 @@ def test_docs_generator_empty_and_with_a_result(tmp_path):
     assert "| bench_update | unsupported | 3 | not supported by this bench yet: --device cuda |" in text
     assert "kv_tokens_per_s: 23,097" in text
     assert "torch 2.11.0+cu130 (lock 2.13.0)" in text
+    assert ("SIGTERM to `rlpipe train` (onpolicy) at optimizer step 6: exit 143 after 41.5 s; its 2 Ray processes "
+            "NOT gone after 30 s: 2 gcs_server") in text
+    assert "- checkpoint loads (optimizer step 7, the step it stopped at: yes)" in text
+    assert "with the checkpoint intact: **not met**" in text
     page = f"head\n{gpu_report.BEGIN}\nold\n{gpu_report.END}\ntail\n"
     assert gpu_report.replace_section(page, "new") == f"head\n{gpu_report.BEGIN}\n\nnew\n\n{gpu_report.END}\ntail\n"
     with pytest.raises(ValueError, match="needs one"):
@@ -301,12 +356,67 @@ def test_the_committed_gpu_page_is_the_generators_output():
 
 def test_bundle_selection_of_a_constructed_lock():
     lock = "ray==2.60.0\ntorch==2.13.0\nnvidia-cublas-cu12==12.8\nmkdocs==1.6\nsnakemake==9.27.1\n"
-    take, left_out = gpu_bundle.wanted(lock, gpu_bundle.IMAGE_PACKAGES)
+    take, left_out = gpu_bundle.wanted(lock, gpu_bundle.IMAGE_PACKAGES, extra=())
     assert take == ["ray==2.60.0", "snakemake==9.27.1"]
     assert left_out == {"torch": "in the image", "nvidia-cublas-cu12": "CUDA library (the image's torch brings "
                         "its own)", "mkdocs": "development only"}
-    freeze_take, _ = gpu_bundle.wanted(lock, frozenset({"ray"}))
+    freeze_take, _ = gpu_bundle.wanted(lock, frozenset({"ray"}), extra=())
     assert freeze_take == ["torch==2.13.0", "snakemake==9.27.1"]
+
+
+def test_bundle_adds_the_trl_bench_s_pinned_packages():
+    """``rlpipe bench trl``'s packages are bundled by default (the lock has no ``bench`` extra), at
+    a TRL that pyproject's extra accepts, one version of each: the image's or the lock's win."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    take, left_out = gpu_bundle.wanted("ray==2.60.0\n", gpu_bundle.IMAGE_PACKAGES)
+    assert take == ["ray==2.60.0", "trl==1.16.0", "datasets==4.8.5", "dill==0.4.1", "multiprocess==0.70.19"]
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["bench"]
+    for spec in map(Requirement, extra):
+        pin = next(r for r in take if r.startswith(f"{spec.name}=="))
+        assert spec.specifier.contains(pin.split("==")[1]), (spec, pin)
+    assert all(r.split("==")[0] not in gpu_bundle.IMAGE_PACKAGES for r in take)
+    take, left_out = gpu_bundle.wanted("dill==0.3.9\n", gpu_bundle.IMAGE_PACKAGES | {"datasets"})
+    assert take == ["dill==0.3.9", "trl==1.16.0", "multiprocess==0.70.19"]
+    assert left_out == {"datasets": "in the image", "dill": "locked at 0.3.9"}
+
+
+def test_bundle_without_the_workflow_leaves_out_what_only_snakemake_needs():
+    """``--no-workflow``: Snakemake and the packages that only it (or only such packages, or only
+    development tools) require, by the lock's ``# via`` comments; a package that something else
+    needs too stays."""
+    lock = textwrap.dedent("""\
+        # header
+        pulp==3.3.2
+            # via snakemake
+        ray==2.60.0
+            # via rlpipe (pyproject.toml)
+        referencing==0.37.0
+            # via
+            #   jsonschema
+            #   snakemake
+        jsonschema==4.26.0
+            # via ray
+        snakemake==9.27.1
+            # via rlpipe (pyproject.toml)
+        sqlmodel==0.0.37
+            # via snakemake
+        sqlalchemy==2.0.58
+            # via sqlmodel
+        platformdirs==4.14.8
+            # via
+            #   snakemake
+            #   virtualenv
+    """)
+    assert gpu_bundle.lock_parents(lock)["referencing"] == {"jsonschema", "snakemake"}
+    assert gpu_bundle.lock_parents(lock)["ray"] == {"rlpipe"}
+    take, left_out = gpu_bundle.wanted(lock, frozenset(), extra=(), workflow=False)
+    assert take == ["ray==2.60.0", "referencing==0.37.0", "jsonschema==4.26.0"]
+    assert {n for n, why in left_out.items() if "workflow" in why} == {"pulp", "snakemake", "sqlmodel", "sqlalchemy",
+                                                                       "platformdirs"}
+    assert len(gpu_bundle.wanted(lock, frozenset(), extra=())[0]) == 8
 
 
 def test_bundle_trims_a_wheel_and_its_record(tmp_path):
@@ -398,3 +508,42 @@ def test_a_training_part_reads_its_run(tmp_path):
     assert gpu_check._train_collect(tmp_path / "absent")() is None
     named = gpu_check.committed_name({"date": "2026-12-01T10:00:00+00:00", "gpu": {"name": "NVIDIA H100 80GB HBM3"}})
     assert named == "2026-12-01-nvidia-h100-80gb-hbm3.json"
+
+
+def test_stop_check_config_raises_the_variant_s_steps_and_refuses_an_unknown_variant(tmp_path, write_config):
+    cfg = write_config(tmp_path / "c.yaml", variants={"k4": {"mode": "colocated_k", "k": 4, "n_grpo_steps": 4}})
+    data = stop_check.stop_config(cfg, "k4", steps=1000, checkpoint_every=4)
+    assert data["variants"]["k4"] == {"mode": "colocated_k", "k": 4, "n_grpo_steps": 1000, "checkpoint_every": 4}
+    with pytest.raises(ConfigError, match="no variant 'nope'"):
+        stop_check.stop_config(cfg, "nope", steps=1000, checkpoint_every=4)
+    with pytest.raises(ConfigError):  # 1001 steps do not divide into k = 4
+        stop_check.stop_config(cfg, "k4", steps=1001, checkpoint_every=4)
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="the check reads /proc (Linux)")
+def test_stop_check_stops_a_real_run_and_records_it(tmp_path, tiny_base, write_config):
+    """The ``stop_train`` part's module on a real CPU run (tests/test_stop.py checks the stop
+    itself; this checks what the part records of it): SIGTERM once the run is in its loop, exit
+    143 within the goal, its processes found and gone, the checkpoint read back at the step the
+    run said it stopped at."""
+    cfg = write_config(tmp_path / "c.yaml", train={"n_grpo_steps": 2},
+                       variants={"onpolicy": {"mode": "colocated_sync"}})
+    out = tmp_path / "stop.json"
+    rc = stop_check.main(["--config", str(cfg), "--variant", "onpolicy", "--base", tiny_base[0], "--dataset",
+                          tiny_base[1], "--run-dir", str(tmp_path / "runs" / "stop"), "--threads", "2", "--out",
+                          str(out), "--checkpoint-every", "2", "--steps", "2000"])
+    rec = json.loads(out.read_text())
+    assert rc == 0, rec
+    assert rec["exit_code"] == 128 + signal.SIGTERM and rec["exit_s"] <= stop_check.GOAL_S, rec
+    assert any("raylet" in p for p in rec["ray_processes_at_signal"]), rec["ray_processes_at_signal"]
+    assert rec["ray_processes_left_after_goal"] == [] and rec["ray_processes_gone_s"] is not None
+    assert rec["step_at_signal"] is not None and rec["step_at_signal"] >= 2
+    assert rec["checkpoint"]["loads"] and rec["checkpoint"]["matches_stop"], rec["checkpoint"]
+    assert rec["checkpoint"]["step"] == rec["stopped_at_step"] >= 2
+    assert rec["met"] is True
+    assert "n_grpo_steps: 2000" in (tmp_path / "runs" / "stop.yaml").read_text()
+    text = gpu_report.render_result({"gpu": {"name": "G"}, "date": "2026-12-01", "parts": {
+        "stop_train": {"status": "ok", "seconds": 30.0, "result": rec}}})
+    assert f"exit {128 + signal.SIGTERM} after {gpu_report._num(rec['exit_s'])} s" in text
+    assert "with the checkpoint intact: **met**" in text

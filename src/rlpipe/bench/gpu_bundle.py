@@ -4,10 +4,14 @@ A CUDA image usually ships Python with PyTorch and the common scientific stack, 
 Snakemake and the rest of rlpipe's locked dependencies, and compute nodes often have no network.
 This downloads, on a machine with the package index, one wheel per locked package the image does
 not have (``requirements/lock.txt``, no dependencies resolved again: the lock is the resolution),
-for the image's Python and manylinux x86_64, and trims the big ones of what rlpipe never imports
-(``TRIM``: Ray's Java jars, its RLlib/Serve/Tune/Train/LLM libraries and dashboard client; PuLP's
-solvers for other platforms), rewriting their ``RECORD`` so pip installs them cleanly. About
-60 MiB in all. On the GPU machine, in the project (the docs' GPU page):
+and the pinned packages of ``rlpipe bench trl`` that the image lacks (``BENCH_PINS``: TRL and
+``datasets``; ``--no-bench`` leaves them out), for the image's Python and manylinux x86_64. It
+trims the big ones of what rlpipe never imports (``TRIM``: Ray's Java jars, its
+RLlib/Serve/Tune/Train/LLM libraries and dashboard client; PuLP's solvers for other platforms),
+rewriting their ``RECORD`` so pip installs them cleanly. About 60 MiB in all (TRL's packages add
+about 2 MiB). ``--no-workflow`` leaves out Snakemake and the packages only it needs (by the lock's
+``# via`` comments), about 10 MiB, for a machine that runs ``rlpipe gpu-check`` or ``rlpipe
+train`` but not the workflow. On the GPU machine, in the project (the docs' GPU page):
 
     python3 -m pip install --no-index --no-deps --target /tmp/site OUT_DIR/*.whl
     export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
@@ -24,6 +28,7 @@ trimmed and left out.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -59,20 +64,76 @@ TRIM = {"ray": ("ray/jars/", "ray/rllib/", "ray/serve/", "ray/tune/", "ray/train
         "pulp": ("pulp/solverdir/cbc/osx/", "pulp/solverdir/cbc/win/", "pulp/solverdir/cbc/linux/arm64/",
                  "pulp/solverdir/cbc/linux/i32/")}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+#: ``rlpipe bench trl``'s packages, pinned here because the lock holds no ``bench`` extra
+#: (pyproject: ``bench = ["trl>=1.16"]``): TRL as validated, and of its dependencies those a CUDA
+#: PyTorch image lacks: ``datasets`` and its ``dill`` and ``multiprocess``. The rest of what they
+#: require (accelerate, huggingface-hub, pyarrow, pandas, xxhash, fsspec, ...) is the image's;
+#: ``datasets`` 4.8 asks for pyarrow >= 21 and huggingface-hub < 2, which an image of 2026 meets.
+BENCH_PINS = ("trl==1.16.0", "datasets==4.8.5", "dill==0.4.1", "multiprocess==0.70.19")
 
 
-def wanted(lock_text: str, image: frozenset[str]) -> tuple[list[str], dict[str, str]]:
-    """(``name==version`` of every locked package to bundle, {left-out package: why})."""
+#: ``--no-workflow``: the workflow engine, left out with every package only it needs (``rlpipe
+#: gpu-check`` and ``rlpipe train`` run without it)
+WORKFLOW_ONLY = frozenset({"snakemake"})
+
+
+def lock_parents(lock_text: str) -> dict[str, set[str]]:
+    """{locked package: the packages that require it} from the lock's ``# via`` comments (uv's
+    format); the project itself (``rlpipe (pyproject.toml)``, ``-r ...``) is named ``rlpipe``."""
+    parents: dict[str, set[str]] = {}
+    current = None
+    for line in lock_text.splitlines():
+        if line[:1].isalnum():
+            current = canonicalize_name(re.split(r"[=\[\s;]", line, maxsplit=1)[0])
+            parents[current] = set()
+        elif current is not None and line[:1].isspace() and line.strip().startswith("#"):
+            via = line.strip().lstrip("#").strip().removeprefix("via").strip()
+            if via:
+                direct = via.startswith(("rlpipe", "-"))
+                parents[current].add("rlpipe" if direct else canonicalize_name(via.split()[0].split("[")[0]))
+    return parents
+
+
+def only_needed_by(lock_text: str, roots: frozenset[str]) -> set[str]:
+    """``roots`` and every locked package that only they (or such packages) require."""
+    parents, found = lock_parents(lock_text), set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for name, via in parents.items():
+            if name not in found and via and via <= found:
+                found.add(name)
+                grew = True
+    return found
+
+
+def wanted(lock_text: str, image: frozenset[str], extra: tuple[str, ...] = BENCH_PINS,
+           workflow: bool = True) -> tuple[list[str], dict[str, str]]:
+    """(``name==version`` of every locked package to bundle, then of the ``extra`` pins the image
+    and the lock lack; {left-out package: why}). One version of each package: a pin of a locked
+    package gives way to the lock's. ``workflow=False`` leaves out Snakemake and what only it needs."""
     take, left_out = [], {}
-    for name, version in lock_pins(lock_text).items():
+    locked = lock_pins(lock_text)
+    no_workflow = set() if workflow else only_needed_by(lock_text, WORKFLOW_ONLY | DEV_ONLY) - DEV_ONLY
+    for name, version in locked.items():
         if name.startswith("nvidia-"):
             left_out[name] = "CUDA library (the image's torch brings its own)"
         elif name in image:
             left_out[name] = "in the image"
         elif name in DEV_ONLY:
             left_out[name] = "development only"
+        elif name in no_workflow:
+            left_out[name] = "workflow only (--no-workflow)"
         else:
             take.append(f"{name}=={version}")
+    for req in extra:
+        name = canonicalize_name(req.split("==", 1)[0])
+        if name in image:
+            left_out[name] = "in the image"
+        elif name in locked:
+            left_out.setdefault(name, f"locked at {locked[name]}")
+        else:
+            take.append(req)
     return take, left_out
 
 
@@ -112,9 +173,10 @@ def _wheel_name(path: Path) -> str:
     return canonicalize_name(path.name.split("-", 1)[0])
 
 
-def build(out: Path, lock_text: str, image: frozenset[str], python: str) -> dict:
+def build(out: Path, lock_text: str, image: frozenset[str], python: str,
+          extra: tuple[str, ...] = BENCH_PINS, workflow: bool = True) -> dict:
     """Download, trim and place the wheels in ``out``; the manifest (also ``out/bundle.json``)."""
-    take, left_out = wanted(lock_text, image)
+    take, left_out = wanted(lock_text, image, extra, workflow)
     out.mkdir(parents=True, exist_ok=True)
     missing, trimmed = [], {}
     with tempfile.TemporaryDirectory(prefix="rlpipe-bundle-") as tmp:
@@ -155,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="`pip list --format=freeze` of the image: leave out exactly its packages "
                          "(default: a typical CUDA PyTorch image's, IMAGE_PACKAGES)")
     ap.add_argument("--lock", default=str(LOCK_FILE), help="the lock file (default: the checkout's)")
+    ap.add_argument("--no-bench", action="store_true",
+                    help="leave out rlpipe bench trl's packages (BENCH_PINS: trl, datasets, dill, multiprocess)")
+    ap.add_argument("--no-workflow", action="store_true",
+                    help="leave out Snakemake and the packages only it needs (about 10 MiB): enough for "
+                         "rlpipe gpu-check, rlpipe train and the benches, not for the workflow")
     ap.add_argument("--dry-run", action="store_true", help="print what would be bundled and left out; download nothing")
     a = ap.parse_args(argv)
     lock = Path(a.lock)
@@ -163,12 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.image_freeze and not Path(a.image_freeze).is_file():
         ap.error(f"--image-freeze: {a.image_freeze} does not exist")
     image = image_names(Path(a.image_freeze)) if a.image_freeze else IMAGE_PACKAGES
+    extra = () if a.no_bench else BENCH_PINS
     if a.dry_run:
-        take, left_out = wanted(lock.read_text(), image)
+        take, left_out = wanted(lock.read_text(), image, extra, not a.no_workflow)
         print("\n".join(take))
         print(f"# left out: {len(left_out)} ({', '.join(sorted(left_out))})", file=sys.stderr)
         return 0
-    manifest = build(Path(a.out), lock.read_text(), image, a.python)
+    manifest = build(Path(a.out), lock.read_text(), image, a.python, extra, not a.no_workflow)
     print(f"rlpipe gpu-bundle: {len(manifest['wheels'])} wheels, {manifest['mib']} MiB -> {a.out}")
     if manifest["no_wheel"]:
         print(f"rlpipe gpu-bundle: no wheel for {', '.join(manifest['no_wheel'])}", file=sys.stderr)

@@ -6,22 +6,33 @@ Writes ``gpu_check.json`` (after every part, atomically, so a killed check still
 measured) and ``summary.md`` (``rlpipe.bench.gpu_report.render_result``) under ``--out``; the
 parts' work (base model, runs, logs) goes to ``--out``/work. Every part is a command run in its
 own process group with its own limit and a hard kill (``rlpipe.bench.part_runner``); a failed or
-timed-out part is recorded and the next one runs. The parts, in order (``PART_ORDER``):
+timed-out part is recorded and the next one runs. Each part also has an estimate (``PART_TIME_S``,
+with the reasoning beside each number), the share of the budget kept for it while earlier parts
+run: a part is capped at its limit and at what the later parts' shares leave, so a part that hangs
+cannot take the time of the parts after it. The estimates add up to less than the budget. The
+parts, in order (``PART_ORDER``), the issue's goals first:
 
 - ``machine``: GPU, driver, CUDA, torch, and the versions that differ from the lock
   (``gpu_probe machine``). Without a CUDA device the check stops here: ``"gpu": null``, status
   ``no GPU``, exit 0.
 - ``peaks``: bf16, fp32 and TF32 matmul at 8192^3, device-to-device copy (``gpu_probe peaks``).
+- ``bench_sampler``: ``rlpipe bench sampler`` at the assignment preset, batch 64: the CUDA-graph
+  decode against the eager one and HF ``generate`` (the torch.compile decode is left out: its
+  compile alone took 14 s).
 - ``data``, ``tokenizer``, ``pretrain``, ``dataset``: the pipeline's own commands on
   ``config/config.yaml`` + ``config/gpu.yaml``, pretraining as configured (its
   base model is the one the training runs start from).
-- ``bench_sampler``, ``bench_weight_sync``, ``bench_update``, ``bench_trl``: the benches' CLIs on
-  the GPU. A bench that has no ``--device`` flag yet is recorded as ``unsupported``.
 - ``train_onpolicy``, ``train_k4``, ``train_disagg``: ``rlpipe train`` of each mode at the
   assignment scale, shortened to ``CHECK_OVERRIDES``' steps, with the GPU busy fraction sampled
   through NVML every 100 ms (``rlpipe.bench.gpu_busy``; every part but ``machine`` is sampled).
+- ``bench_weight_sync``, ``bench_trl``: the benches' CLIs on the GPU (TRL from the wheel bundle,
+  ``rlpipe gpu-bundle``). A bench that has no ``--device`` flag yet is recorded as ``unsupported``.
 - ``qwen_step``: one GRPO step of a Qwen2.5-Math-1.5B-shaped policy, projected to seed 001's
   scale (``rlpipe.bench.qwen_step``).
+- ``bench_update``: ``rlpipe bench update`` on the GPU.
+- ``stop_train``: SIGTERM to an ``rlpipe train`` of ``STOP_VARIANT`` inside its loop; seconds to
+  exit, exit status, Ray processes left after 30 s, the checkpoint read back
+  (``rlpipe.bench.stop_check``).
 
 Nothing is downloaded: every part runs offline.
 """
@@ -56,10 +67,41 @@ CHECK_OVERRIDES = {
 }
 #: variant -> the base config's variant it copies (colocated on-policy, k steps, disaggregated)
 CHECK_VARIANTS = ("onpolicy", "k4", "disagg")
-PART_ORDER = ("machine", "peaks", "data", "tokenizer", "pretrain", "dataset", "bench_sampler",
-              "train_onpolicy", "train_k4", "train_disagg", "bench_weight_sync", "qwen_step", "bench_update",
-              "bench_trl")
-TRAIN_LIMIT_S = 100.0
+#: the default of --budget-s: the whole check, at most 8 minutes
+BUDGET_S = 480.0
+#: the variant the stop check trains and stops (the mode whose job Snakemake was told to stop in
+#: the first GPU run)
+STOP_VARIANT = "onpolicy"
+#: part -> (estimate, limit), seconds. The estimate is the share of the budget kept for the part
+#: while earlier parts run (``part_runner.part_limit``); the limit is its hard kill. Estimates from
+#: the first GPU run (one H100: data 6 s, tokenizer 6 s, pretraining 27 s, about 0.55 s per GRPO
+#: step, torch.compile 13.7 s, a 1 GB weight sync at 0.35 GB/s about 3 s), plus about 5 s of Python,
+#: torch and CUDA start-up per part and about 8 s to start a local Ray instance. Ordered so that the
+#: issue's goals are measured first: the decode (cudagraph vs eager vs HF), the loop's s/step and
+#: busy fraction, weight sync, TRL; then the Qwen step, the update bench and the stop check. The
+#: estimates and their kills' grace add up to less than BUDGET_S (a test checks it).
+PART_TIME_S = {
+    "machine": (5, 30),            # torch import and an NVML query
+    "peaks": (15, 40),             # 3 x 8192^3 matmuls and 1 GiB copies, ~1 s of GPU work; start-up
+    "bench_sampler": (35, 75),     # BPE + 2 models, batch 64 x 60 tokens: eager, naive, cudagraph
+                                   # fp32 + bf16 (capture), HF ours + generate, 3 repeats each; no compile
+    "data": (8, 30),               # measured 6 s
+    "tokenizer": (8, 30),          # measured 6 s
+    "pretrain": (30, 60),          # measured 27 s
+    "dataset": (5, 30),            # keyword prompts: a few seconds, not timed before
+    "train_onpolicy": (30, 75),    # Ray 8 s + load 5 s + 24 steps x 0.55 s + 2 validations + checkpoint
+    "train_k4": (30, 75),          # as onpolicy
+    "train_disagg": (30, 75),      # as onpolicy, two actors sharing the GPU
+    "bench_weight_sync": (30, 70),  # Ray 8 s; 100 MB and 1 GB x (1 warm-up + 3) syncs, <= 3 s each
+    "bench_trl": (65, 120),        # export; rlpipe 8 steps (Ray, 2 validations) ~25 s; TRL import ~10 s,
+                                   # 8 steps of HF generate (64 x 60 tokens at ~10k tokens/s) ~10 s
+    "qwen_step": (55, 100),        # 1.5B model x 2 built on the GPU; HF generate 32 x 256 tokens ~8 s;
+                                   # 3 x (log-prob + forward/backward) at 1152 tokens; AdamW; peaks again
+    "bench_update": (20, 45),      # assignment model, 3 repeats of one update
+    "stop_train": (40, 90),        # Ray 8 s + load + 4 steps to the first checkpoint, then the stop
+                                   # (goal under 30 s, expected ~10 s) and the checkpoint read back
+}
+PART_ORDER = tuple(PART_TIME_S)
 
 
 def check_config(config_dir: Path, results_dir: Path, gpus: int) -> dict:
@@ -110,35 +152,40 @@ def build_parts(out: Path, config: Path, gpus: int, dtype: str = "float32") -> l
     def res(name: str) -> str:
         return str(parts_dir / f"{name}.json")
 
+    def part(name: str, argv: list[str], result: bool = True, **kw) -> Part:
+        estimate, limit = PART_TIME_S[name]
+        return Part(name, argv, limit, res(name) if result else None, min_s=estimate, **kw)
+
     parts = [
-        Part("machine", [*probe, "machine", "--out", res("machine")], 60, res("machine")),
-        Part("peaks", [*probe, "peaks", "--out", res("peaks")], 60, res("peaks")),
-        Part("data", _rl("build-corpus", "--config", c, "--out", str(corpus)), 60),
-        Part("tokenizer", _rl("train-tokenizer", "--config", c, "--corpus", str(corpus), "--out", str(tok)), 60,
-             needs=("data",)),
-        Part("pretrain", _rl("pretrain", "--config", c, "--corpus", str(corpus), "--tokenizer", str(tok),
-                             "--out", str(base), "--no-progress"), 90, needs=("tokenizer",)),
-        Part("dataset", _rl("build-dataset", "--config", c, "--out", str(ds)), 60),
-        Part("bench_sampler", _rl("bench", "sampler", "--device", "cuda", "--preset", "assignment", "--batch", "64",
-                                  "--new-tokens", "60", "--repeats", "3", "--no-aot", "--out", res("bench_sampler")),
-             120, res("bench_sampler")),
-        *[Part(f"train_{v}", _rl("train", "--config", c, "--variant", v, "--base", str(base), "--dataset", str(ds),
+        part("machine", [*probe, "machine", "--out", res("machine")]),
+        part("peaks", [*probe, "peaks", "--out", res("peaks")]),
+        part("bench_sampler", _rl("bench", "sampler", "--device", "cuda", "--preset", "assignment", "--batch", "64",
+                                  "--new-tokens", "60", "--repeats", "3", "--no-aot", "--no-compiled", "--out",
+                                  res("bench_sampler"))),
+        part("data", _rl("build-corpus", "--config", c, "--out", str(corpus)), result=False),
+        part("tokenizer", _rl("train-tokenizer", "--config", c, "--corpus", str(corpus), "--out", str(tok)),
+             result=False, needs=("data",)),
+        part("pretrain", _rl("pretrain", "--config", c, "--corpus", str(corpus), "--tokenizer", str(tok),
+                             "--out", str(base), "--no-progress"), result=False, needs=("tokenizer",)),
+        part("dataset", _rl("build-dataset", "--config", c, "--out", str(ds)), result=False),
+        *[part(f"train_{v}", _rl("train", "--config", c, "--variant", v, "--base", str(base), "--dataset", str(ds),
                                  "--out", str(w / "runs" / v), "--threads", threads),
-               TRAIN_LIMIT_S, needs=("pretrain", "dataset"), collect=_train_collect(w / "runs" / v))
+               result=False, needs=("pretrain", "dataset"), collect=_train_collect(w / "runs" / v))
           for v in CHECK_VARIANTS],
-        Part("bench_weight_sync", _rl("bench", "weight-sync", "--checkpoint", str(base), "--sizes-mb", "100,1000",
+        part("bench_weight_sync", _rl("bench", "weight-sync", "--checkpoint", str(base), "--sizes-mb", "100,1000",
                                       "--placements", "gpu-shared,gpu" if gpus >= 2 else "gpu-shared", "--repeats",
                                       "3", "--timeout-s", "30", "--out", res("bench_weight_sync")),
-             150, res("bench_weight_sync"), needs=("pretrain",)),
-        Part("qwen_step", [sys.executable, "-m", "rlpipe.bench.qwen_step", "--out", res("qwen_step")], 150,
-             res("qwen_step")),
-        Part("bench_update", _rl("bench", "update", "--device", "cuda", "--dtype", dtype, "--checkpoint", str(base),
-                                 "--repeats", "3", "--out", res("bench_update")), 90, res("bench_update"),
              needs=("pretrain",)),
-        Part("bench_trl", _rl("bench", "trl", "--device", "cuda", "--checkpoint", str(base), "--dataset", str(ds),
+        part("bench_trl", _rl("bench", "trl", "--device", "cuda", "--checkpoint", str(base), "--dataset", str(ds),
                               "--config", c, "--decode", "config", "--steps", "8", "--pairs", "1", "--threads",
                               threads, "--work-dir", str(w / "trl"), "--out", res("bench_trl")),
-             180, res("bench_trl"), needs=("pretrain", "dataset")),
+             needs=("pretrain", "dataset")),
+        part("qwen_step", [sys.executable, "-m", "rlpipe.bench.qwen_step", "--out", res("qwen_step")]),
+        part("bench_update", _rl("bench", "update", "--device", "cuda", "--dtype", dtype, "--checkpoint", str(base),
+                                 "--repeats", "3", "--out", res("bench_update")), needs=("pretrain",)),
+        part("stop_train", [sys.executable, "-m", "rlpipe.bench.stop_check", "--config", c, "--variant", STOP_VARIANT,
+                            "--base", str(base), "--dataset", str(ds), "--run-dir", str(w / "runs" / "stop_check"),
+                            "--threads", threads, "--out", res("stop_train")], needs=("pretrain", "dataset")),
     ]
     assert tuple(p.name for p in parts) == PART_ORDER
     return parts
@@ -226,7 +273,7 @@ def run_check(out: Path, budget_s: float, wanted: list[str] | None, config_dir: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rlpipe gpu-check", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/gpu-check", help="folder for gpu_check.json, summary.md, work/, logs/")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="the whole check's time limit in seconds")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole check's time limit in seconds")
     ap.add_argument("--parts", nargs="+", default=None, metavar="NAME",
                     help="run only these parts (and the parts they need): " + ", ".join(PART_ORDER))
     ap.add_argument("--config-dir", default="config", help="the folder holding config.yaml and gpu.yaml")

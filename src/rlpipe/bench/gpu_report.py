@@ -124,9 +124,32 @@ def _qwen_lines(r: Any) -> list[str]:
             f"{m['gen_tokens']} tokens in {_num(m['gen_s'])} s; per micro-batch of {m['micro_rows']} x "
             f"{m['prompt_tokens'] + m['response_tokens']} tokens: log-probs {_num(m['logprob_s_per_micro'])} s, "
             f"forward + backward {_num(m['update_s_per_micro'])} s; optimizer step {_num(m['optimizer_s'])} s; "
-            f"peak memory {_num(m.get('peak_memory_gib'))} GiB",
+            f"peak memory {_num(m.get('peak_memory_gib'))} GiB; all measured work at "
+            f"{_num(r.get('fraction_of_device_peak'))} of the device peak ({r.get('device_peak_dtype', '?')}) "
+            f"and {_num(r.get('fraction_of_shape_peak'))} of the shape peak",
             f"- projected (not measured) seed-scale step, {p['rollouts']} rollouts x {p['response_tokens']} tokens: "
             f"{_num(p['step_s_lower'])} to {_num(p['step_s_upper'])} s (generation by decode steps to by token count)"]
+
+
+def _stop_lines(r: Any) -> list[str]:
+    """The stop check's record (``rlpipe.bench.stop_check``) against its goal."""
+    if not isinstance(r, dict):
+        return []
+    if "error" in r:
+        return [f"- not measured: {r['error']}"]
+    goal = _num(r.get("goal_s"))
+    left = r.get("ray_processes_left_after_goal") or []
+    ckpt = r.get("checkpoint") or {}
+    loads = (f"loads (optimizer step {ckpt.get('step')}, the step it stopped at: "
+             f"{'yes' if ckpt.get('matches_stop') else 'no'})" if ckpt.get("loads") else
+             f"does not load: {ckpt.get('error')}")
+    return [f"- SIGTERM to `rlpipe train` ({r.get('variant')}) at optimizer step {r.get('step_at_signal')}: exit "
+            f"{r.get('exit_code')} after {_num(r.get('exit_s'))} s; its {len(r.get('ray_processes_at_signal') or [])} "
+            f"Ray processes " + (f"gone after {_num(r.get('ray_processes_gone_s'))} s" if not left else
+                                 f"NOT gone after {goal} s: {', '.join(left)}"),
+            f"- checkpoint {loads}",
+            f"- the goal, exit 143 and every Ray process gone within {goal} s with the checkpoint intact: "
+            f"**{'met' if r.get('met') else 'not met'}**"]
 
 
 def render_result(res: dict, title: str | None = None) -> str:
@@ -141,7 +164,9 @@ def render_result(res: dict, title: str | None = None) -> str:
     sections = [("Device limits", _peaks_lines((parts.get("peaks") or {}).get("result"))),
                 ("Training runs (assignment scale, shortened)", _train_lines(parts)),
                 ("Qwen2.5-Math-1.5B-shaped GRPO step (random weights)",
-                 _qwen_lines((parts.get("qwen_step") or {}).get("result")))]
+                 _qwen_lines((parts.get("qwen_step") or {}).get("result"))),
+                ("Stop when told (SIGTERM to a training run)",
+                 _stop_lines((parts.get("stop_train") or {}).get("result")))]
     for name in ("bench_sampler", "bench_update", "bench_weight_sync", "bench_trl"):
         rows = highlights((parts.get(name) or {}).get("result"))
         sections.append((f"`rlpipe bench {name.removeprefix('bench_').replace('_', '-')}`",

@@ -7,6 +7,13 @@ SIGKILL after a grace period; after a normal exit, the same sweep clears anythin
 behind, so a leftover process cannot hold the GPU for the next part. A part that fails, times out
 or is refused is recorded (status, seconds, the last lines of its stderr) and the caller goes on.
 
+A part's time: its hard limit (``limit_s``) and its share (``min_s``, the estimate of what it takes):
+``run_parts`` caps each part at ``min(limit_s, time left - the shares of the parts after it that can
+still run)``, never below its own share while the budget lasts. So a part that hangs, or overruns
+its estimate, uses up only the slack of the budget and its own share, and every later part still
+gets its share (when the shares, each with a kill's grace, add up to at most the budget); when an
+early part overran anyway, the parts at the end of the order give way first.
+
 Statuses: ``ok``; ``failed`` (non-zero exit); ``timeout`` (killed at its limit); ``unsupported``
 (argparse refused a flag: the bench does not have it yet); ``skipped`` (a part it needs did not
 succeed, or the check's time budget was spent).
@@ -43,7 +50,8 @@ TAIL_LINES = 15
 @dataclass(frozen=True)
 class Part:
     """One part: ``argv`` run under ``limit_s``; ``result_file`` (a JSON the part writes) is read
-    back, or ``collect(part_dir)`` builds the result; ``needs`` names parts that must be ``ok``."""
+    back, or ``collect(part_dir)`` builds the result; ``needs`` names parts that must be ``ok``;
+    ``min_s``: the share of the budget kept for it while earlier parts run (0: none)."""
     name: str
     argv: list[str]
     limit_s: float
@@ -51,6 +59,7 @@ class Part:
     needs: tuple[str, ...] = ()
     collect: Callable[[], dict] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    min_s: float = 0.0
 
 
 def _kill_group(pgid: int, grace_s: float | None = None, reap: Callable[[], Any] = lambda: None) -> bool:
@@ -177,28 +186,49 @@ def sigterm_raises() -> Any:
 def run_parts(parts: list[Part], log_dir: Path, budget_s: float, cwd: str | Path | None = None,
               monitor_for: Callable[[Part], Any] | None = None,
               on_record: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run ``parts`` in order within ``budget_s`` seconds in all; a part whose ``needs`` did not
-    all succeed, or that would start with under ``MIN_PART_S`` left, is skipped. ``on_record`` sees
+    """Run ``parts`` in order within ``budget_s`` seconds in all, each under ``part_limit`` (its
+    limit, at most the time the shares kept for the parts after it leave: ``room_s``); a part whose
+    ``needs`` did not all succeed, or whose room is under ``MIN_PART_S``, is skipped. ``on_record`` sees
     each record as it is made (to save progress). A SIGTERM to this process kills the running part's
     process group, then ends this process (``sigterm_raises``)."""
     with sigterm_raises():
         return _run_parts(parts, log_dir, budget_s, cwd, monitor_for, on_record)
 
 
+def reserved_s(later: list[Part], records: dict[str, dict]) -> float:
+    """Seconds kept for the ``later`` parts: each one's share and its kill's grace, for every part
+    that can still run (none of its ``needs`` has a record that is not ``ok``)."""
+    return sum(p.min_s + GRACE_S for p in later
+               if p.min_s > 0 and all(records.get(n, {}).get("status", "ok") == "ok" for n in p.needs))
+
+
+def room_s(part: Part, left_s: float, reserved: float) -> float:
+    """The time ``part`` may take with ``left_s`` of the budget left and ``reserved`` kept for the
+    parts after it: what is left beyond ``reserved``, but at least its share, and never past the
+    budget (each with the kill's grace)."""
+    return min(left_s - GRACE_S, max(part.min_s, left_s - GRACE_S - reserved))
+
+
+def part_limit(part: Part, left_s: float, reserved: float) -> float:
+    """The limit ``part`` runs under: its own limit, at most its ``room_s``."""
+    return min(part.limit_s, room_s(part, left_s, reserved))
+
+
 def _run_parts(parts: list[Part], log_dir: Path, budget_s: float, cwd: str | Path | None,
                monitor_for: Callable[[Part], Any] | None, on_record: Callable[[dict], None] | None) -> list[dict]:
     deadline = time.monotonic() + budget_s
     records: dict[str, dict] = {}
-    for part in parts:
+    for i, part in enumerate(parts):
         missing = [n for n in part.needs if records.get(n, {}).get("status") != "ok"]
         left = deadline - time.monotonic()
+        room = room_s(part, left, reserved_s(parts[i + 1:], records))
         if missing:
             rec = skipped(part, f"needs {', '.join(missing)}, which did not succeed")
-        elif left - GRACE_S < MIN_PART_S:
+        elif room < MIN_PART_S:
             rec = skipped(part, f"the check's time budget ({budget_s:.0f} s) was spent")
         else:
-            rec = run_part(part, log_dir, limit_s=left - GRACE_S, cwd=cwd,  # the kill's grace fits too
-                           monitor=monitor_for(part) if monitor_for else None)
+            rec = run_part(part, log_dir, limit_s=room, cwd=cwd, monitor=monitor_for(part) if monitor_for else None)
+        rec["estimate_s"] = part.min_s
         records[part.name] = rec
         if on_record is not None:
             on_record(rec)

@@ -35,6 +35,7 @@ NOT_A_BENCH = {
     "gpu_probe": "measures the device peaks themselves: a fraction of itself would be 1 by definition",
     "gpu_check": "collects its parts' JSONs, each a bench listed here or gpu_probe",
     "gpu_bundle": "a manifest of built wheels, no measurement",
+    "stop_check": "times a stop on SIGTERM (seconds to exit, processes left): no work to rate against a peak",
 }
 
 

@@ -41,7 +41,7 @@ from rlpipe.io import OutputWriteError
 from rlpipe.lm.checkpoint import CheckpointError, read_extra
 from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult, train_batches  # noqa: F401 (drivers' import)
 from rlpipe.trainer.actors.learner import NonFiniteLossError
-from rlpipe.trainer.drivers import actor_errors
+from rlpipe.trainer.drivers import actor_errors, actor_exit
 from rlpipe.trainer.drivers.progress import ProgressPrinter
 from rlpipe.trainer.profiling import phase_split, seconds_by_phase
 from rlpipe.trainer.run_writer import RunWriter
@@ -96,6 +96,7 @@ class RunContext:
                                         versions=self.train.mode == "disaggregated")
         self.stop = StopSignals()  # rlpipe train installs its handlers (rlpipe.trainer.stop)
         self._new_versions: list = []
+        self._procs: dict[str, object] = {}  # actor id (hex) -> ref to its (pid, node id)
 
     # -- Ray --------------------------------------------------------------------------------------
     def get(self, ref, what: str):
@@ -125,6 +126,8 @@ class RunContext:
         """The message of an actor's failure: the case and the exception with the actor and the
         step, the last traceback frames (or log lines), then what to do (``actor_errors``)."""
         cause = actor_errors.describe(err)
+        if self._unconfirmed is not None:  # its checkpoint thread may still be renaming last.pt
+            actor_exit.wait_exited(self._procs.get(getattr(err, "actor_id", None) or ""))
         detail = "".join(f"\n    {ln}" for ln in cause.lines)
         return f"{what},{self._where()}: the {role} {cause.case}{detail}\n{cause.advice} {self.resume_advice()}"
 
@@ -202,6 +205,7 @@ class RunContext:
         opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": name}
         handle = ray_actor_class(cls, transport).options(**opts).remote(**kwargs)
         self.roles[handle._actor_id.hex()] = f"{ROLES.get(cls.__name__, cls.__name__)} actor ({name})"
+        self._procs[handle._actor_id.hex()] = actor_exit.where_ref(handle)
         return handle
 
     # -- logging ----------------------------------------------------------------------------------

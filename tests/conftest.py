@@ -236,6 +236,40 @@ class DecodeCheck:
         return gap
 
 
+def check_bench_peaks(where: str, res: dict) -> None:
+    """A bench JSON carries both fractions of the chip (``rlpipe.analysis.contract.BENCH_PEAK_KEYS``):
+    positive and finite, or both None when the bench was skipped, and a ``peak_note`` naming them;
+    a scaling JSON's every point has its own pair."""
+    import math
+
+    from rlpipe.analysis.contract import BENCH_PEAK_KEYS
+
+    skipped = res.get("skipped") is True
+
+    def pair(at: str, d: dict) -> None:
+        for key in BENCH_PEAK_KEYS[:2]:
+            assert key in d, f"{at}: no {key}"
+            v = d[key]
+            if skipped:
+                assert v is None, f"{at}: {key} = {v!r} although nothing was measured"
+            else:
+                assert isinstance(v, float) and math.isfinite(v) and v > 0, f"{at}: {key} = {v!r}"
+
+    pair(where, res)
+    note = res.get(BENCH_PEAK_KEYS[2])
+    assert isinstance(note, str) and note, f"{where}: no peak_note"
+    if not skipped:  # the note says which fraction is which
+        assert all(k in note for k in BENCH_PEAK_KEYS[:2]), note
+    for i, p in enumerate(res.get("points", [])):
+        pair(f"{where} point {i}", p)
+
+
+@pytest.fixture(scope="session")
+def bench_peaks():
+    """``check_bench_peaks(where, bench_json)``: both peak fractions and the note (see there)."""
+    return check_bench_peaks
+
+
 @pytest.fixture(scope="session")
 def decode_check() -> type[DecodeCheck]:
     return DecodeCheck

@@ -3,8 +3,10 @@
 over the device peak in the run's dtype.
 
 ``BENCH_RUNS`` is the one list of the benches that write a JSON: every ``rlpipe bench`` subcommand
-and gpu-check's ``qwen_step`` part. Each runs for real at its tiniest CPU setting (the two that
-start Ray in a subprocess of their own) and its JSON is read back. A new ``rlpipe bench``
+and gpu-check's ``qwen_step`` part. Each runs for real at its tiniest CPU setting and its JSON is read
+back with conftest's ``bench_peaks``. The two that start Ray in a subprocess of their own (scaling,
+weight-sync) are marked slow here: the default suite's smoke workflow runs both and checks their
+JSONs with the same ``bench_peaks``. A new ``rlpipe bench``
 subcommand, or a new module under ``rlpipe/bench/`` that writes a JSON, fails
 ``test_every_json_writing_bench_is_listed`` until it is listed here, and then the parametrized
 test until its JSON has the fractions. ``trl`` runs its skip path where trl is not installed (both
@@ -14,7 +16,6 @@ fractions None, as the contract allows) and the real pairs where it is.
 from __future__ import annotations
 
 import json
-import math
 import re
 import subprocess
 import sys
@@ -23,7 +24,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlpipe.analysis.contract import BENCH_PEAK_KEYS
 from rlpipe.cli import BENCHES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +112,8 @@ def run_qwen_step(tmp, inputs):
 #: gpu-check part ``qwen_step`` (``python -m rlpipe.bench.qwen_step``)
 BENCH_RUNS = {"sampler": run_sampler, "update": run_update, "scaling": run_scaling, "weight-sync": run_weight_sync,
               "trl": run_trl, "qwen_step": run_qwen_step}
+#: benches that start Ray in a subprocess of their own: marked slow here, since the default suite's smoke
+#: workflow (tests/test_workflow_smoke.py) runs both and checks their JSONs with the same ``bench_peaks``
 STARTS_RAY = {"scaling", "weight-sync"}
 
 
@@ -128,25 +130,7 @@ def test_every_json_writing_bench_is_listed():
     assert set(NOT_A_BENCH) <= writers  # the exemptions are still writers (else drop them)
 
 
-def _check_pair(where: str, d: dict, skipped: bool) -> None:
-    for key in BENCH_PEAK_KEYS[:2]:
-        assert key in d, f"{where}: no {key}"
-        v = d[key]
-        if skipped:
-            assert v is None, f"{where}: {key} = {v!r} although nothing was measured"
-        else:
-            assert isinstance(v, float) and math.isfinite(v) and v > 0, f"{where}: {key} = {v!r}"
-
-
-@pytest.mark.parametrize("bench", [pytest.param(b, marks=pytest.mark.ray) if b in STARTS_RAY else b
-                                   for b in BENCH_RUNS])
-def test_bench_json_carries_both_peak_fractions(bench, inputs, tmp_path):
-    res = BENCH_RUNS[bench](tmp_path, inputs)
-    skipped = res.get("skipped") is True
-    _check_pair(bench, res, skipped)
-    note = res[BENCH_PEAK_KEYS[2]]
-    assert isinstance(note, str) and note, f"{bench}: no peak_note"
-    if not skipped:  # the note says which fraction is which
-        assert all(k in note for k in BENCH_PEAK_KEYS[:2]), note
-    for i, p in enumerate(res.get("points", [])):  # the scaling bench: every point has its own pair
-        _check_pair(f"{bench} point {i}", p, skipped)
+@pytest.mark.parametrize("bench", [pytest.param(b, marks=[pytest.mark.ray, pytest.mark.slow]) if b in STARTS_RAY
+                                   else b for b in BENCH_RUNS])
+def test_bench_json_carries_both_peak_fractions(bench, inputs, tmp_path, bench_peaks):
+    bench_peaks(bench, BENCH_RUNS[bench](tmp_path, inputs))

@@ -34,7 +34,7 @@ def run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.workflow
-def test_smoke_workflow_end_to_end(tmp_path, dry_run):
+def test_smoke_workflow_end_to_end(tmp_path, dry_run, bench_peaks):
     shutil.copytree(ROOT / "config", tmp_path / "config")
     run(tmp_path, "--cores", "2")
     results = tmp_path / "results"
@@ -108,6 +108,8 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run):
                                             abs=2e-5)
     assert json.loads((bench / "sampler.json").read_text())["kv_gflops"] > 0
     points = json.loads((bench / contract.SCALING_FILE).read_text())["points"]
+    for name in ("update.json", "sampler.json", contract.SCALING_FILE, "weight_sync.json"):  # both peak fractions
+        bench_peaks(name, json.loads((bench / name).read_text()))
     assert {(p["mode"], p["d_model"]) for p in points if p["axis"] == "model"} == {
         (m, d) for m in contract.SCALING_MODES for d in (64, 32)}  # smoke.scaling_sizes: 1 of [64, 256]
     assert all(p["samples_per_s"] > 0 and p[contract.scaling_phase_key("generate")] > 0 for p in points)

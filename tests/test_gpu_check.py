@@ -521,6 +521,7 @@ def test_stop_check_config_raises_the_variant_s_steps_and_refuses_an_unknown_var
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # the default suite's tests/test_stop.py stops the same rlpipe train path by SIGTERM
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="the check reads /proc (Linux)")
 def test_stop_check_stops_a_real_run_and_records_it(tmp_path, tiny_base, write_config):
     """The ``stop_train`` part's module on a real CPU run (tests/test_stop.py checks the stop

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from rlpipe.trainer import ray_reaper
 from rlpipe.trainer.drivers import actor_exit
 
 pytestmark = pytest.mark.ray
@@ -23,7 +24,7 @@ def test_waits_until_the_process_has_exited_then_reports_it_gone(ray_session):
         t0 = time.monotonic()
         assert actor_exit.wait_exited(ray.put((proc.pid, node)), timeout_s=30)
         waited = time.monotonic() - t0
-        assert proc.poll() is not None or actor_exit._alive(proc.pid) is False  # exited (a zombie until reaped)
+        assert proc.poll() is not None or ray_reaper.running(proc.pid) is False  # exited (a zombie until reaped)
         assert waited >= 0.3, f"returned after {waited:.2f}s, before the process could have exited"
     finally:
         proc.kill()
@@ -60,4 +61,4 @@ def test_a_killed_actors_process_is_waited_for(ray_session):
     pid, _ = ray.get(where)
     ray.kill(actor, no_restart=True)
     assert actor_exit.wait_exited(where, timeout_s=30)
-    assert not actor_exit._alive(pid)
+    assert not ray_reaper.running(pid)

@@ -76,12 +76,10 @@ class Proc:
 
 def proc_entry(pid: int) -> Proc | None:
     """``pid``'s entry, or None if it is gone or a zombie (dead, not yet reaped)."""
-    try:
-        with open(f"{ray_reaper.PROC}/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
+    stat = ray_reaper.proc_stat(pid)
+    if stat is None:
         return None
-    name, fields = raw[raw.index("(") + 1: raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+    name, fields = stat
     return None if fields[0] in ("Z", "X") else Proc(pid, int(fields[19]), name)
 
 

@@ -151,6 +151,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def proc_stat(pid: int) -> tuple[str, list[str]] | None:
+    """``pid``'s command name and the fields of ``/proc/<pid>/stat`` after it (``[0]`` the state:
+    ``Z`` a zombie, ``X`` dead; ``[19]`` the start time in clock ticks after boot), or None if it
+    is gone or unreadable."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return raw[raw.index("(") + 1: raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has, though not yet reaped). Where
+    its /proc entry cannot be read (gone, hidden, or not Linux) the kernel is asked instead, which
+    counts a zombie as running."""
+    stat = proc_stat(pid)
+    return _alive(pid) if stat is None else stat[1][0] not in ("Z", "X")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlpipe.trainer.ray_reaper",
                                 description="stop a Ray session's processes when its driver dies")

@@ -16,6 +16,8 @@ import time
 
 import ray
 
+from rlpipe.trainer import ray_reaper
+
 #: how long the driver waits for a dead actor's process to exit before reading its files anyway
 EXIT_WAIT_S = 10.0
 
@@ -27,22 +29,6 @@ def _where(actor) -> tuple[int, str]:  # runs inside the actor (``__ray_call__``
 def where_ref(handle):
     """A ref to ``(pid, node id)`` of ``handle``'s process: the actor's first call, not waited for."""
     return handle.__ray_call__.remote(_where)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 def wait_exited(ref, timeout_s: float = EXIT_WAIT_S) -> bool:
@@ -58,7 +44,7 @@ def wait_exited(ref, timeout_s: float = EXIT_WAIT_S) -> bool:
     if node != ray.get_runtime_context().get_node_id():
         return False
     deadline = time.monotonic() + timeout_s
-    while _alive(pid):
+    while ray_reaper.running(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)

@@ -8,9 +8,9 @@ and the pinned packages of ``rlpipe bench trl`` that the image lacks (``BENCH_PI
 ``datasets``; ``--no-bench`` leaves them out), for the image's Python and manylinux x86_64. It
 trims the big ones of what rlpipe never imports (``TRIM``: Ray's Java jars, its
 RLlib/Serve/Tune/Train/LLM libraries and dashboard client; PuLP's solvers for other platforms),
-rewriting their ``RECORD`` so pip installs them cleanly. About 60 MiB in all (TRL's packages add
-about 2 MiB). ``--no-workflow`` leaves out Snakemake and the packages only it needs (by the lock's
-``# via`` comments), about 10 MiB, for a machine that runs ``rlpipe gpu-check`` or ``rlpipe
+rewriting their ``RECORD`` so pip installs them cleanly; ``bundle.json`` and the last line printed
+give the bundle's size. ``--no-workflow`` leaves out Snakemake and the packages only it needs (by
+the lock's ``# via`` comments), for a machine that runs ``rlpipe gpu-check`` or ``rlpipe
 train`` but not the workflow. On the GPU machine, in the project (the docs' GPU page):
 
     python3 -m pip install --no-index --no-deps --target /tmp/site OUT_DIR/*.whl
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-bench", action="store_true",
                     help="leave out rlpipe bench trl's packages (BENCH_PINS: trl, datasets, dill, multiprocess)")
     ap.add_argument("--no-workflow", action="store_true",
-                    help="leave out Snakemake and the packages only it needs (about 10 MiB): enough for "
+                    help="leave out Snakemake and the packages only it needs: enough for "
                          "rlpipe gpu-check, rlpipe train and the benches, not for the workflow")
     ap.add_argument("--dry-run", action="store_true", help="print what would be bundled and left out; download nothing")
     a = ap.parse_args(argv)

@@ -60,8 +60,10 @@ def pytest_report_header(config) -> str:
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                    cpu)
     forced = os.environ.get("ATEN_CPU_CAPABILITY")
+    from rlpipe.lm.attention import describe
+
     return (f"torch {torch.__version__} CPU kernels: {torch.backends.cpu.get_cpu_capability()}"
-            f" (ATEN_CPU_CAPABILITY={forced or 'unset'}) on {cpu}")
+            f" (ATEN_CPU_CAPABILITY={forced or 'unset'}) on {cpu}\n{describe()}")
 
 
 def _make_tokenizer(path: Path):

@@ -123,6 +123,7 @@ from rlpipe.bench.trl_settings import (
 from rlpipe.config import apply_overrides, load_yaml
 from rlpipe.io import write_json
 from rlpipe.lm import decode_package
+from rlpipe.lm.attention import route_hf_attention
 from rlpipe.lm.checkpoint import load_checkpoint, open_base_checkpoint, save_checkpoint
 from rlpipe.lm.hf_export import export_hf
 from rlpipe.lm.model import PRESETS, ModelConfig, TransformerLM
@@ -176,6 +177,7 @@ def run_trl(hf_dir: str, dataset: str, s: BenchSettings, work: Path) -> dict:
     tok_hf = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
     tok_ours = load_tokenizer(hf_dir)
     _check_prompt_tokens(tok_hf, tok_ours, rows)
+    route_hf_attention()  # both sides' attention takes the same routing (rlpipe.lm.attention)
     model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True).to(s.device)
     reward, clock = KeywordReward(), PhaseClock()
     model.generate = clock.wrap(model.generate, "generate")  # TRL generates with this very object on CPU

@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from rlpipe.io import torch_save
+from rlpipe.lm.attention import route_hf_attention
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.tokenizer import load_tokenizer
 
@@ -320,6 +321,7 @@ def load_hf_model(path: str | Path, device: torch.device, dtype: str = "float32"
     with weights in ``weight_dtype`` (default ``hf_dtype(device, dtype)``)."""
     from transformers import AutoModelForCausalLM
 
+    route_hf_attention()
     p = Path(path)
     if not is_hf_dir(p):
         raise FileNotFoundError(f"{p} is not a HuggingFace model directory (no {HF_CONFIG})")

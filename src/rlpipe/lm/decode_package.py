@@ -11,7 +11,8 @@ AOTInductor into a ``.pt2`` package whose C++ wrapper calls the kernels without 
 - the batch size N and the cache length S are dynamic, so training, validation and evaluation
   batches share one package;
 - packages live in a cache directory (``$RLPIPE_DECODE_CACHE``, default ``~/.cache/rlpipe/decode``)
-  under a key of the model config, the torch version, the CPU capability and this step's version:
+  under a key of the model config, the torch version, the CPU capability, the CPU attention routing
+  (``rlpipe.lm.attention``) and this step's version:
   a package is never loaded on a machine or torch it was not built for. A build writes to a
   temporary file and renames it, so concurrent builders never leave a half-written package;
 - loading is the C++ package loader alone (milliseconds); a loaded package is checked once against
@@ -42,6 +43,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from rlpipe.lm.attention import math_dtypes
 from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint
 from rlpipe.lm.device import inductor_cache_per_kernel_level
 from rlpipe.lm.model import TransformerLM
@@ -72,7 +74,8 @@ def package_key(model: TransformerLM) -> dict:
     """Everything a package depends on besides the weights."""
     return {"model": model.config.to_dict(), "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "step_version": STEP_VERSION,
-            "dtype": "float32", "device": "cpu"}
+            "dtype": "float32", "device": "cpu",
+            "attention_math": sorted(str(d) for d in math_dtypes())}
 
 
 def package_path(model: TransformerLM, directory: Path | None = None) -> Path:

@@ -14,7 +14,8 @@ Departures from HW1, and why:
   the sampler (the hot path of every GRPO step) needs all three; ``logits_to_keep`` (HF's name)
   skips the LM head on positions whose logits nobody reads.
 - Attention is ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels) instead of a
-  hand-written softmax; RMSNorm and RoPE compute in fp32 and cast back, so ``torch.autocast``
+  hand-written softmax, called through ``rlpipe.lm.attention.sdpa`` (the math backend where a CPU's
+  bf16 flash kernel would raise); RMSNorm and RoPE compute in fp32 and cast back, so ``torch.autocast``
   (bf16 on GPU) from the caller's side keeps the numerically sensitive parts in fp32. The softmax
   inside SDPA accumulates in fp32 on every backend. Logits come out in the autocast dtype:
   consumers (sampler, GRPO log-probs) call ``.float()`` before any softmax.
@@ -36,6 +37,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
+
+from rlpipe.lm.attention import sdpa
 
 _RMS_EPS = 1e-5
 
@@ -227,7 +230,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, S, Dh)
         k, v = k.to(q.dtype), v.to(q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)  # (B, H, T, Dh)
+        out = sdpa(q, k, v, attn_mask=mask, is_causal=is_causal)  # (B, H, T, Dh)
         return self.output_proj(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from rlpipe.lm.attention import sdpa
 from rlpipe.lm.device import inductor_cache_per_kernel_level
 from rlpipe.lm.model import TransformerLM
 
@@ -73,7 +73,7 @@ def decode_step(model: TransformerLM, cos: Tensor, sin: Tensor, tok: Tensor, pos
         v = attn.v_proj(h).view(N, 1, H, Dh).transpose(1, 2)  # (N, H, 1, Dh)
         ks[i].index_copy_(2, at, k.to(ks[i].dtype))
         vs[i].index_copy_(2, at, v.to(vs[i].dtype))
-        out = F.scaled_dot_product_attention(q, ks[i].to(q.dtype), vs[i].to(q.dtype), attn_mask=mask)  # (N, H, 1, Dh)
+        out = sdpa(q, ks[i].to(q.dtype), vs[i].to(q.dtype), attn_mask=mask)  # (N, H, 1, Dh)
         x = x + attn.output_proj(out.transpose(1, 2).reshape(N, 1, -1))  # (N, 1, D)
         x = x + layer.ffn(layer.ln2(x))
     return model.lm_head(model.ln_final(x))[:, -1]  # (N, V)

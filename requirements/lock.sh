@@ -18,7 +18,9 @@ else
   torch_source=(--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
 fi
 tmp=$(mktemp requirements/.lock.XXXXXX)
-trap 'rm -f "$tmp"' EXIT
+trap 'rm -f "$tmp" "$tmp.final"' EXIT
+# uv prefers the versions already in its output file: a new dependency moves only what it must
+[ -f requirements/lock.txt ] && grep -v '^#' requirements/lock.txt > "$tmp"
 uv pip compile pyproject.toml --extra test --extra docs --constraint requirements/torch.txt \
   "${torch_source[@]}" --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
   --no-header --quiet -o "$tmp"

@@ -67,8 +67,51 @@ def test_gpu_busy_averages_the_samples_of_the_training_loop_per_gpu():
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without a GPU")
 def test_gpu_busy_of_a_gpu_job_on_a_machine_without_nvml_says_why():
-    out = GpuBusy(1).start().stop(since=0.0)  # the real reader: NVML through torch, else nvidia-smi
+    out = GpuBusy(1).start().stop(since=0.0)  # the real reader: NVML through torch
     assert out["busy_fraction"] is None and out["reason"].startswith("NVML cannot be read: ")
+
+
+def test_a_gpu_job_without_nvidia_ml_py_says_so_once_and_starts_no_nvidia_smi(tmp_path):
+    """The real reader in a process where ``pynvml`` cannot be imported (as on an image without
+    nvidia-ml-py): the sampler does not start, the run's log (stderr) says why once, and no
+    ``nvidia-smi`` is started in its place (an ``nvidia-smi`` on PATH records every start)."""
+    import os
+    import subprocess
+    import sys
+
+    calls = tmp_path / "calls"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(f"#!/bin/sh\necho started >> {calls}\necho 50\n")
+    smi.chmod(0o755)
+    code = """
+import json, sys, time
+sys.modules["pynvml"] = None  # `import pynvml` raises ImportError, as without nvidia-ml-py
+from rlpipe.trainer.profiling import GpuBusy
+busy = GpuBusy(1, interval_s=0.02).start()
+time.sleep(0.5)
+print(json.dumps(busy.stop(since=0.0)))
+"""
+    env = {**os.environ, "PATH": f"{smi.parent}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = __import__("json").loads(r.stdout.splitlines()[-1])
+    assert out["busy_fraction"] is None and out["reason"].startswith("NVML cannot be read: ModuleNotFoundError")
+    assert not calls.exists(), f"nvidia-smi started {len(calls.read_text().split())} times"
+    said = [ln for ln in r.stderr.splitlines() if "GPU busy fraction is not sampled" in ln]
+    assert len(said) == 1 and "nvidia-ml-py" in said[0], r.stderr[-2000:]
+
+
+def test_a_sampler_that_loses_nvml_says_so_once():
+    import time
+
+    lines: list[str] = []
+    values = iter([[10.0], [20.0], [30.0]])
+    busy = GpuBusy(1, interval_s=0.01, read=lambda: next(values), log=lines.append).start()
+    time.sleep(0.2)  # the iterator runs dry after two samples: StopIteration on every later read
+    out = busy.stop(since=0.0)
+    assert out["samples"] == 2 and out["reason"] is None  # what was sampled counts
+    assert len(lines) == 1 and "NVML stopped answering" in lines[0]
 
 
 def test_the_summary_reads_the_busy_fraction_from_run_info():

@@ -13,20 +13,21 @@ A run's summary of both goes into ``run_info.json``:
   ``step`` (the median step time). Medians, so that the first steps' warm-up and a checkpoint
   step do not weigh in.
 - ``gpu_busy`` (``GpuBusy``): NVML's utilisation of the job's GPUs (``torch.cuda.utilization``, which
-  reads NVML and does not initialise CUDA in the driver; ``nvidia-smi`` where the pynvml package is
-  missing, as in some CUDA images), sampled every ``GPU_BUSY_INTERVAL_S`` by a
-  background thread of the driver over the training loop (after the initial validation, or after
-  the restore of a resumed run). NVML's figure is the share of its sample period in which some
-  kernel ran: a launch-bound loop of small kernels reads busy while it uses a sliver of the chip.
-  ``null``, with the reason, on CPU or where NVML cannot be read.
+  reads NVML through the ``pynvml`` module of the locked ``nvidia-ml-py`` and does not initialise
+  CUDA in the driver), sampled every ``GPU_BUSY_INTERVAL_S`` by a background thread of the driver
+  over the training loop (after the initial validation, or after the restore of a resumed run).
+  NVML's figure is the share of its sample period in which some kernel ran: a launch-bound loop of
+  small kernels reads busy while it uses a sliver of the chip. ``null``, with the reason, on CPU or
+  where NVML cannot be read; a GPU run whose sampler cannot start (no ``nvidia-ml-py``, no driver)
+  or that loses NVML says so once in the run's log, and nothing is sampled in its place (starting
+  ``nvidia-smi`` five times a second would load the driver's CPU for the whole timed run).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
-import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -91,33 +92,37 @@ def phase_split(rows: list[dict]) -> dict[str, float | None]:
     return {k: (statistics.median(per[k]) if per[k] else None) for k in (*TIMED_PHASES, OTHER, "step")}
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 class GpuBusy:
     """The GPU busy fraction of the job's ``gpus`` GPUs, sampled in a background thread (see the
     module docstring). ``read`` returns one utilisation percentage per GPU (default: NVML through
-    ``torch.cuda.utilization``)."""
+    ``torch.cuda.utilization``); ``log`` gets the one line a GPU run writes when the sampler cannot
+    start or stops (default: stderr, the run's log)."""
 
     def __init__(self, gpus: int, interval_s: float = GPU_BUSY_INTERVAL_S,
-                 read: Callable[[], list[float]] | None = None):
+                 read: Callable[[], list[float]] | None = None, log: Callable[[str], None] = _to_stderr):
         self.gpus, self.interval_s = gpus, interval_s
         self.samples: list[tuple[float, list[float]]] = []  # (time.time(), percent per GPU)
         self.reason: str | None = None  # why there is no figure
         self._read = read or self._nvml
+        self._log = log
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _nvml(self) -> list[float]:
         """NVML through torch (the job's GPUs: indices into CUDA_VISIBLE_DEVICES, which the GPU slots
-        set); without the pynvml package, NVML through ``nvidia-smi``."""
+        set). Raises ``ModuleNotFoundError`` without ``nvidia-ml-py``."""
         import torch
 
-        try:
-            return [float(torch.cuda.utilization(i)) for i in range(self.gpus)]  # an index: no CUDA init here
-        except ModuleNotFoundError:
-            visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-            ids = ",".join(visible[: self.gpus] or [str(i) for i in range(self.gpus)])
-            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                                  "-i", ids], capture_output=True, text=True, timeout=5, check=True).stdout
-            return [float(x) for x in out.split()]
+        return [float(torch.cuda.utilization(i)) for i in range(self.gpus)]  # an index: no CUDA init here
+
+    def _give_up(self, reason: str) -> None:
+        self.reason = reason
+        self._log(f"rlpipe train: the GPU busy fraction is not sampled ({reason}); run_info.json's gpu_busy "
+                  "is null. NVML comes with `pip install nvidia-ml-py` (in requirements/lock.txt)")
 
     def start(self, remote: bool = False) -> GpuBusy:
         """Start sampling; ``remote``: the actors run on a Ray cluster this process cannot read."""
@@ -128,7 +133,7 @@ class GpuBusy:
         try:
             self._read()  # fails here, once, where NVML is unavailable (no driver, no pynvml)
         except Exception as e:  # torch raises ModuleNotFoundError, pynvml its own NVMLError types
-            self.reason = f"NVML cannot be read: {type(e).__name__}: {e}"
+            self._give_up(f"NVML cannot be read: {type(e).__name__}: {e}")
             return self
         self._thread = threading.Thread(target=self._run, name="rlpipe-gpu-busy", daemon=True)
         self._thread.start()
@@ -139,7 +144,7 @@ class GpuBusy:
             try:
                 self.samples.append((time.time(), self._read()))
             except Exception as e:  # a GPU lost mid-run: keep what was sampled
-                self.reason = f"NVML stopped answering: {type(e).__name__}: {e}"
+                self._give_up(f"NVML stopped answering: {type(e).__name__}: {e}")
                 return
 
     def stop(self, since: float) -> dict:

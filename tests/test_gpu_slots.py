@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.trainer.gpu_slots import ENV, acquire_gpus, actor_gpus
+from rlpipe.trainer.gpu_slots import ENV, SCHEDULER_GPU_VARIABLES, acquire_gpus, actor_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,13 +24,21 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(autouse=True)
+def node(monkeypatch):
+    """Every test runs as node "n1", outside any SLURM allocation."""
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    for name in SCHEDULER_GPU_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def no_visible(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
 
 
-def _holder(n: int, lock_dir) -> tuple[subprocess.Popen, list[str]]:
-    env = {k: v for k, v in os.environ.items() if k != ENV}
+def _holder(n: int, lock_dir, node: str = "n1") -> tuple[subprocess.Popen, list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != ENV} | {"SLURMD_NODENAME": node}
     p = subprocess.Popen([sys.executable, "-c", HOLDER, str(n), str(lock_dir)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True, env=env)
     line = p.stdout.readline().strip()
@@ -50,7 +58,7 @@ def test_concurrent_acquirers_get_disjoint_slots(tmp_path, no_visible):
         with acquire_gpus(1, total=2, lock_dir=tmp_path, timeout_s=5, poll_s=0.05) as mine:
             assert mine.devices == ["1"]
             assert os.environ[ENV] == "1"
-            assert mine.lock_paths == [tmp_path / "gpu-1.lock"]
+            assert mine.lock_paths == [tmp_path / "gpu-n1-1.lock"]
     finally:
         _finish(p)
     assert ENV not in os.environ  # restored on exit
@@ -87,7 +95,7 @@ def test_existing_visible_devices_are_the_pool(tmp_path, monkeypatch):
     with acquire_gpus(2, lock_dir=tmp_path, timeout_s=1) as s:
         assert s.devices == ["5", "GPU-ab/cd"]
         assert os.environ[ENV] == "5,GPU-ab/cd"
-        assert sorted(x.name for x in tmp_path.iterdir()) == ["gpu-5.lock", "gpu-GPU-ab_cd.lock"]
+        assert sorted(x.name for x in tmp_path.iterdir()) == ["gpu-n1-5.lock", "gpu-n1-GPU-ab_cd.lock"]
     assert os.environ[ENV] == "5, GPU-ab/cd"
     with pytest.raises(ValueError, match="needs 3 GPUs but the pool has 2"):
         with acquire_gpus(3, lock_dir=tmp_path):
@@ -171,3 +179,27 @@ def test_the_gpu_overlay_with_one_gpu_per_disaggregated_variant_needs_cuda_ipc()
         parse_config(data)
     update_config(data, {"variants": {v: {"weight_sync.backend": "cuda_ipc"} for v in nccl}})
     parse_config(data)
+
+
+def test_nodes_sharing_the_lock_dir_never_wait_for_each_others_gpus(tmp_path, no_visible):
+    """Each node numbers its GPUs from 0, and a cluster's results directory is shared: node n2's GPU 0
+    is not node n1's."""
+    p, theirs = _holder(2, tmp_path, node="n2")
+    try:
+        assert theirs == ["0", "1"]
+        with acquire_gpus(2, total=2, lock_dir=tmp_path, timeout_s=0.3, poll_s=0.05) as mine:
+            assert mine.devices == ["0", "1"]
+    finally:
+        _finish(p)
+
+
+def test_a_schedulers_allocation_is_taken_without_locks(tmp_path, monkeypatch):
+    """SLURM gave the job GPU 1 (and only it may use it): no lock, even one another job holds."""
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv("SLURM_STEP_GPUS", "1")
+    p, _ = _holder(2, tmp_path)  # (its own environment has no SLURM variables: it locks)
+    try:
+        with acquire_gpus(1, lock_dir=tmp_path, timeout_s=0.3) as s:  # gpu-n1-1.lock is held
+            assert s.devices == ["1"] and os.environ[ENV] == "1" and s.lock_paths == []
+    finally:
+        _finish(p)

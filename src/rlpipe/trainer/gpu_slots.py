@@ -6,9 +6,14 @@ hands each job distinct GPUs with advisory file locks:
 
 * the pool is ``CUDA_VISIBLE_DEVICES`` when it is set (indices or UUIDs, kept as given, so a
   cluster scheduler's allocation is respected), else ``range(total)``;
-* slot ``d`` is the file ``<lock_dir>/gpu-<d>.lock`` (default ``results/.gpu_slots``); a job takes
-  ``n`` slots with non-blocking ``fcntl.flock(LOCK_EX)`` and writes its pid into the file for
-  diagnostics;
+* slot ``d`` of node ``h`` is the file ``<lock_dir>/gpu-<h>-<d>.lock`` (default
+  ``results/.gpu_slots``; ``h`` is SLURM's node name where a job runs under SLURM, else the host
+  name): the results directory is shared between nodes on a cluster, and each node numbers its GPUs
+  from 0, so a lock names the node as well as the device; a job takes ``n`` slots with non-blocking
+  ``fcntl.flock(LOCK_EX)`` and writes its pid into the file for diagnostics;
+* a job that a scheduler gave GPUs (SLURM sets ``SLURM_JOB_GPUS`` or ``SLURM_STEP_GPUS`` beside
+  ``CUDA_VISIBLE_DEVICES``) takes them without locks: the scheduler already made them exclusive, and
+  a flock on a cluster's shared filesystem is not to be relied on;
 * if it cannot get all ``n`` it releases what it got and retries every ``poll_s`` (never holding
   some while waiting for more, so two jobs that each need two GPUs cannot deadlock), and raises
   ``TimeoutError`` listing the holders after ``timeout_s``;
@@ -40,6 +45,7 @@ import contextlib
 import fcntl
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -81,8 +87,27 @@ def gpu_pool(total: int | None = None) -> list[str]:
     return [str(i) for i in range(total)]
 
 
+#: Set by SLURM in a job given GPUs (``--gpus``, ``--gres=gpu``): the allocation is the job's alone.
+SCHEDULER_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+
+
+def node_name() -> str:
+    """The node a lock belongs to: SLURM's name for it (several ``slurmd`` may share one host), else
+    the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def scheduler_gpus() -> bool:
+    """Whether a scheduler gave this job its GPUs (``CUDA_VISIBLE_DEVICES`` and SLURM's GPU variables)."""
+    return ENV in os.environ and any(os.environ.get(v) for v in SCHEDULER_GPU_VARIABLES)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
 def _lock_path(lock_dir: Path, device: str) -> Path:
-    return lock_dir / f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', device)}.lock"
+    return lock_dir / f"gpu-{_safe(node_name())}-{_safe(device)}.lock"
 
 
 def _try_lock(path: Path) -> int | None:
@@ -127,6 +152,20 @@ def _take(pool: list[str], n: int, lock_dir: Path) -> tuple[list[str], list[int]
 
 
 @contextlib.contextmanager
+def _pinned(devices: list[str]) -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES`` = ``devices`` inside the context, the previous value after it."""
+    previous = os.environ.get(ENV)
+    os.environ[ENV] = ",".join(devices)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = previous
+
+
+@contextlib.contextmanager
 def acquire_gpus(n: int, total: int | None = None, lock_dir: str | os.PathLike = DEFAULT_LOCK_DIR,
                  timeout_s: float = 3600.0, poll_s: float = 0.5) -> Iterator[GpuSlots]:
     """Hold ``n`` GPUs exclusively among processes sharing ``lock_dir``; pins ``CUDA_VISIBLE_DEVICES``."""
@@ -139,6 +178,10 @@ def acquire_gpus(n: int, total: int | None = None, lock_dir: str | os.PathLike =
     if n > len(pool):
         raise ValueError(f"job needs {n} GPUs but the pool has {len(pool)} ({ENV}={os.environ.get(ENV)!r}, "
                          f"total={total})")
+    if scheduler_gpus():  # the scheduler's allocation: exclusive already, nothing to lock
+        with _pinned(pool[:n]):
+            yield GpuSlots(pool[:n])
+        return
     lock_dir = Path(lock_dir)
     lock_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -152,13 +195,8 @@ def acquire_gpus(n: int, total: int | None = None, lock_dir: str | os.PathLike =
             raise TimeoutError(f"could not get {n} of {len(pool)} GPUs from {lock_dir} within {timeout_s:g} s; "
                                f"held: {_holders(paths)}")
         time.sleep(poll_s)
-    previous = os.environ.get(ENV)
-    os.environ[ENV] = ",".join(got)
     try:
-        yield GpuSlots(got, [_lock_path(lock_dir, d) for d in got], time.monotonic() - start)
+        with _pinned(got):
+            yield GpuSlots(got, [_lock_path(lock_dir, d) for d in got], time.monotonic() - start)
     finally:
-        if previous is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = previous
         _release(fds)

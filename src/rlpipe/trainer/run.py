@@ -194,9 +194,11 @@ def local_ray_metrics_off() -> dict:
     return {"_system_config": dict(LOCAL_RAY_SYSTEM_CONFIG)}
 
 
-def _init_ray(cfg, num_cpus: float):
+def _init_ray(cfg, num_cpus: float, num_gpus: int | None = None):
     """Start a local Ray instance, or attach to ``ray.address``. For a local one, the watchdog that
-    stops it if this process is killed (``rlpipe.trainer.ray_reaper``); None when attached."""
+    stops it if this process is killed (``rlpipe.trainer.ray_reaper``); None when attached.
+    ``num_gpus``: the job's GPU slots, which the local instance is started with (None: Ray counts the
+    GPUs it finds, which on a scheduler's node may be none it can count)."""
     import ray
 
     # Ray starts worker processes at niceness 15 by default: on a shared machine any other process
@@ -221,7 +223,9 @@ def _init_ray(cfg, num_cpus: float):
     # paid by each actor of the default pipeline's ~35 runs.
     os.environ.setdefault("PYTHONWARNINGS", quiet)
     with _loopback_only():
+        gpu_kwargs = {} if num_gpus is None else {"num_gpus": num_gpus}
         ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
+                 **gpu_kwargs,
                  dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
                  logging_level=logging.WARNING, configure_logging=True, **local_ray_metrics_off())
     return ray_reaper.start(ray._private.worker.global_worker.node.get_session_dir_path())
@@ -327,11 +331,12 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
 def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: bool) -> dict:
     import ray
 
-    with _gpu_slots(cfg, gpus):
+    with _gpu_slots(cfg, gpus) as slots:
         owns_ray = not ray.is_initialized()  # a caller (e.g. a test session) may have started one
         watchdog = None
-        if owns_ray:
-            watchdog = _init_ray(cfg, num_cpus=(2 * actor_threads + 1) if disagg else actor_threads)
+        if owns_ray:  # a job given GPUs starts Ray with exactly those (its own count may find none)
+            watchdog = _init_ray(cfg, num_cpus=(2 * actor_threads + 1) if disagg else actor_threads,
+                                 num_gpus=len(slots.devices) if slots else None)
         try:
             # what else the machine does while the run is timed (rlpipe.trainer.conditions): an
             # attached cluster's actors are not our descendants, so their CPU time is not ours to count

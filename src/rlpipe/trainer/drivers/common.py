@@ -41,7 +41,7 @@ from rlpipe.io import OutputWriteError
 from rlpipe.lm.checkpoint import CheckpointError, read_extra
 from rlpipe.rl.records import PhaseEvent, RolloutBatch, UpdateResult, train_batches  # noqa: F401 (drivers' import)
 from rlpipe.trainer.actors.learner import NonFiniteLossError
-from rlpipe.trainer.drivers import actor_errors, actor_exit
+from rlpipe.trainer.drivers import actor_errors, actor_exit, placement
 from rlpipe.trainer.drivers.progress import ProgressPrinter
 from rlpipe.trainer.profiling import phase_split, seconds_by_phase
 from rlpipe.trainer.run_writer import RunWriter
@@ -97,6 +97,7 @@ class RunContext:
         self.stop = StopSignals()  # rlpipe train installs its handlers (rlpipe.trainer.stop)
         self._new_versions: list = []
         self._procs: dict[str, object] = {}  # actor id (hex) -> ref to its (pid, node id)
+        self._asks: dict[str, dict[str, float]] = {}  # role -> the Ray resources its actor asked for
 
     # -- Ray --------------------------------------------------------------------------------------
     def get(self, ref, what: str):
@@ -202,9 +203,13 @@ class RunContext:
     def actor(self, cls, *, gpus: float, cpus: float, transport: str = "local", **kwargs):
         # named "<variant>/<class>" so operators (and tests) can find the actors of a run
         name = f"{self.variant}/{cls.__name__}"
+        role = f"{ROLES.get(cls.__name__, cls.__name__)} actor ({name})"
+        self._asks[role] = {"CPU": cpus, "GPU": gpus}
+        if not self.cfg.ray.address:  # a local instance has what it was started with, no more
+            placement.check(self._asks, ray.cluster_resources())
         opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": name}
         handle = ray_actor_class(cls, transport).options(**opts).remote(**kwargs)
-        self.roles[handle._actor_id.hex()] = f"{ROLES.get(cls.__name__, cls.__name__)} actor ({name})"
+        self.roles[handle._actor_id.hex()] = role
         self._procs[handle._actor_id.hex()] = actor_exit.where_ref(handle)
         return handle
 

@@ -372,7 +372,7 @@ def test_bundle_adds_the_trl_bench_s_pinned_packages():
     from packaging.requirements import Requirement
 
     take, left_out = gpu_bundle.wanted("ray==2.60.0\n", gpu_bundle.IMAGE_PACKAGES)
-    assert take == ["ray==2.60.0", "trl==1.16.0", "datasets==4.8.5", "dill==0.4.1", "multiprocess==0.70.19"]
+    assert take == ["ray==2.60.0", "trl==1.16.0", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19"]
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["bench"]
     for spec in map(Requirement, extra):
         pin = next(r for r in take if r.startswith(f"{spec.name}=="))
@@ -417,6 +417,76 @@ def test_bundle_without_the_workflow_leaves_out_what_only_snakemake_needs():
     assert {n for n, why in left_out.items() if "workflow" in why} == {"pulp", "snakemake", "sqlmodel", "sqlalchemy",
                                                                        "platformdirs"}
     assert len(gpu_bundle.wanted(lock, frozenset(), extra=())[0]) == 8
+
+
+def test_the_lock_and_the_bundle_carry_nvml():
+    """NVML's Python binding is locked and bundled (torch.cuda.utilization imports it for the GPU busy
+    fraction), although its name starts like the CUDA libraries' that the bundle leaves out."""
+    lock_text = (ROOT / "requirements" / "lock.txt").read_text()
+    take, _ = gpu_bundle.wanted(lock_text, gpu_bundle.IMAGE_PACKAGES, workflow=False)
+    assert any(r.startswith("nvidia-ml-py==") for r in take)
+    take, left_out = gpu_bundle.wanted("nvidia-ml-py==13.615.71\nnvidia-cublas-cu12==12.8\n", frozenset(), extra=())
+    assert take == ["nvidia-ml-py==13.615.71"] and list(left_out) == ["nvidia-cublas-cu12"]
+
+
+def _wheel(path: Path, name: str, version: str, requires: list[str]) -> Path:
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}-{version}.dist-info/METADATA", meta)
+        z.writestr(f"{name}/__init__.py", "")
+    return path
+
+
+def test_the_bundle_names_a_pin_that_conflicts_with_the_lock_or_the_image(tmp_path):
+    """datasets 4.8.5's own requirements (as published) against the lock's huggingface-hub 2.4.0 and
+    fsspec: each conflict is named; a requirement for another Python or an extra is not one; a
+    requirement nothing will provide is named too; the image's versions (``--image-freeze``) win."""
+    old = _wheel(tmp_path / "datasets-4.8.5-py3-none-any.whl", "datasets", "4.8.5", [
+        "huggingface-hub<2.0,>=0.25.0", "fsspec[http]<=2026.2.0,>=2023.1.0", "dill<0.4.2,>=0.3.0",
+        'tomli; python_version < "3.11"', 'pytest; extra == "tests"', "numpy>=1.17"])
+    lock = "huggingface-hub==2.4.0\nfsspec==2026.9.0\nnumpy==2.4.6\n"
+    image = frozenset({"huggingface-hub", "fsspec", "numpy"})
+    have = gpu_bundle.machine_versions(lock, image, {}, ["datasets==4.8.5", "dill==0.4.1"])
+    assert gpu_bundle.conflicts([old], have, "3.12") == [
+        "datasets 4.8.5 requires huggingface-hub<2.0,>=0.25.0, but the GPU machine gets huggingface-hub 2.4.0",
+        "datasets 4.8.5 requires fsspec[http]<=2026.2.0,>=2023.1.0, but the GPU machine gets fsspec 2026.9.0"]
+    image_has = gpu_bundle.machine_versions(lock, image, {"huggingface-hub": "1.33.0", "fsspec": "2026.1.0"},
+                                            ["datasets==4.8.5", "dill==0.4.1"])
+    assert gpu_bundle.conflicts([old], image_has, "3.12") == []
+    new = _wheel(tmp_path / "x-1.0-py3-none-any.whl", "x", "1.0", ["huggingface-hub<3,>=1.31", "absent>=1"])
+    assert gpu_bundle.conflicts([new], have, "3.12") == [
+        "x 1.0 requires absent>=1, which neither the lock, the image nor the bundle has"]
+
+
+def test_the_bundle_s_extra_pins_lie_in_pyproject_s_extras():
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra, pins in (("bench", gpu_bundle.BENCH_PINS), ("nccl", gpu_bundle.NCCL_PINS["12"])):
+        for spec in map(Requirement, extras[extra]):
+            pin = next(r for r in pins if r.startswith(f"{spec.name}=="))
+            assert spec.specifier.contains(pin.split("==")[1]), (spec, pin)
+    assert gpu_bundle.NCCL_PINS["13"][0].startswith("cupy-cuda13x==")
+
+
+@pytest.mark.parametrize(("wheel", "ok"), [
+    ("trl-1.16.0-py3-none-any.whl", True),
+    ("six-1.17.0-py2.py3-none-any.whl", True),
+    ("ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl", True),
+    ("pydantic_core-2.41.5-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", True),
+    ("cryptography-46.0.3-cp311-abi3-manylinux_2_28_x86_64.whl", True),  # the stable ABI from 3.11 on
+    ("x-1.0-cp313-abi3-manylinux_2_28_x86_64.whl", False),                # ... from 3.13 on
+    ("ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl", False),   # the host's Python
+    ("pulp-3.3.2-cp312-cp312-linux_x86_64.whl", False),           # built here: the host's platform
+    ("ray-2.60.0-cp312-cp312-macosx_11_0_arm64.whl", False),
+    ("x-1.0-cp311-none-any.whl", False),
+    ("not-a-wheel.whl", False),
+])
+def test_the_bundle_never_adds_a_wheel_for_another_python_or_platform(wheel, ok):
+    assert gpu_bundle.fits(wheel, "3.12") is ok
 
 
 def test_bundle_trims_a_wheel_and_its_record(tmp_path):

@@ -5,21 +5,27 @@ Snakemake and the rest of rlpipe's locked dependencies, and compute nodes often 
 This downloads, on a machine with the package index, one wheel per locked package the image does
 not have (``requirements/lock.txt``, no dependencies resolved again: the lock is the resolution),
 and the pinned packages of ``rlpipe bench trl`` that the image lacks (``BENCH_PINS``: TRL and
-``datasets``; ``--no-bench`` leaves them out), for the image's Python and manylinux x86_64. It
+``datasets``; ``--no-bench`` leaves them out), with ``--nccl 12|13`` CuPy for Ray's NCCL weight sync
+(``NCCL_PINS``), for the image's Python and manylinux x86_64: a wheel built for another Python or
+platform is never added (``fits``). Every bundled wheel's requirements are checked against the
+versions the GPU machine will have (the lock's, the image's from ``--image-freeze``, the bundle's
+own pins): a conflict is named (``conflicts`` in ``bundle.json``) and the command exits 1. It
 trims the big ones of what rlpipe never imports (``TRIM``: Ray's Java jars, its
 RLlib/Serve/Tune/Train/LLM libraries and dashboard client; PuLP's solvers for other platforms),
 rewriting their ``RECORD`` so pip installs them cleanly; ``bundle.json`` and the last line printed
 give the bundle's size. ``--no-workflow`` leaves out Snakemake and the packages only it needs (by
 the lock's ``# via`` comments), for a machine that runs ``rlpipe gpu-check`` or ``rlpipe
-train`` but not the workflow. On the GPU machine, in the project (the docs' GPU page):
+train`` but not the workflow. On the GPU machine, in the project (the docs' GPU page): a venv
+that sees the image's packages (so an externally managed Python, PEP 668, never refuses the
+install), then the wheels and the project, offline:
 
-    python3 -m pip install --no-index --no-deps --target /tmp/site OUT_DIR/*.whl
-    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-    python3 -m pip install --no-index --no-deps --no-build-isolation -e .
+    python3 -m venv --system-site-packages .venv-gpu && . .venv-gpu/bin/activate
+    python -m pip install --no-index --no-deps OUT_DIR/*.whl
+    python -m pip install --no-index --no-deps --no-build-isolation -e .
 
 Left out: the image's packages (``IMAGE_PACKAGES``, or the names in ``--image-freeze``, the
-output of ``pip list --format=freeze`` on the image), the CUDA libraries (``nvidia-*``, the
-image's torch brings its own) and what only development needs (``DEV_ONLY``: docs, lint, SLURM
+output of ``pip list --format=freeze`` on the image), the CUDA libraries (``nvidia-*`` but NVML's
+``nvidia-ml-py``: the image's torch brings its own) and what only development needs (``DEV_ONLY``: docs, lint, SLURM
 plugins, profilers). The image's versions of its packages may differ from the lock's:
 ``rlpipe gpu-check`` records every difference. ``OUT_DIR/bundle.json`` lists what was bundled,
 trimmed and left out.
@@ -28,6 +34,7 @@ trimmed and left out.
 from __future__ import annotations
 
 import argparse
+import email.parser
 import re
 import subprocess
 import sys
@@ -35,7 +42,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from rlpipe.bench.lock_diff import lock_pins
 from rlpipe.io import atomic_path, write_json
@@ -43,11 +52,12 @@ from rlpipe.provenance import LOCK_FILE
 
 #: what a CUDA PyTorch image (Python 3.12) brings: PyTorch, the HF stack, the scientific stack, pytest
 IMAGE_PACKAGES = frozenset(canonicalize_name(n) for n in """
-absl-py accelerate aiohttp aiosignal annotated-doc anyio attrs certifi charset-normalizer click cloudpickle
-contourpy coverage cycler filelock fonttools frozenlist fsspec grpcio h11 hf-xet httpcore httpx huggingface-hub
-hypothesis idna iniconfig jinja2 kiwisolver markdown markupsafe matplotlib mpmath msgpack multidict networkx
-numpy packaging pandas pillow pluggy prometheus-client propcache protobuf psutil pyarrow pygments pyparsing
-pytest pytest-timeout python-dateutil pyyaml regex requests rich safetensors setuptools shellingham six
+absl-py accelerate aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi charset-normalizer click
+cloudpickle colorama contourpy coverage cycler filelock fonttools frozenlist fsspec grpcio h11 hf-xet httpcore httpx
+huggingface-hub hypothesis idna iniconfig jinja2 kiwisolver markdown markdown-it-py markupsafe matplotlib mdurl
+mpmath msgpack multidict networkx numpy packaging pandas pathspec pillow pluggy prometheus-client propcache protobuf
+psutil pyarrow pygments pyparsing pytest pytest-timeout python-dateutil pyyaml regex requests rich safetensors
+setuptools shellingham six
 sortedcontainers sympy tabulate tensorboard tensorboard-data-server tokenizers torch tqdm transformers triton
 typer typing-extensions urllib3 werkzeug wrapt xxhash yarl
 """.split())
@@ -64,12 +74,20 @@ TRIM = {"ray": ("ray/jars/", "ray/rllib/", "ray/serve/", "ray/tune/", "ray/train
         "pulp": ("pulp/solverdir/cbc/osx/", "pulp/solverdir/cbc/win/", "pulp/solverdir/cbc/linux/arm64/",
                  "pulp/solverdir/cbc/linux/i32/")}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+#: ``nvidia-*`` packages that are no CUDA library: NVML's Python binding (``pynvml``), which
+#: ``torch.cuda.utilization`` imports for the GPU busy fraction and which the image may lack
+NOT_CUDA = frozenset({"nvidia-ml-py"})
 #: ``rlpipe bench trl``'s packages, pinned here because the lock holds no ``bench`` extra
 #: (pyproject: ``bench = ["trl>=1.16"]``): TRL as validated, and of its dependencies those a CUDA
 #: PyTorch image lacks: ``datasets`` and its ``dill`` and ``multiprocess``. The rest of what they
-#: require (accelerate, huggingface-hub, pyarrow, pandas, xxhash, fsspec, ...) is the image's;
-#: ``datasets`` 4.8 asks for pyarrow >= 21 and huggingface-hub < 2, which an image of 2026 meets.
-BENCH_PINS = ("trl==1.16.0", "datasets==4.8.5", "dill==0.4.1", "multiprocess==0.70.19")
+#: require (accelerate, huggingface-hub, pyarrow, pandas, xxhash, fsspec, ...) is the image's or the
+#: lock's, and ``build`` checks every requirement against them: ``datasets`` 5.2 accepts the lock's
+#: huggingface-hub 2 and fsspec (4.8 required huggingface-hub < 2 and an older fsspec).
+BENCH_PINS = ("trl==1.16.0", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19")
+#: ``--nccl CUDA_MAJOR``: CuPy for that CUDA (Ray's NCCL collective imports ``cupy.cuda.nccl``;
+#: ``config/gpu.yaml``'s ``disagg_rdt`` on two GPUs) and its one requirement beyond numpy
+NCCL_PINS = {"12": ("cupy-cuda12x==14.2.0", "cuda-pathfinder==1.9.1"),
+             "13": ("cupy-cuda13x==14.2.0", "cuda-pathfinder==1.9.1")}
 
 
 #: ``--no-workflow``: the workflow engine, left out with every package only it needs (``rlpipe
@@ -116,7 +134,7 @@ def wanted(lock_text: str, image: frozenset[str], extra: tuple[str, ...] = BENCH
     locked = lock_pins(lock_text)
     no_workflow = set() if workflow else only_needed_by(lock_text, WORKFLOW_ONLY | DEV_ONLY) - DEV_ONLY
     for name, version in locked.items():
-        if name.startswith("nvidia-"):
+        if name.startswith("nvidia-") and name not in NOT_CUDA:
             left_out[name] = "CUDA library (the image's torch brings its own)"
         elif name in image:
             left_out[name] = "in the image"
@@ -159,32 +177,118 @@ def trim_wheel(src: Path, dst: Path, prefixes: tuple[str, ...]) -> int:
     return dropped
 
 
-def download(req: str, dest: Path, python: str) -> bool:
-    """One wheel of ``req`` (no dependencies) for ``python`` on manylinux x86_64 into ``dest``; a
-    package published as source only is built into a wheel here. False if neither worked."""
+def fits(wheel_name: str, python: str) -> bool:
+    """Whether a wheel installs on the target: CPython ``python`` (``3.12``) on manylinux x86_64. A
+    pure wheel (``py3-none-any``, or ``cp312-none-any``) or one built for that Python (its ABI or
+    ``abi3``) on one of ``PLATFORMS``; never a wheel for the host's Python or platform."""
+    try:
+        tags = parse_wheel_filename(wheel_name)[3]
+    except InvalidWheelFilename:
+        return False
+    major, minor = (int(x) for x in python.split(".")[:2])
+    cp = f"cp{major}{minor}"
+    abi3_from = {f"cp{major}{m}" for m in range(2, minor + 1)}  # the stable ABI of this Python or an older one
+    for tag in tags:
+        if tag.platform == "any" and tag.abi == "none" and tag.interpreter in (f"py{major}", cp):
+            return True
+        if tag.platform in PLATFORMS and ((tag.interpreter, tag.abi) == (cp, cp)
+                                          or (tag.abi == "abi3" and tag.interpreter in abi3_from)):
+            return True
+    return False
+
+
+def download(req: str, dest: Path, python: str) -> tuple[Path | None, str | None]:
+    """One wheel of ``req`` (no dependencies) for ``python`` on manylinux x86_64, in ``dest``: the
+    index's wheel, else one built here from the source, kept only if it ``fits`` the target (a
+    pure-Python package). ``(wheel, None)``, or ``(None, why not)``."""
     plat = [a for p in PLATFORMS for a in ("--platform", p)]
     get = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-           python, "--implementation", "cp", *plat, "-d", str(dest), req]
-    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), req]
-    return any(subprocess.run(cmd, capture_output=True).returncode == 0 for cmd in (get, build))
+           python, "--implementation", "cp", *plat]
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps"]
+    why = f"no wheel for CPython {python} on manylinux x86_64"
+    for cmd in (get, build):
+        with tempfile.TemporaryDirectory(prefix="rlpipe-wheel-") as tmp:
+            if subprocess.run([*cmd, "-d" if cmd is get else "-w", tmp, req], capture_output=True).returncode:
+                continue
+            for wheel in Path(tmp).glob("*.whl"):
+                if fits(wheel.name, python):
+                    target = dest / wheel.name
+                    target.write_bytes(wheel.read_bytes())
+                    return target, None
+                why += f", and the wheel built here ({wheel.name}) is for another Python or platform"
+    return None, why
 
 
 def _wheel_name(path: Path) -> str:
     return canonicalize_name(path.name.split("-", 1)[0])
 
 
+def wheel_requirements(wheel: Path) -> tuple[str, str, list[str]]:
+    """(name, version, Requires-Dist lines) from a wheel's METADATA."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        msg = email.parser.Parser().parsestr(z.read(meta).decode("utf-8", "replace"), headersonly=True)
+    return msg["Name"], msg["Version"], msg.get_all("Requires-Dist") or []
+
+
+def conflicts(wheels: list[Path], versions: dict[str, str | None], python: str) -> list[str]:
+    """Every requirement of ``wheels`` (for CPython ``python`` on Linux x86_64, no extras) that the
+    GPU machine will not meet: ``versions`` is {package: version} of what it will have (the lock's
+    and the image's packages, the bundle's own; None: a version not known, taken as met). One line
+    per conflict, naming the package, its requirement and the version it would get."""
+    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+    found = []
+    for wheel in wheels:
+        name, version, requires = wheel_requirements(wheel)
+        for line in requires:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            dep = canonicalize_name(req.name)
+            if dep not in versions:
+                found.append(f"{name} {version} requires {line}, which neither the lock, the image nor the bundle has")
+                continue
+            have = versions[dep]
+            try:
+                ok = have is None or req.specifier.contains(Version(have), prereleases=True)
+            except InvalidVersion:
+                ok = True
+            if not ok:
+                found.append(f"{name} {version} requires {line}, but the GPU machine gets {req.name} {have}")
+    return found
+
+
+def machine_versions(lock_text: str, image: frozenset[str], image_versions: dict[str, str],
+                     bundled: list[str]) -> dict[str, str | None]:
+    """{package: version} the GPU machine will have: the image's packages (their version from
+    ``--image-freeze``; without it the lock's, the lock being the resolution; else unknown) and the
+    bundled ``name==version`` pins."""
+    locked = {n: str(v) for n, v in lock_pins(lock_text).items()}
+    have: dict[str, str | None] = {n: image_versions.get(n, locked.get(n)) for n in image}
+    return have | {canonicalize_name(r.split("==")[0]): r.split("==")[1] for r in bundled}
+
+
 def build(out: Path, lock_text: str, image: frozenset[str], python: str,
-          extra: tuple[str, ...] = BENCH_PINS, workflow: bool = True) -> dict:
-    """Download, trim and place the wheels in ``out``; the manifest (also ``out/bundle.json``)."""
+          extra: tuple[str, ...] = BENCH_PINS, workflow: bool = True,
+          image_versions: dict[str, str] | None = None) -> dict:
+    """Download, check, trim and place the wheels in ``out``; the manifest (also ``out/bundle.json``)."""
     take, left_out = wanted(lock_text, image, extra, workflow)
     out.mkdir(parents=True, exist_ok=True)
-    missing, trimmed = [], {}
+    missing, trimmed = {}, {}
     with tempfile.TemporaryDirectory(prefix="rlpipe-bundle-") as tmp:
         for req in take:
             print(f"gpu-bundle: {req}", file=sys.stderr, flush=True)
-            if not download(req, Path(tmp), python):
-                missing.append(req)
-        for wheel in sorted(Path(tmp).glob("*.whl")):
+            wheel, why = download(req, Path(tmp), python)
+            if wheel is None:
+                missing[req] = why
+        got = sorted(Path(tmp).glob("*.whl"))
+        clash = conflicts(got, machine_versions(lock_text, image, image_versions or {}, take), python)
+        for wheel in got:
             name = _wheel_name(wheel)
             if name in TRIM:
                 trimmed[wheel.name] = trim_wheel(wheel, out / wheel.name, TRIM[name])
@@ -194,19 +298,26 @@ def build(out: Path, lock_text: str, image: frozenset[str], python: str,
     wheels = sorted(out.glob("*.whl"))
     manifest = {"python": python, "platforms": list(PLATFORMS), "wheels": [w.name for w in wheels],
                 "mib": round(sum(w.stat().st_size for w in wheels) / 2**20, 1), "trimmed_files": trimmed,
-                "no_wheel": missing, "left_out": left_out}
+                "no_wheel": missing, "conflicts": clash, "left_out": left_out}
     write_json(out / "bundle.json", manifest)
     return manifest
 
 
-def image_names(freeze: Path) -> frozenset[str]:
-    """Package names of a ``pip list --format=freeze`` (or ``pip freeze``) file."""
-    names = set()
+def image_versions(freeze: Path) -> dict[str, str | None]:
+    """{package: version} of a ``pip list --format=freeze`` (or ``pip freeze``) file; None for a
+    line without ``==`` (``name @ url``)."""
+    found: dict[str, str | None] = {}
     for line in freeze.read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
-            names.add(canonicalize_name(line.split("==")[0].split(" @ ")[0].split("[")[0]))
-    return frozenset(names)
+            name, _, version = line.split(" @ ")[0].partition("==")
+            found[canonicalize_name(name.split("[")[0])] = version.strip() or None
+    return found
+
+
+def image_names(freeze: Path) -> frozenset[str]:
+    """Package names of a ``pip list --format=freeze`` (or ``pip freeze``) file."""
+    return frozenset(image_versions(freeze))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-workflow", action="store_true",
                     help="leave out Snakemake and the packages only it needs: enough for "
                          "rlpipe gpu-check, rlpipe train and the benches, not for the workflow")
+    ap.add_argument("--nccl", choices=sorted(NCCL_PINS), default=None, metavar="CUDA_MAJOR",
+                    help="add CuPy for that CUDA major version (12 or 13: the image torch's CUDA), which Ray's "
+                         "NCCL weight sync needs (two GPUs, config/gpu.yaml's disagg_rdt)")
     ap.add_argument("--dry-run", action="store_true", help="print what would be bundled and left out; download nothing")
     a = ap.parse_args(argv)
     lock = Path(a.lock)
@@ -229,16 +343,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--lock: {lock} does not exist")
     if a.image_freeze and not Path(a.image_freeze).is_file():
         ap.error(f"--image-freeze: {a.image_freeze} does not exist")
-    image = image_names(Path(a.image_freeze)) if a.image_freeze else IMAGE_PACKAGES
-    extra = () if a.no_bench else BENCH_PINS
+    versions = image_versions(Path(a.image_freeze)) if a.image_freeze else {}
+    image = frozenset(versions) if a.image_freeze else IMAGE_PACKAGES
+    extra = (() if a.no_bench else BENCH_PINS) + (NCCL_PINS[a.nccl] if a.nccl else ())
     if a.dry_run:
         take, left_out = wanted(lock.read_text(), image, extra, not a.no_workflow)
         print("\n".join(take))
         print(f"# left out: {len(left_out)} ({', '.join(sorted(left_out))})", file=sys.stderr)
         return 0
-    manifest = build(Path(a.out), lock.read_text(), image, a.python, extra, not a.no_workflow)
+    manifest = build(Path(a.out), lock.read_text(), image, a.python, extra, not a.no_workflow,
+                     {n: v for n, v in versions.items() if v})
     print(f"rlpipe gpu-bundle: {len(manifest['wheels'])} wheels, {manifest['mib']} MiB -> {a.out}")
-    if manifest["no_wheel"]:
-        print(f"rlpipe gpu-bundle: no wheel for {', '.join(manifest['no_wheel'])}", file=sys.stderr)
-        return 1
-    return 0
+    for req, why in manifest["no_wheel"].items():
+        print(f"rlpipe gpu-bundle: {req}: {why}", file=sys.stderr)
+    for line in manifest["conflicts"]:
+        print(f"rlpipe gpu-bundle: conflict: {line}", file=sys.stderr)
+    return 1 if manifest["no_wheel"] or manifest["conflicts"] else 0

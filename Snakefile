@@ -32,6 +32,7 @@ include: "workflow/rules/families.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/plots.smk"
+include: "workflow/rules/cluster.smk"  # last: it gives every rule above its SLURM account and partition
 
 
 report: "workflow/report/workflow.rst"

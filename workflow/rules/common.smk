@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 from snakemake.exceptions import WorkflowError
 
-from rlpipe import io
+from rlpipe import io, slurm
 from rlpipe.cli import COMMANDS
 from rlpipe.config import (
     CORPUS_FILE,
@@ -521,6 +521,30 @@ def train_params(wildcards) -> dict:
     t, train = track_variant(wildcards)
     return {"train": canonical(ident(train, "train")), "base": track_base(t),
             "dataset": f"--dataset {track_dataset_dir(t)}" if uses_dataset(t, train) else ""}
+
+
+def train_params_count(t) -> int:
+    """Parameters of a track's model (a given HF directory's, else its preset's): what its training
+    jobs' memory and time come from (rlpipe.slurm)."""
+    return slurm.model_parameters(t.pipeline.model, t.base_model)
+
+
+def train_mem_mb(wildcards) -> int:
+    return slurm.train_mem_mb(train_params_count(track_of(wildcards)))
+
+
+def train_runtime(wildcards) -> int:
+    t, train = track_variant(wildcards)
+    return slurm.train_runtime_min(train_params_count(t), train)
+
+
+def family_mem_mb(wildcards) -> int:
+    return slurm.train_mem_mb(train_params_count(family_track(wildcards.family)))
+
+
+def family_runtime(wildcards) -> int:
+    train = resolve_variant(FAMILY_CFG[wildcards.family], wildcards.fvariant)
+    return slurm.train_runtime_min(train_params_count(family_track(wildcards.family)), train)
 
 
 def resume_mode(wildcards) -> str:

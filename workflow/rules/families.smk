@@ -28,6 +28,8 @@ rule train_family_run:
         run_dir=lambda w, output: os.path.dirname(output.metrics),
     resources:
         gpu=lambda w: variant_gpus(FAMILY_CFG[w.family], w.fvariant),
+        mem_mb=family_mem_mb,  # as train_variant's (rlpipe.slurm)
+        runtime=family_runtime,
         resume=family_resume_mode,
         config=lambda w: FAMILY_CONFIG_FILES[w.family],
     threads: family_threads

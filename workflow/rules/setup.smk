@@ -61,9 +61,10 @@ onstart:
 onsuccess:
     _rules = _Counter(job.rule.name for job in workflow.dag.needrun_jobs(exclude_finished=False))
     if run_timing.is_complete(_rules):
-        _c = _conditions.measure(_RUN_START, run_cores=workflow.cores)
+        _cores = slurm.run_cores(workflow)  # None under a cluster executor, which has no total
+        _c = _conditions.measure(_RUN_START, run_cores=_cores)
         io.write_json(f"{RESULTS}/{run_timing.RUN_TIMING_FILE}", run_timing.record(
-            _c.wall_s, dict(_rules), workflow.cores, {k: getattr(_c, k) for k in RUN_CONDITIONS_KEYS},
+            _c.wall_s, dict(_rules), _cores, {k: getattr(_c, k) for k in RUN_CONDITIONS_KEYS},
             os.path.basename(CONFIG_FILE), _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")))
         print(f"rlpipe: {run_timing.sentence(run_timing.read(RESULTS))} Recorded in "
               f"{RESULTS}/{run_timing.RUN_TIMING_FILE}; the next run states it when it starts.",

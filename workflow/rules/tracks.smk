@@ -109,6 +109,8 @@ rule train_variant:
         run_dir=lambda w, output: os.path.dirname(output.metrics),
     resources:
         gpu=lambda w: variant_gpus(track_of(w).pipeline, w.variant),
+        mem_mb=train_mem_mb,  # from the model's size, with a floor (rlpipe.slurm)
+        runtime=train_runtime,  # minutes, from the steps and the model (rlpipe.slurm)
         resume=resume_mode,  # "never" when this invocation forces the job, else "auto"
         config=track_config,
     threads: lambda w: track_threads(track_of(w))

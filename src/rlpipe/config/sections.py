@@ -144,6 +144,17 @@ class WorkflowConfig(_Section):
         "config (train.device cuda needs 1 or 2).")
     threads_per_variant: int = Field(
         2, ge=1, description="Snakemake threads per training job (passed to torch and Ray).")
+    slurm_account: str | None = Field(
+        None, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="SLURM account of every job under the SLURM executor (sbatch --account); null: the executor "
+                    "plugin's guess from sacct, or none.")
+    slurm_partition: str | None = Field(
+        None, min_length=1, pattern=r"^[A-Za-z0-9_.,-]+$",
+        description="SLURM partition of the jobs that declare no GPU; null: the cluster's default partition.")
+    slurm_gpu_partition: str | None = Field(
+        None, min_length=1, pattern=r"^[A-Za-z0-9_.,-]+$",
+        description="SLURM partition of the jobs that declare a `gpu` resource (training, pretraining, evaluation, "
+                    "the GPU benchmarks); null: workflow.slurm_partition.")
     run_tests: bool = Field(
         True, description="Run the unit tests as the first rule, with a built-in track (keyword or math in "
                           "workflow.tracks) only: a run of a user's tracks only skips them.")

@@ -1,0 +1,256 @@
+"""The workflow on a real SLURM: Debian's packages brought up by tests/slurm/cluster.sh (two nodes on
+this host, two fake GPUs each, no accounting database), driven through the shipped
+workflow/profiles/slurm exactly as docs/gpu-and-clusters.md#slurm shows.
+
+Where the cluster cannot be brought up (not root, no apt-get) these tests skip with the script's one
+line, and fail instead when CI=true. The smoke run is done once (module fixture); the other tests copy
+its data and base model and train only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlpipe import slurm
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+PROFILE = ROOT / "workflow" / "profiles" / "slurm"
+# What the test adds to the docs' command: fake GPUs per variant (train.device stays cpu), how many
+# GPU jobs may run at once, and a shorter first status check than the profile's (a test-speed setting).
+GPUS = {"workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 2}}
+FAST = ["--slurm-init-seconds-before-status-checks", "5"]
+TRAINS = ["results/runs/onpolicy/metrics.parquet", "results/runs/disagg/metrics.parquet"]
+
+pytestmark = [pytest.mark.workflow, pytest.mark.timeout(1500)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Bring SLURM up (or find it up); stop it afterwards only if this fixture started it."""
+    was_up = shutil.which("sinfo") is not None and subprocess.run(
+        ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0
+    proc = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True, timeout=600)
+    if proc.returncode == 2:
+        line = proc.stderr.strip().splitlines()[-1]
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the SLURM tests: {line}")
+        pytest.skip(line)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    yield
+    if not was_up:
+        subprocess.run(["bash", str(CLUSTER), "down"], capture_output=True, timeout=120)
+
+
+def command(workdir: Path, *targets: str, overlays=("config/smoke.yaml",), extra=()) -> list[str]:
+    """The docs' command: targets, the workflow profile, the overlays, plus what the test sets."""
+    return [sys.executable, "-m", "snakemake", *targets, "-s", str(ROOT / "Snakefile"), "--directory",
+            str(workdir), "--workflow-profile", str(PROFILE), *FAST, *extra, "--configfile", *overlays]
+
+
+def start(workdir: Path, *targets: str, **kw) -> subprocess.Popen:
+    with open(workdir / "snakemake.out", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(command(workdir, *targets, **kw), cwd=workdir, stdout=log,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def read(workdir: Path) -> str:
+    return (workdir / "snakemake.out").read_text()
+
+
+def finish(proc: subprocess.Popen, workdir: Path, timeout: float) -> tuple[int, str]:
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"snakemake still running after {timeout:.0f} s:\n{read(workdir)[-3000:]}") from None
+    return rc, read(workdir)
+
+
+def job_records(workdir: Path) -> list[dict]:
+    jobs = slurm.jobs_here(workdir)
+    assert jobs is not None, "scontrol show job did not answer"
+    return jobs
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(1)
+    raise AssertionError(f"no {what} within {timeout:.0f} s")
+
+
+def workdir_with(tmp_path: Path, overlay: dict, name: str) -> Path:
+    w = tmp_path / name
+    shutil.copytree(ROOT / "config", w / "config")
+    (w / "config" / "test.yaml").write_text(yaml.safe_dump(overlay))
+    return w
+
+
+@pytest.fixture(scope="module")
+def smoke_run(cluster, tmp_path_factory):
+    """The smoke workflow, one colocated and one disaggregated variant, through the SLURM profile."""
+    w = workdir_with(tmp_path_factory.mktemp("slurm"), GPUS, "smoke")
+    proc = start(w, *TRAINS, overlays=("config/smoke.yaml", "config/test.yaml"), extra=("--resources", "gpu=2"))
+    rc, out = finish(proc, w, timeout=1200)
+    return w, rc, out, job_records(w)
+
+
+def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(smoke_run):
+    w, rc, out, jobs = smoke_run
+    assert rc == 0, out[-4000:]
+    assert "localrule" not in out.replace("localrule all:", ""), "a job ran outside SLURM"
+    submitted = re.findall(r"submitted with SLURM jobid (\d+)", out)
+    assert len(submitted) >= 6, out[-3000:]  # data, corpus, tokenizer, pretraining and the two runs
+    by_comment = {j.get("Comment", "").strip(): j for j in jobs}
+    gpus = {}
+    for variant in ("onpolicy", "disagg"):
+        job = by_comment[f"rule_train_variant_wildcards_variant={variant}"]
+        assert job["JobState"] == "COMPLETED", job
+        gpus[variant] = int(re.search(r"gres/gpu=(\d+)", job["TRES"]).group(1))
+    assert gpus == {"onpolicy": 1, "disagg": 2}  # SLURM's own record of what each job was given
+    for variant in ("onpolicy", "disagg"):
+        info = json.loads((w / f"results/runs/{variant}/run_info.json").read_text())
+        assert info["finished"] is True, info
+    # the onsuccess hook ran under the cluster executor (it used to fail on workflow.cores)
+    timing = json.loads((w / "results/run_timing.json").read_text())
+    assert timing["cores"] is None and timing["rules"]["train_variant"] == 2, timing
+
+
+def test_gpu_jobs_never_exceed_the_gpus_given(smoke_run):
+    """--resources gpu=2: a disaggregated job (2 GPUs) never overlaps the colocated one (1)."""
+    _, _, _, jobs = smoke_run
+    spans = []
+    for j in jobs:
+        m = re.search(r"gres/gpu=(\d+)", j.get("TRES", ""))
+        if m and j.get("StartTime", "Unknown") != "Unknown":
+            spans.append((j["StartTime"], j["EndTime"], int(m.group(1))))
+    assert len(spans) == 2, jobs
+    for start_t, _, _ in spans:
+        assert sum(n for s, e, n in spans if s <= start_t < e) <= 2, spans
+
+
+def test_unreadable_job_status_fails_within_a_minute_naming_the_setting(cluster, tmp_path):
+    """The plugin's default, sacct, on a cluster without accounting: it used to wait forever."""
+    w = workdir_with(tmp_path, {}, "status")
+    t0 = time.monotonic()
+    proc = start(w, TRAINS[0], overlays=("config/smoke.yaml",), extra=("--slurm-status-command", "sacct"))
+    rc, out = finish(proc, w, timeout=90)
+    assert rc != 0 and time.monotonic() - t0 < 60, out[-2000:]
+    lines = [x for x in out.splitlines() if "SLURM job status cannot be read" in x]
+    assert len(lines) == 1 and "slurm-status-command=sacct" in lines[0], out[-2000:]
+    assert "accounting storage is disabled" in lines[0], lines
+    assert "submitted with SLURM jobid" not in out
+
+
+def trained_workdir(smoke_run, tmp_path: Path, overlay: dict, name: str) -> Path:
+    """A workdir holding the smoke run's data and base model (copied with their times), so that
+    only training runs; training long enough (smoke.grpo_steps) to be stopped midway."""
+    src = smoke_run[0]
+    w = workdir_with(tmp_path, overlay, name)
+    for d in ("results/data", "results/tokenizer", "results/base"):
+        shutil.copytree(src / d, w / d)
+    return w
+
+
+def running_training(workdir: Path, variants) -> dict:
+    """{variant: job} of this directory's running training jobs with a checkpoint written."""
+    jobs = slurm.jobs_here(workdir) or []
+    out = {}
+    for j in jobs:
+        m = re.search(r"variant=(\w+)", j.get("Comment", ""))
+        if m and m.group(1) in variants and j.get("JobState") == "RUNNING" and (
+                workdir / f"results/runs/{m.group(1)}/checkpoints/last.pt").exists():
+            out[m.group(1)] = j
+    return out if set(out) == set(variants) else {}
+
+
+LONG = {"smoke": {"grpo_steps": 400}, "train": {"checkpoint_every": 1, "val_every": 50}}
+
+
+def test_cancelled_and_timed_out_training_name_their_log_and_resume(smoke_run, tmp_path):
+    """k2 is cancelled with scancel and onpolicy runs past a 1-minute --time: one line each naming
+    the job, its SLURM log and the command that resumes it; the rerun resumes both from checkpoints."""
+    w = trained_workdir(smoke_run, tmp_path, LONG, "killed")
+    targets = ["results/runs/onpolicy/metrics.parquet", "results/runs/k2/metrics.parquet"]
+    proc = start(w, *targets, overlays=("config/smoke.yaml", "config/test.yaml"),
+                 extra=("--keep-going", "--set-resources", "train_variant:runtime=1"))
+    try:
+        running = wait_for(lambda: running_training(w, {"onpolicy", "k2"}), 400, "checkpointed training jobs")
+    except AssertionError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(read(w)[-3000:]) from None
+    subprocess.run(["scancel", running["k2"]["JobId"]], check=True, timeout=30)
+    rc, out = finish(proc, w, timeout=400)
+    assert rc != 0
+    lines = [x for x in out.splitlines() if x.startswith("rlpipe: SLURM job ")]
+    assert len(lines) == 2, out[-4000:]
+    for variant, why in (("k2", "was cancelled"), ("onpolicy", "ran past its time limit")):
+        job = running[variant]
+        line = next(x for x in lines if f"variant={variant})" in x)
+        assert f"SLURM job {job['JobId']} (train_variant variant={variant}) {why}" in line, line
+        assert f"SLURM log: {job['StdOut']}" in line and Path(job["StdOut"]).is_file(), line
+        assert "resume with: snakemake " in line and "--workflow-profile" in line, line
+    # the rerun (the printed command, less the 1-minute limit) resumes both runs from their checkpoints
+    rerun = start(w, *targets, overlays=("config/smoke.yaml", "config/test.yaml"))
+    time.sleep(1)
+    wait_for(lambda: all("resuming from" in (w / f"logs/train_variant/{v}.log").read_text()
+                         for v in ("onpolicy", "k2") if (w / f"logs/train_variant/{v}.log").exists())
+             and len(list((w / "logs/train_variant").glob("*.log"))) == 2, 300, "resumed runs")
+    os.killpg(rerun.pid, signal.SIGTERM)
+    finish(rerun, w, timeout=60)
+
+
+def slurmctld_pid() -> int:
+    return int(Path(os.environ.get("RLPIPE_SLURM_DIR", "/var/lib/rlpipe-slurm"), "run", "slurmctld.pid").read_text())
+
+
+@pytest.mark.parametrize("sig,status_fails", [(signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["sigterm-running", "ctrl-c-while-status-fails"])
+def test_a_stop_signal_ends_snakemake_within_30_s_and_says_what_became_of_its_jobs(
+        smoke_run, tmp_path, sig, status_fails):
+    """SIGTERM used to wait for the running jobs (forever while the status query failed)."""
+    w = trained_workdir(smoke_run, tmp_path, LONG, "stop")
+    proc = start(w, "results/runs/onpolicy/metrics.parquet", overlays=("config/smoke.yaml", "config/test.yaml"))
+    try:
+        job = wait_for(lambda: running_training(w, {"onpolicy"}), 400, "a checkpointed training job")["onpolicy"]
+    except AssertionError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(read(w)[-3000:]) from None
+    ctld = slurmctld_pid()
+    try:
+        if status_fails:  # a controller that does not answer: every squeue/scontrol/scancel hangs
+            os.kill(ctld, signal.SIGSTOP)
+            time.sleep(8)
+        t0 = time.monotonic()
+        os.kill(proc.pid, sig)
+        rc, out = finish(proc, w, timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(ctld, signal.SIGCONT)
+    assert took < 30 and rc == 128 + sig, (took, rc, out[-2000:])
+    line = next(x for x in out.splitlines() if x.startswith(f"rlpipe: {signal.Signals(sig).name}: "))
+    if status_fails:
+        assert "left as they are" in line and "squeue --me" in line, line
+        subprocess.run(["scancel", job["JobId"]], timeout=30)
+    else:
+        assert f"cancelled SLURM jobs {job['JobId']} " in line, line
+        state = wait_for(lambda: next((j["JobState"] for j in job_records(w) if j["JobId"] == job["JobId"]
+                                       and j["JobState"] not in ("RUNNING", "COMPLETING")), None), 60, "job end")
+        assert state == "CANCELLED", state
+    assert not (w / ".snakemake" / "locks").exists() or not any((w / ".snakemake" / "locks").iterdir())

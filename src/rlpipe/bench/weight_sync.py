@@ -443,7 +443,9 @@ def _start_ray(num_cpus: int, thp: bool) -> Any:
     import ray
 
     env = {"env_vars": {"THP_MEM_ALLOC_ENABLE": "1"}} if thp else None
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env,
+    # address="local": a new instance of its own, never a cluster that `ray start` left registered
+    # (a dead one's registration would make ray.init attach, and refuse num_cpus)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env,
              **local_ray_metrics_off())  # no metrics exporter on fixed ports (rlpipe.trainer.run)
     return ray
 

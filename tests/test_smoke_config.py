@@ -70,3 +70,31 @@ def test_caps_reach_every_track_family_and_list_but_replace_none():
     off = parse_config({k: v for k, v in data.items() if k != "smoke"})
     assert off.workflow.toy_sort_seeds == [9, 8, 7] and off.families["fam"].replicates == 5
     assert resolve_variant(family_pipeline(off, "fam"), "a").n_grpo_steps == 40
+
+
+ALL_SYSTEMS_VARIANTS = {
+    "onpolicy": {"mode": "colocated_sync"}, "k2": {"mode": "colocated_k", "k": 2},
+    "k4": {"mode": "colocated_k", "k": 4}, "k8": {"mode": "colocated_k", "k": 8},
+    "disagg": {"mode": "disaggregated", "weight_sync.transport": "object_store"},
+    "disagg_rdt": {"mode": "disaggregated", "weight_sync.transport": "rdt", "weight_sync.backend": "gloo"},
+    "replay": {"mode": "disaggregated", "replay.enabled": True}, "kl_penalty": {"mode": "colocated_sync", "kl_coef": 0.05},
+}
+
+
+def test_a_user_track_with_every_systems_variant_and_a_family_fits_the_caps(capsys):
+    """The docs' own command on a user's track with all eight variants (k8 among them) and a family:
+    the shared section's steps shrink to 4, which k = 8 does not divide; k8's are rounded up to 8, said
+    once."""
+    cfg = parse_config({
+        "smoke": {"enabled": True}, "workflow": {"tracks": ["digitsum"], "families": ["dsum_k"]},
+        "tracks": {"digitsum": {"dataset_command": "make {out}", "variants": ALL_SYSTEMS_VARIANTS,
+                                "train": {"n_grpo_steps": 24, "task": "text", "text": {"reward": "r.py:f"}}}},
+        "families": {"dsum_k": {"track": "digitsum", "variants": {"k1": {}, "k8": {"mode": "colocated_k", "k": 8}}}}})
+    track = workflow_tracks(cfg)["digitsum"].pipeline
+    steps = {name: resolve_variant(track, name).n_grpo_steps for name in ALL_SYSTEMS_VARIANTS}
+    assert steps == {name: 8 if name == "k8" else 4 for name in ALL_SYSTEMS_VARIANTS}
+    family = family_pipeline(cfg, "dsum_k")
+    assert resolve_variant(family, "k8").n_grpo_steps == 8 and resolve_variant(family, "k1").n_grpo_steps == 4
+    resolve_variant(track, "k8")
+    said = capsys.readouterr().err
+    assert said.count("variants.k8.n_grpo_steps 4 rounded up to 8, a multiple of its k (8)") == 1, said

@@ -13,7 +13,7 @@ from rlpipe.config.base import ConfigError, from_dict, to_dict
 from rlpipe.config.checks import check_model_overrides, check_one_gpu_nccl
 from rlpipe.config.root import PipelineConfig
 from rlpipe.config.sections import KEYWORD_TRACK, MATH_TRACK, SYSTEMS_TRACK
-from rlpipe.config.smoke import shrink_pipeline, shrink_train, smoke_train
+from rlpipe.config.smoke import shrink_pipeline, smoke_train
 from rlpipe.config.tracks import RESERVED_TRACKS, USER_TRACK_DIR, FamilyConfig, Track
 from rlpipe.config.train import TrainConfig
 
@@ -299,10 +299,10 @@ def resolve_variant(cfg: PipelineConfig, name: str) -> TrainConfig:
         merged = apply_overrides(to_dict(cfg.train), cfg.variants[name] or {})
     except ConfigError as e:
         raise ConfigError(f"variants.{name}: {e}") from None
-    train = from_dict(TrainConfig, merged, f"variants.{name}")
-    if cfg.smoke.enabled:
-        train = from_dict(TrainConfig, shrink_train(to_dict(train), cfg.smoke), f"variants.{name} (smoke)")
-    return train
+    # smoke: the caps apply to the merged section before it is checked, since a variant's own keys
+    # (its k) must hold against the steps it inherits from the shrunk shared section
+    merged = smoke_train(merged, cfg.smoke, f"variants.{name}")
+    return from_dict(TrainConfig, merged, f"variants.{name}")
 
 
 #: the train settings ``rlpipe eval-base`` samples with; its Snakemake rule depends on these alone

@@ -8,7 +8,8 @@ are therefore caps that the loader applies to whatever the merged config holds, 
 
 - every train section (the shared one, each track's and family's base, and each variant of each,
   once resolved: ``resolve_variant``):
-  ``n_grpo_steps`` (kept a multiple of ``k``), prompts per rollout batch (``rollout_batch_size /
+  ``n_grpo_steps`` (kept a multiple of ``k``: a variant whose ``k`` does not divide the steps it
+  inherits has them rounded up to the next multiple, said once on stderr), prompts per rollout batch (``rollout_batch_size /
   group_size``, at least one group; ``train_batch_size`` shrunk with it to a divisor holding whole
   groups), the
   validation, checkpoint, rollout-log and KL intervals (at most the steps), ``val_size``;
@@ -25,6 +26,7 @@ list one command-line overlay replaces in another, which the workflow prints as 
 
 from __future__ import annotations
 
+import sys
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -59,11 +61,34 @@ class SmokeConfig(_Section):
 _INTERVALS = ("val_every", "log_rollouts_every", "checkpoint_every", "kl_monitor_every")
 
 
-def shrink_train(train: dict[str, Any], s: SmokeConfig) -> dict[str, Any]:
-    """A resolved train section (plain data, every key present) under the smoke caps."""
+_SAID: set[str] = set()
+
+
+def say_once(message: str) -> None:
+    """Print a smoke adjustment on stderr once per process (the config is loaded many times)."""
+    if message not in _SAID:
+        _SAID.add(message)
+        print(f"rlpipe: smoke: {message}", file=sys.stderr, flush=True)
+
+
+def smoke_steps(n: int, k: int, cap: int, where: str = "train") -> int:
+    """``n_grpo_steps`` under the cap, a multiple of ``k``: capped down to the largest multiple of ``k``
+    within ``cap`` (at least ``k``), and rounded up to the next multiple of ``k`` where a value already
+    below the cap is not one (a variant's ``k`` over the shared section's shrunk steps), said once."""
+    steps = min(n, max(k, cap // k * k))
+    if steps % k:
+        up = -(-steps // k) * k
+        say_once(f"{where}.n_grpo_steps {steps} rounded up to {up}, a multiple of its k ({k})")
+        steps = up
+    return steps
+
+
+def shrink_train(train: dict[str, Any], s: SmokeConfig, where: str = "train") -> dict[str, Any]:
+    """A resolved train section (plain data, every key present) under the smoke caps; ``where`` names
+    it in what is said of a value rounded up."""
     out = dict(train)
     k, g = out["k"], out["group_size"]
-    out["n_grpo_steps"] = min(out["n_grpo_steps"], max(k, s.grpo_steps // k * k))
+    out["n_grpo_steps"] = smoke_steps(out["n_grpo_steps"], k, s.grpo_steps, where)
     # at least one group: a track that sets a larger group_size than the batch it inherits still fits
     rollout = max(1, min(out["rollout_batch_size"] // g, s.prompts_per_step)) * g
     accum = out["gradient_accumulation_steps"]
@@ -78,14 +103,14 @@ def shrink_train(train: dict[str, Any], s: SmokeConfig) -> dict[str, Any]:
     return out
 
 
-def smoke_train(train: dict[str, Any], s: SmokeConfig) -> dict[str, Any]:
+def smoke_train(train: dict[str, Any], s: SmokeConfig, where: str = "train") -> dict[str, Any]:
     """``shrink_train`` of a merged train section before it is validated (a track's or family's base:
     the shared section it inherits is already shrunk, and its own overrides may not fit that); left
     as it is when it is not a whole, well-typed section, so that validation names the bad key."""
     if not s.enabled:
         return train
     try:
-        return shrink_train(train, s)
+        return shrink_train(train, s, where)
     except (KeyError, TypeError, ZeroDivisionError):
         return train
 

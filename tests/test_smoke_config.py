@@ -77,7 +77,8 @@ ALL_SYSTEMS_VARIANTS = {
     "k4": {"mode": "colocated_k", "k": 4}, "k8": {"mode": "colocated_k", "k": 8},
     "disagg": {"mode": "disaggregated", "weight_sync.transport": "object_store"},
     "disagg_rdt": {"mode": "disaggregated", "weight_sync.transport": "rdt", "weight_sync.backend": "gloo"},
-    "replay": {"mode": "disaggregated", "replay.enabled": True}, "kl_penalty": {"mode": "colocated_sync", "kl_coef": 0.05},
+    "replay": {"mode": "disaggregated", "replay.enabled": True},
+    "kl_penalty": {"mode": "colocated_sync", "kl_coef": 0.05},
 }
 
 

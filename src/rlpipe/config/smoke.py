@@ -9,9 +9,9 @@ are therefore caps that the loader applies to whatever the merged config holds, 
 - every train section (the shared one, each track's and family's base, and each variant of each,
   once resolved: ``resolve_variant``):
   ``n_grpo_steps`` (kept a multiple of ``k``: a variant whose ``k`` does not divide the steps it
-  inherits has them rounded up to the next multiple, said once on stderr), prompts per rollout batch (``rollout_batch_size /
-  group_size``, at least one group; ``train_batch_size`` shrunk with it to a divisor holding whole
-  groups), the
+  inherits has them rounded up to the next multiple, said once on stderr), prompts per rollout
+  batch (``rollout_batch_size / group_size``, at least one group; ``train_batch_size`` shrunk with
+  it to a divisor holding whole groups), the
   validation, checkpoint, rollout-log and KL intervals (at most the steps), ``val_size``;
 - every pretraining section (keyword, math, each user track): ``max_steps``, ``eval_every``,
   ``warmup_steps``;

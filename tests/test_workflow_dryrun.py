@@ -196,12 +196,24 @@ def test_slurm_profile_dry_run(workdir, dry_run):
     carry the GPUs of their mode and the profile's partition."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
     shutil.copytree(ROOT / "workflow" / "profiles", workdir / "profiles")
+    profile = yaml.safe_load((workdir / "profiles" / "slurm" / "config.yaml").read_text())
+    assert "<" not in json.dumps(profile), "the profile must run as shipped: no placeholder"
+    (workdir / "config" / "cluster.yaml").write_text(yaml.safe_dump({"workflow": {
+        "slurm_account": "proj1", "slurm_partition": "cpuq", "slurm_gpu_partition": "gpuq"}}))
     out = snakemake(workdir, "-n", "--workflow-profile", str(workdir / "profiles" / "slurm"),
-                    "--configfile", "config/gpu.yaml").stdout
+                    "--configfile", "config/gpu.yaml", "config/cluster.yaml").stdout
     assert dry_run.training_gpus(out) == {"onpolicy": 1, "k2": 1, "k4": 1, "k8": 1, "kl_penalty": 1,
                                           "disagg": 2, "disagg_rdt": 2, "replay": 2, "math/onpolicy": 1}
-    trains = [j for j in dry_run.jobs(out) if j["rule"] == "train_variant"]
-    assert all(j["resources"].get("slurm_partition") == "<gpu partition>" for j in trains), trains[:1]
+    jobs = dry_run.jobs(out)
+    # account and partitions from the one place (workflow.slurm_*): a job declaring GPUs gets the GPU one
+    assert {j["resources"].get("slurm_account") for j in jobs if j["rule"] != "all"} == {"proj1"}
+    for j in jobs:
+        if j["rule"] != "all":
+            gpu = int(j["resources"].get("gpu", 0) or 0)
+            assert j["resources"].get("slurm_partition") == ("gpuq" if gpu else "cpuq"), j
+    trains = [j for j in jobs if j["rule"] == "train_variant"]
+    # memory and time from the model and steps (rlpipe.slurm), not one figure for every model
+    assert all(int(j["resources"]["mem_mb"]) >= 4000 and int(j["resources"]["runtime"]) >= 30 for j in trains)
 
 
 def _math_standin(workdir: Path, qwen: Path, data: Path, **train) -> Path:

@@ -61,6 +61,8 @@ def sentence(rec: dict | None) -> str:
             else f"{100 * frac:.0f}% of the machine")
     cpus = f" on {c['cpus']} CPUs" if c.get("cpus") else ""
     flag = f": {INDICATIVE}" if c.get("contended") else ("" if c.get("contended") is False else ": load unmeasured")
+    # under a cluster executor the jobs ran elsewhere: no --cores, and this machine's load is not theirs
+    where = (f"with --cores {rec['cores']}{cpus}" if rec.get("cores") is not None
+             else f"under a cluster executor (jobs elsewhere; this machine{cpus})")
     return (f"The last complete run here ({rec.get('jobs')} jobs, finished {rec.get('finished')}) took "
-            f"{duration(rec['wall_s'])} with --cores {rec.get('cores')}{cpus}; other processes took {busy} "
-            f"meanwhile{flag}.")
+            f"{duration(rec['wall_s'])} {where}; other processes took {busy} meanwhile{flag}.")

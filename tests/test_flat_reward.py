@@ -120,3 +120,64 @@ def test_results_page_section_names_each_flat_run(tmp_path):
     (tmp_path / "runs").joinpath("flat", contract.METRICS_FILE).unlink()
     (tmp_path / "families").joinpath("f/runs/v/seed0", contract.METRICS_FILE).unlink()
     assert flat_reward.results_section(tmp_path) == []
+
+
+# --------------------------------------------------------------------- two signals at once: the ranking
+
+
+def names(d) -> list[str]:
+    return [c.name for c in d.causes]
+
+
+def test_a_learning_rate_too_small_outranks_a_marginal_zero_variance_signal():
+    # KL 1e-9 per step is four orders below what 55% zero-variance groups can explain (a KL shrunk by
+    # at most (1 - 0.55)^2): the learning rate is the cause, the groups an "also"
+    d = flat_reward.diagnose(run(kl__prev_k3=1e-9, kl__ref_k3=np.linspace(0, 1e-8, STEPS + 1),
+                                 reward__zero_std_frac=0.55), VAL_SIZE)
+    assert names(d) == ["lr_small", "zero_std"]
+    assert d.sentence().split("Likely cause: ")[1].startswith("the updates barely moved")
+
+
+def test_zero_variance_groups_that_explain_a_still_policy_leave_no_learning_rate_cause():
+    # 99% identical groups shrink the update 100x, its KL up to 1e4x: a KL of 1e-8 is what they explain
+    d = flat_reward.diagnose(run(kl__prev_k3=1e-8, kl__ref_k3=np.linspace(0, 1e-7, STEPS + 1),
+                                 reward__zero_std_frac=0.99), VAL_SIZE)
+    assert names(d) == ["zero_std"]
+
+
+def test_a_strong_signal_outranks_a_marginal_one_whatever_the_table_order():
+    d = flat_reward.diagnose(run(loss__clip_frac=0.9, reward__zero_std_frac=0.52), VAL_SIZE)
+    assert names(d) == ["clip", "zero_std"]
+    d = flat_reward.diagnose(run(loss__clip_frac=0.21, reward__zero_std_frac=0.95), VAL_SIZE)
+    assert names(d) == ["zero_std", "clip"]
+
+
+def _write_run(d, frame, lr):
+    import json
+
+    import yaml
+
+    from rlpipe.analysis import contract
+
+    d.mkdir(parents=True)
+    frame.to_parquet(d / contract.METRICS_FILE, index=False)
+    (d / contract.RUN_INFO_FILE).write_text(json.dumps({"finished": True}))
+    (d / contract.RUN_CONFIG_FILE).write_text(yaml.safe_dump({"train": {"val_size": VAL_SIZE,
+                                                                        "learning_rate": lr}}))
+
+
+def test_a_small_kl_beside_a_peer_that_moved_further_and_learned_is_a_small_learning_rate(tmp_path):
+    # the lr sweep: lr3e-5 ends at KL 0.054 (just past the drift threshold) and stays flat; lr1e-4
+    # moves 5x further and its reward rises. The policy at 3e-5 barely moved: the learning rate, not a drift
+    runs = tmp_path / "families" / "lr_sweep" / "runs"
+    _write_run(runs / "lr3e-5" / "seed0", run(kl__prev_k3=2e-4, kl__ref_k3=np.linspace(0, 0.054, STEPS + 1)), 3e-5)
+    _write_run(runs / "lr1e-4" / "seed0", run(kl__prev_k3=1e-3, kl__ref_k3=np.linspace(0, 0.29, STEPS + 1),
+                                              val=[0.2, 0.3, 0.4, 0.5, 0.6, 0.6, 0.7, 0.7, 0.8]), 1e-4)
+    text = "\n".join(flat_reward.results_section(tmp_path))
+    line = next(ln for ln in text.splitlines() if "lr3e-5" in ln)
+    cause = line.split("Likely cause: ")[1]
+    assert cause.startswith("the learning rate was too small"), line
+    assert "0.054" in cause and "0.290" in cause and "5.4x further" in cause
+    assert "drifted" in line.split("Also: ")[1]  # still said, as the weaker reading
+    # alone (the trainer's log line: no peers) the same run reads as a drift, with its number
+    assert "drifted from the reference (final KL 0.054)" in flat_reward.run_log_line(runs / "lr3e-5" / "seed0", "v")

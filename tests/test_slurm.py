@@ -117,10 +117,10 @@ def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(smoke_run):
     assert "localrule" not in out.replace("localrule all:", ""), "a job ran outside SLURM"
     submitted = re.findall(r"submitted with SLURM jobid (\d+)", out)
     assert len(submitted) >= 6, out[-3000:]  # data, corpus, tokenizer, pretraining and the two runs
-    by_comment = {j.get("Comment", "").strip(): j for j in jobs}
+    by_label = {slurm.job_label(j): j for j in jobs}
     gpus = {}
     for variant in ("onpolicy", "disagg"):
-        job = by_comment[f"rule_train_variant_wildcards_variant={variant}"]
+        job = by_label[f"train_variant variant={variant}"]
         assert job["JobState"] == "COMPLETED", job
         gpus[variant] = int(re.search(r"gres/gpu=(\d+)", job["TRES"]).group(1))
     assert gpus == {"onpolicy": 1, "disagg": 2}  # SLURM's own record of what each job was given
@@ -184,12 +184,12 @@ LONG = {"smoke": {"grpo_steps": 400}, "train": {"checkpoint_every": 1, "val_ever
 
 
 def test_cancelled_and_timed_out_training_name_their_log_and_resume(smoke_run, tmp_path):
-    """k2 is cancelled with scancel and onpolicy runs past a 1-minute --time: one line each naming
+    """k2 is cancelled with scancel and onpolicy runs past a 2-minute --time: one line each naming
     the job, its SLURM log and the command that resumes it; the rerun resumes both from checkpoints."""
     w = trained_workdir(smoke_run, tmp_path, LONG, "killed")
     targets = ["results/runs/onpolicy/metrics.parquet", "results/runs/k2/metrics.parquet"]
     proc = start(w, *targets, overlays=("config/smoke.yaml", "config/test.yaml"),
-                 extra=("--keep-going", "--set-resources", "train_variant:runtime=1"))
+                 extra=("--keep-going", "--set-resources", "train_variant:runtime=2"))
     try:
         running = wait_for(lambda: running_training(w, {"onpolicy", "k2"}), 400, "checkpointed training jobs")
     except AssertionError:
@@ -206,7 +206,7 @@ def test_cancelled_and_timed_out_training_name_their_log_and_resume(smoke_run, t
         assert f"SLURM job {job['JobId']} (train_variant variant={variant}) {why}" in line, line
         assert f"SLURM log: {job['StdOut']}" in line and Path(job["StdOut"]).is_file(), line
         assert "resume with: snakemake " in line and "--workflow-profile" in line, line
-    # the rerun (the printed command, less the 1-minute limit) resumes both runs from their checkpoints
+    # the rerun (the printed command, less the 2-minute limit) resumes both runs from their checkpoints
     rerun = start(w, *targets, overlays=("config/smoke.yaml", "config/test.yaml"))
     time.sleep(1)
     wait_for(lambda: all("resuming from" in (w / f"logs/train_variant/{v}.log").read_text()

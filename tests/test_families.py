@@ -238,3 +238,23 @@ def test_single_seed_or_contended_pair_is_never_a_finding(tmp_path):
     for r in fam.runs:  # control: the same pair timed on a quiet machine is a finding
         r.row["contended"] = False
     assert families.discussion(fam)[0][0]["speed_verdict"] == findings.FINDING
+
+
+def test_samples_per_s_says_interval_only_where_one_is_shown(tmp_path):
+    # one seed each and contended: no interval is printed, so none is announced
+    fam = _family(tmp_path, {"a": [0.5], "b": [0.5]})
+    fam.runs[0].row["contended"] = True
+    _, sentences = families.discussion(fam)
+    (speed,) = [s for s in sentences if s.startswith("Samples/s")]
+    assert "95%" not in speed and "(one seed each, no interval)" in speed
+    # three seeds, quiet: the interval is printed and named
+    (tmp_path / "r").mkdir()
+    fam = _family(tmp_path / "r", {"a": [0.5] * 3, "b": [0.5] * 3})
+    for r, speed in zip(fam.runs, (10.0, 11.0, 12.0, 20.0, 21.0, 22.0), strict=True):
+        r.row["samples_per_s"] = speed
+    _, sentences = families.discussion(fam)
+    assert any(s.startswith("Samples/s relative to a (95% interval): b 1.91x [") for s in sentences)
+    fam.runs[0].row["contended"] = True  # replicated but contended: no interval drawn, and said so
+    _, sentences = families.discussion(fam)
+    (speed,) = [s for s in sentences if s.startswith("Samples/s")]
+    assert "95%" not in speed and "no interval" in speed

@@ -137,13 +137,18 @@ def speed_sentences(fam: Family, comps: list[dict]) -> list[str]:
     contended or unreplicated comparison), and where each variant's step time goes."""
     if not comps:
         return []
-    parts = []
+    parts, shown = [], 0
     for c in comps:
         ratio = f"{c['speed_ratio']:.2f}x" if math.isfinite(c["speed_ratio"]) else "n/a"
         if math.isfinite(c["speed_ratio_lo"]) and c["speed_verdict"] in (FINDING, NOISE):
             ratio += f" [{c['speed_ratio_lo']:.2f}, {c['speed_ratio_hi']:.2f}]"
+            shown += 1
         parts.append(f"{c['variant']} {ratio} ({c['speed_verdict']})")
-    out = [f"Samples/s relative to {fam.reference} (95% interval): " + "; ".join(parts) + "."]
+    # "interval" only where one is printed: none for a contended or unreplicated comparison
+    what = ("95% interval" if shown == len(parts) else "95% interval where one is shown" if shown
+            else "one seed each, no interval" if max(len(fam.of(v)) for v in fam.variants) < 2
+            else "no interval: none is drawn for a contended or unreplicated comparison")
+    out = [f"Samples/s relative to {fam.reference} ({what}): " + "; ".join(parts) + "."]
     shares = [(v, stat(fam, v, "share_generate"), stat(fam, v, "share_update")) for v in fam.variants]
     shares = [(v, g, u) for v, g, u in shares if g.n and math.isfinite(g.mean)]
     if shares:

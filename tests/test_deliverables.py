@@ -214,6 +214,30 @@ def test_family_answer_reads_a_sweep_along_its_axis():
                     "it peaks at the smallest (learning_rate = 0.0001).")
 
 
+def _tied(finals: dict[str, float], x: dict[str, float] | None = None) -> dict:
+    numbers = family_numbers("async", replicates=1)
+    row = numbers["variants"]["a"]
+    numbers["variants"] = {v: row | {"val_reward_final_mean": f, "x": (x or {}).get(v)} for v, f in finals.items()}
+    numbers["x"] = "learning_rate" if x else None
+    return numbers
+
+
+def test_ties_are_named_as_ties_not_as_a_ranking():
+    # three variants end at the same printed value: they tie highest, none "ends highest" or "lowest" alone
+    text = family_answer.trend_sentence(_tied({"onpolicy": 0.797, "k2_batches": 0.7971, "e2_epochs": 0.797,
+                                               "disagg": 0.75}))
+    assert text.startswith("onpolicy, k2_batches and e2_epochs tie highest (0.797 each) and disagg ends lowest "
+                           "(0.750, one seed)"), text
+    text = family_answer.trend_sentence(_tied({"a": 0.797, "b": 0.797, "c": 0.797}))
+    assert text.startswith("All 3 variants end tied (0.797)") and "highest" not in text and "lowest" not in text
+    text = family_answer.trend_sentence(_tied({"a": 0.9, "b": 0.797, "c": 0.797}))
+    assert "a ends highest (0.900, one seed) and b and c tie lowest (0.797 each)" in text
+    # along a sweep axis: a tied peak names every setting at it, not the first one found
+    text = family_answer.trend_sentence(_tied({"lo": 0.797, "mid": 0.797, "hi": 0.5},
+                                              {"lo": 1e-4, "mid": 1e-3, "hi": 1e-2}))
+    assert text.endswith("; 2 settings tie at its highest (learning_rate = 0.0001, 0.001)."), text
+
+
 # --------------------------------------------------------------------------- replication wording
 
 

@@ -5,7 +5,8 @@ per-variant table, the comparisons with their verdicts, the health signals' firs
 means, the mechanism checks) and writes the prose seeds 001/004 ask for ("comment on the findings,
 including any other metrics that have a noticeable trend"):
 
-1. the trend: which variant ends highest and lowest (along the sweep axis when there is one);
+1. the trend: which variant ends highest and lowest (along the sweep axis when there is one), variants
+   that read the same at the printed precision named as a tie, never ranked;
 2. the size: the largest gap to the reference with its 95% interval, and its verdict from the one
    honesty rule (``rlpipe.analysis.findings``: replicated, beyond the interval, not contended);
 3. collapses: a variant that diverged, with its entropy before and after;
@@ -46,6 +47,31 @@ def _final(v: dict) -> str:
     return _fmt(v.get("val_reward_final_mean")) + tail
 
 
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def tied_with(vs: dict, key: str) -> list[str]:
+    """The variants whose final reward reads the same as ``key``'s at the precision printed: a tie."""
+    shown = _fmt(vs[key]["val_reward_final_mean"])
+    return [k for k in vs if _fmt(vs[k]["val_reward_final_mean"]) == shown]
+
+
+def _ranking(vs: dict) -> str:
+    """Highest and lowest, with ties named as ties (at the printed precision); a variant's name
+    opens the sentence as it is spelt."""
+    ranked = sorted(vs, key=lambda k: -vs[k]["val_reward_final_mean"])
+    top, bottom = tied_with(vs, ranked[0]), tied_with(vs, ranked[-1])
+    if len(top) == len(vs):
+        return f"All {len(vs)} variants end tied ({_fmt(vs[ranked[0]]['val_reward_final_mean'])})"
+
+    def end(group: list[str], which: str) -> str:
+        value = _final(vs[group[0]]) if len(group) == 1 else _fmt(vs[group[0]]["val_reward_final_mean"])
+        return (f"{group[0]} ends {which} ({value})" if len(group) == 1
+                else f"{_names(group)} tie {which} ({value} each)")
+    return f"{end(top, 'highest')} and {end(bottom, 'lowest')}"
+
+
 def trend_sentence(numbers: dict) -> str | None:
     vs = {k: v for k, v in (numbers.get("variants") or {}).items()
           if isinstance(v.get("val_reward_final_mean"), (int, float)) and math.isfinite(v["val_reward_final_mean"])}
@@ -55,15 +81,16 @@ def trend_sentence(numbers: dict) -> str | None:
     if x and all(isinstance(v.get("x"), (int, float)) for v in vs.values()):
         order = sorted(vs, key=lambda k: vs[k]["x"])
         best = max(order, key=lambda k: vs[k]["val_reward_final_mean"])
+        tied = [k for k in order if k in tied_with(vs, best)]
         where = ("at the smallest" if best == order[0] else "at the largest" if best == order[-1]
                  else "in the middle of the range")
+        peak = (f"it peaks {where} ({x} = {vs[best]['x']:g})" if len(tied) == 1 else
+                f"{len(tied)} settings tie at its highest ({x} = "
+                + ", ".join(f"{vs[k]['x']:g}" for k in tied) + ")")
         return (f"Along {x}, the final validation reward is "
-                + ", ".join(f"{vs[k]['x']:g}: {_final(vs[k])}" for k in order)
-                + f"; it peaks {where} ({x} = {vs[best]['x']:g}).")
-    ranked = sorted(vs, key=lambda k: -vs[k]["val_reward_final_mean"])
-    ns = [vs[k].get("val_reward_final_n") or vs[k].get("replicates") for k in ranked]
-    return (f"{ranked[0]} ends highest ({_final(vs[ranked[0]])}) and {ranked[-1]} lowest "
-            f"({_final(vs[ranked[-1]])}) in final validation reward ({interval_phrase(ns)}).")
+                + ", ".join(f"{vs[k]['x']:g}: {_final(vs[k])}" for k in order) + f"; {peak}.")
+    ns = [vs[k].get("val_reward_final_n") or vs[k].get("replicates") for k in vs]
+    return f"{_ranking(vs)} in final validation reward ({interval_phrase(ns)})."
 
 
 def size_sentence(numbers: dict) -> str | None:

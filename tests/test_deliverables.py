@@ -5,13 +5,22 @@ truthfully; Problem 10 follows the measured overlap, not its estimate."""
 
 from __future__ import annotations
 
+import html
 import json
 
 import pandas as pd
 import pytest
 import yaml
 
-from rlpipe.analysis import aggregate, answers_math, contract, deliverables, family_answer, results_page
+from rlpipe.analysis import (
+    aggregate,
+    answers_math,
+    contract,
+    deliverables,
+    family_answer,
+    results_page,
+    shared_caveats,
+)
 from rlpipe.analysis.optimization_text import optimization_section
 from rlpipe.analysis.results_view import ResultsView
 
@@ -330,6 +339,40 @@ def test_offpolicy_sweep_says_how_far_it_is_scaled_down(results):
     assert scale_sentence(numbers) == ("Scaled down: each run took 20 GRPO steps of 32 rollouts, against seed 001's "
                                        "200 steps of 256: at most 10% of its steps and 1.2% of its rollouts, so what "
                                        "holds here may not hold at the seed's scale.")
+
+
+def test_a_caveat_every_family_shares_is_said_once_and_each_answer_links_to_it(results):
+    for name in ("lr_sweep", "baselines", "offpolicy_sweep"):
+        numbers = family_numbers(name)
+        for row in numbers["variants"].values():
+            row["settings"] = {"task": "math", "n_grpo_steps": 20, "rollout_batch_size": 32}
+        d = results / "families" / name / contract.FAMILY_REPORT_DIR
+        d.mkdir(parents=True, exist_ok=True)
+        (d / contract.FAMILY_REPORT_FILES["numbers"]).write_text(json.dumps(numbers))
+    view = ResultsView.load(results)
+    from rlpipe.analysis.scale_text import scale_sentence
+    caveat = scale_sentence(numbers)
+    done = deliverables.answers(view)
+    sharing = [d.anchor for d, text in done if caveat in text]
+    assert len(sharing) >= 2  # the answers still carry it: the page says it once
+    page = "\n".join(deliverables.render_markdown(view, done))
+    assert page.count(caveat) == 1
+    top = page.index(caveat)
+    assert top < min(page.index(f'<a id="{a}"></a>') for a in sharing)  # where the answers begin
+    assert page[:top].rstrip().endswith("**Applies to every answer that links here.**")
+    anchor = page[:top].rsplit('<a id="', 1)[1].split('"')[0]
+    for a in sharing:
+        section = page.split(f'<a id="{a}"></a>', 1)[1].split("<a id=", 1)[0]
+        assert f"Scaled down: see [the note where the answers begin](#{anchor})." in section
+    assert not deliverables.problems(done, page)
+    html_page = deliverables.render_html(view)
+    assert html_page.count(html.escape(caveat)) == 1 and f"<p id='{anchor}'>" in html_page
+    assert html_page.count(f"<a href='#{anchor}'>the note where the answers begin</a>") == len(sharing)
+    assert "\x00" not in html_page
+    # a caveat one answer alone says stays in that answer
+    only = "Scaled down: once."
+    caveats, texts = shared_caveats.hoist([["x", only], ["y"]], shared_caveats.markdown_link)
+    assert caveats == [] and texts == [["x", only], ["y"]]
 
 
 def test_problem_7_states_samples_per_second_in_words(results):

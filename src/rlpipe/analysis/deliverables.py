@@ -26,7 +26,7 @@ from importlib import resources
 
 import yaml
 
-from rlpipe.analysis import contract
+from rlpipe.analysis import contract, shared_caveats
 from rlpipe.analysis.answers_math import train_loop_answer, zero_shot_answer, zero_shot_metrics_answer
 from rlpipe.analysis.answers_systems import (
     family,
@@ -204,7 +204,9 @@ def render_markdown(view: ResultsView, done: list[tuple[Deliverable, list[str]]]
               f"{f'`{fig}`' if fig not in ('written', 'none') else fig} |"
               for seed, problem, anchor, asked, fig in _rows(done)]
     lines.append("")
-    for d, text in done:
+    caveats, texts = shared_caveats.hoist([text for _, text in done], shared_caveats.markdown_link)
+    lines += shared_caveats.markdown_block(caveats)  # said once, where the answers begin
+    for (d, _), text in zip(done, texts, strict=True):
         lines += [f'<a id="{d.anchor}"></a>', f"### {_title(d)}", "", " ".join(text), ""]
     return lines
 
@@ -215,8 +217,15 @@ def render_html(view: ResultsView) -> str:
                    + (f"<a href='#{anchor}'>{html.escape(problem)}</a>" if anchor else html.escape(problem))
                    + f"</td><td>{html.escape(asked)}</td><td>{html.escape(fig)}</td></tr>"
                    for seed, problem, anchor, asked, fig in _rows(done))
-    body = "".join(f"<h3 id='{d.anchor}'>{html.escape(_title(d))}</h3><p>{html.escape(' '.join(text))}</p>"
-                   for d, text in done)
+    marker = "\x00{}\x00"  # a link's place, kept through html.escape
+    caveats, texts = shared_caveats.hoist([text for _, text in done], lambda c: marker.format(c.anchor))
+    body = "".join(f"<p id='{c.anchor}'><b>Applies to every answer that links here.</b> {html.escape(c.text)}</p>"
+                   for c in caveats)
+    body += "".join(f"<h3 id='{d.anchor}'>{html.escape(_title(d))}</h3><p>{html.escape(' '.join(text))}</p>"
+                    for (d, _), text in zip(done, texts, strict=True))
+    for c in caveats:
+        body = body.replace(marker.format(c.anchor), f"{html.escape(c.label)}: see <a href='#{c.anchor}'>the note "
+                            "where the answers begin</a>.")
     return ("<!doctype html><html><head><meta charset='utf-8'><style>body{font:14px sans-serif;max-width:60em}"
             "td,th{border:1px solid #ccc;padding:3px 6px}table{border-collapse:collapse}</style></head><body>"
             "<h2>Answers to the seed questions</h2><p><i>Every sentence is computed from this run's results "

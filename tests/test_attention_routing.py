@@ -132,7 +132,11 @@ def test_compiled_decode_step_has_no_flash_call_when_routed(monkeypatch):
     so neither the trace nor inductor's attention pattern matcher brings it back."""
     from torch._inductor.utils import run_and_get_code
 
-    from rlpipe.lm.static_decode import decode_step, rope_cos_sin
+    from rlpipe.lm.static_decode import decode_step, inductor_vectorizes_cpu, rope_cos_sin
+
+    if not inductor_vectorizes_cpu():
+        pytest.skip("torch inductor builds no CPU bf16 kernel at this level (no vector ISA); rlpipe's compiled "
+                    "decode runs eagerly there (test_static_decode)")
 
     model = _tiny_model()
     N, S, H, Dh = 2, 8, model.config.num_heads, model.config.head_dim

@@ -46,3 +46,39 @@ def test_cache_length_is_bucketed(policy):
 def test_unknown_decode_is_refused(policy, decode_check):
     with pytest.raises(ValueError, match="decode must be one of"):
         decode_check.sample(policy, "fast")
+
+
+BF16_DECODE = """
+import sys, torch
+from rlpipe.lm.model import ModelConfig, TransformerLM
+from rlpipe.lm.static_decode import StaticDecodeAdapter
+torch.manual_seed(0)
+model = TransformerLM(ModelConfig.from_preset("cpu-tiny", vocab_size=64, num_layers=2, d_model=32, num_heads=2,
+                                              d_ff=64, context_length=64))
+ids, mask = torch.randint(0, 64, (2, 5)), torch.ones(2, 5, dtype=torch.bool)
+pos = torch.arange(5).expand(2, 5)
+out = []
+with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    for compiled in (False, True):
+        a = StaticDecodeAdapter(model, compiled=compiled)
+        a.prefill(ids, mask, pos, total=8, n=1)
+        out.append(torch.stack([a.step(torch.tensor([1, 2]), torch.tensor([5 + i, 5 + i])).float() for i in range(2)]))
+print(torch.backends.cpu.get_cpu_capability(), float((out[0] - out[1]).abs().max()))
+"""
+
+
+def test_compiled_step_under_bf16_autocast_runs_at_the_portable_level():
+    """torch inductor cannot build a CPU bf16 kernel at ATEN_CPU_CAPABILITY=default (no vector ISA:
+    its C++ does not compile); there the compiled decode runs the same step eagerly, so a bf16 run on
+    the portable kernels samples instead of failing, and its logits are the eager step's exactly."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", BF16_DECODE], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    level, gap = proc.stdout.split()
+    assert level == "DEFAULT" and float(gap) == 0.0
+    assert "runs the static step eagerly under CPU autocast" in proc.stderr

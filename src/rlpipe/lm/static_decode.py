@@ -18,13 +18,16 @@ tokens and log-probs within a tolerance (``tests/test_static_decode.py``), not b
 
 ``StaticDecodeAdapter(model, compiled=False)`` runs the same static step eagerly (the reference the
 compiled step is tested against). Compiled steps are cached per model object; a new (N, S) shape
-compiles once more. ``rlpipe.lm.decode_package`` compiles the same step ahead of time instead, once
+compiles once more; at the portable CPU level (``ATEN_CPU_CAPABILITY=default``), where inductor cannot
+build a bf16 kernel, the step runs eagerly under CPU autocast (``inductor_vectorizes_cpu``).
+``rlpipe.lm.decode_package`` compiles the same step ahead of time instead, once
 per model shape and machine (``decode="aot"``). Only our ``TransformerLM`` is supported (HF models
 keep their own cache).
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -84,8 +87,38 @@ def _compiled_step(model: TransformerLM):
     if fn is None:
         inductor_cache_per_kernel_level()
         fn = torch.compile(decode_step, fullgraph=True, dynamic=False)
+        if not inductor_vectorizes_cpu():
+            fn = _eager_under_cpu_autocast(fn)
         _COMPILED[model] = fn
     return fn
+
+
+def inductor_vectorizes_cpu() -> bool:
+    """Whether torch inductor has a vector ISA for CPU code here. It has none at the portable level
+    (``ATEN_CPU_CAPABILITY=default``), and there its C++ for a bf16 kernel does not compile (it calls
+    ``at::vec`` conversions, which that level leaves out: "'at::vec' has not been declared")."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return bool(pick_vec_isa())
+
+
+_SAID_EAGER: list[bool] = []
+
+
+def _eager_under_cpu_autocast(compiled):
+    """``compiled``, except under CPU autocast (bf16, fp16), where the same step runs eagerly (said
+    once): inductor cannot build that kernel without a vector ISA (``inductor_vectorizes_cpu``)."""
+    def step(model, cos, sin, *rest):
+        if cos.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            if not _SAID_EAGER:
+                _SAID_EAGER.append(True)
+                print("rlpipe: decode 'compiled' runs the static step eagerly under CPU autocast here: torch "
+                      "inductor has no vector ISA at this CPU kernel level "
+                      f"({torch.backends.cpu.get_cpu_capability()}) and cannot build its bf16 kernel",
+                      file=sys.stderr, flush=True)
+            return decode_step(model, cos, sin, *rest)
+        return compiled(model, cos, sin, *rest)
+    return step
 
 
 class StaticDecodeAdapter:

@@ -52,7 +52,9 @@ from pathlib import Path
 
 import yaml
 
+from rlpipe.bench import stop_check
 from rlpipe.bench.gpu_busy import BusySampler
+from rlpipe.bench.gpu_probe import SMI_TIMEOUT_S
 from rlpipe.bench.gpu_report import render_result
 from rlpipe.bench.part_runner import Part, run_part, run_parts
 from rlpipe.config import ConfigError
@@ -60,48 +62,78 @@ from rlpipe.config.base import to_dict
 from rlpipe.config.pipeline import apply_overrides, load_yaml, parse_config
 from rlpipe.io import write_json, write_text
 
-#: the shortened pipeline the check trains (over config/config.yaml + config/gpu.yaml)
+#: the shortened pipeline the check trains (over config/config.yaml + config/gpu.yaml): 16 steps give
+#: the loop's median s/step and busy fraction; k4 needs a multiple of 4
 CHECK_OVERRIDES = {
-    "train": {"n_grpo_steps": 24, "val_every": 12, "checkpoint_every": 24, "log_rollouts_every": 24},
+    "train": {"n_grpo_steps": 16, "val_every": 8, "checkpoint_every": 16, "log_rollouts_every": 16},
     "workflow": {"run_tests": False, "families": []},
 }
 #: variant -> the base config's variant it copies (colocated on-policy, k steps, disaggregated)
 CHECK_VARIANTS = ("onpolicy", "k4", "disagg")
 #: the default of --budget-s: the whole check, at most 8 minutes
 BUDGET_S = 480.0
+#: the share of the budget no part's estimate (nor its kill's grace) may claim: a part that overruns
+#: its estimate takes it before it takes the time of the parts after it (a test checks the table)
+UNALLOCATED = 0.10
 #: the variant the stop check trains and stops (the mode whose job Snakemake was told to stop in
 #: the first GPU run)
 STOP_VARIANT = "onpolicy"
+#: the stop check's own limits: no checkpoint this long after the start fails it with the run's log
+#: tail; a run still alive this long after the signal is killed. With Python's start-up and the
+#: checkpoint's read-back they fit the part's limit, so a slow start shows as the check's own
+#: message, not as a killed part
+STOP_START_TIMEOUT_S, STOP_KILL_AFTER_S = 50.0, 35.0
+#: a part's start-up before any of its own timeouts runs (Python, torch, Ray) and its report after
+PART_OVERHEAD_S = 15.0
 #: part -> (estimate, limit), seconds. The estimate is the share of the budget kept for the part
-#: while earlier parts run (``part_runner.part_limit``); the limit is its hard kill. Estimates from
-#: the first GPU run (one H100: data 6 s, tokenizer 6 s, pretraining 27 s, about 0.55 s per GRPO
-#: step, torch.compile 13.7 s, a 1 GB weight sync at 0.35 GB/s about 3 s), plus about 5 s of Python,
-#: torch and CUDA start-up per part and about 8 s to start a local Ray instance. Ordered so that the
+#: while earlier parts run (``part_runner.part_limit``); the limit is its hard kill. The estimates
+#: are the first GPU run's times (one H100; each part's own process start, torch and CUDA start-up
+#: and, where it trains, a local Ray instance included), rounded up. Ordered so that the
 #: issue's goals are measured first: the decode (cudagraph vs eager vs HF), the loop's s/step and
 #: busy fraction, weight sync, TRL; then the Qwen step, the update bench and the stop check. The
-#: estimates and their kills' grace add up to less than BUDGET_S (a test checks it).
+#: estimates and their kills' grace leave ``UNALLOCATED`` of ``BUDGET_S`` free, and every part's own
+#: timeouts (``own_timeouts_s``) sit inside its limit (a test checks both).
 PART_TIME_S = {
-    "machine": (5, 30),            # torch import and an NVML query
-    "peaks": (15, 40),             # 3 x 8192^3 matmuls and 1 GiB copies, ~1 s of GPU work; start-up
-    "bench_sampler": (35, 75),     # BPE + 2 models, batch 64 x 60 tokens: eager, naive, cudagraph
+    "machine": (10, 60),           # torch import, CUDA init, every package's metadata, nvidia-smi
+    "peaks": (8, 40),              # 3 x 8192^3 matmuls and 1 GiB copies, ~1 s of GPU work; start-up
+    "bench_sampler": (32, 75),     # BPE + 2 models, batch 64 x 60 tokens: eager, naive, cudagraph
                                    # fp32 + bf16 (capture), HF ours + generate, 3 repeats each; no compile
-    "data": (8, 30),               # measured 6 s
-    "tokenizer": (8, 30),          # measured 6 s
-    "pretrain": (30, 60),          # measured 27 s
-    "dataset": (5, 30),            # keyword prompts: a few seconds, not timed before
-    "train_onpolicy": (30, 75),    # Ray 8 s + load 5 s + 24 steps x 0.55 s + 2 validations + checkpoint
-    "train_k4": (30, 75),          # as onpolicy
-    "train_disagg": (30, 75),      # as onpolicy, two actors sharing the GPU
-    "bench_weight_sync": (30, 70),  # Ray 8 s; 100 MB and 1 GB x (1 warm-up + 3) syncs, <= 3 s each
-    "bench_trl": (65, 120),        # export; rlpipe 8 steps (Ray, 2 validations) ~25 s; TRL import ~10 s,
-                                   # 8 steps of HF generate (64 x 60 tokens at ~10k tokens/s) ~10 s
-    "qwen_step": (55, 100),        # 1.5B model x 2 built on the GPU; HF generate 32 x 256 tokens ~8 s;
+    "data": (6, 30),
+    "tokenizer": (5, 30),
+    "pretrain": (24, 60),
+    "dataset": (6, 30),            # keyword prompts
+    "train_onpolicy": (32, 75),    # Ray start + load + 16 steps + 2 validations + checkpoint (24 steps
+    "train_k4": (32, 75),          # took about 5 s more)
+    "train_disagg": (33, 75),      # as onpolicy, two actors sharing the GPU
+    "bench_weight_sync": (45, 100),  # Ray; per payload (model, 100 MB, 1 GB) two actors started and
+                                     # their models built on the GPU; 4 transports x (1 warm-up + 3
+                                     # timed + 1 verified) syncs; the verifying round hashes each copy
+    "bench_trl": (54, 120),        # export; rlpipe 8 steps (Ray, 2 validations); TRL import, 8 steps of
+                                   # HF generate (64 x 60 tokens)
+    "qwen_step": (43, 100),        # 1.5B model x 2 built on the GPU; HF generate 32 x 256 tokens;
                                    # 3 x (log-prob + forward/backward) at 1152 tokens; AdamW; peaks again
-    "bench_update": (20, 45),      # assignment model, 3 repeats of one update
-    "stop_train": (40, 90),        # Ray 8 s + load + 4 steps to the first checkpoint, then the stop
-                                   # (goal under 30 s, expected ~10 s) and the checkpoint read back
+    "bench_update": (12, 45),      # assignment model, 3 repeats of one update
+    "stop_train": (39, 120),       # Ray + load + 4 steps to the first checkpoint, then the stop (goal
+                                   # under 30 s) and the checkpoint read back; limit: own_timeouts_s
 }
 PART_ORDER = tuple(PART_TIME_S)
+
+
+def _flag(argv: list[str], flag: str, default: float = 0.0) -> float:
+    return float(argv[argv.index(flag) + 1]) if flag in argv else default
+
+
+def own_timeouts_s(part: Part) -> float:
+    """The longest ``part``'s command waits on its own timeouts, one after the other, before it
+    reports: the stop check's start timeout and then its wait for the stopped run (at least the
+    goal's, for the Ray processes); the machine probe's ``nvidia-smi``; else the longest
+    ``--*timeout-s`` it is given (the weight-sync bench's per sync)."""
+    if part.name == "machine":
+        return SMI_TIMEOUT_S
+    if part.name == "stop_train":
+        return (_flag(part.argv, "--start-timeout-s", stop_check.START_TIMEOUT_S)
+                + max(_flag(part.argv, "--kill-after-s", stop_check.KILL_AFTER_S), stop_check.GOAL_S))
+    return max([_flag(part.argv, a) for a in part.argv if a.startswith("--") and a.endswith("timeout-s")], default=0.0)
 
 
 def check_config(config_dir: Path, results_dir: Path, gpus: int) -> dict:
@@ -185,7 +217,8 @@ def build_parts(out: Path, config: Path, gpus: int, dtype: str = "float32") -> l
                                  "--repeats", "3", "--out", res("bench_update")), needs=("pretrain",)),
         part("stop_train", [sys.executable, "-m", "rlpipe.bench.stop_check", "--config", c, "--variant", STOP_VARIANT,
                             "--base", str(base), "--dataset", str(ds), "--run-dir", str(w / "runs" / "stop_check"),
-                            "--threads", threads, "--out", res("stop_train")], needs=("pretrain", "dataset")),
+                            "--threads", threads, "--start-timeout-s", f"{STOP_START_TIMEOUT_S:g}", "--kill-after-s",
+                            f"{STOP_KILL_AFTER_S:g}", "--out", res("stop_train")], needs=("pretrain", "dataset")),
     ]
     assert tuple(p.name for p in parts) == PART_ORDER
     return parts

@@ -29,11 +29,14 @@ from rlpipe.bench.lock_diff import lock_differences
 from rlpipe.io import write_json
 from rlpipe.provenance import LOCK_FILE, provenance
 
+#: the longest the machine probe waits for ``nvidia-smi`` (``rlpipe gpu-check`` keeps it inside the part's limit)
+SMI_TIMEOUT_S = 20.0
+
 
 def _driver_version() -> str | None:
     try:
         r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20)
+                           capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None

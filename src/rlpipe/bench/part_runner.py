@@ -39,8 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: seconds between SIGTERM and SIGKILL for a part's process group
-GRACE_S = 5.0
+#: seconds between SIGTERM and SIGKILL for a part's process group (Ray's processes and torch's
+#: workers end on SIGTERM within a second; SIGKILL then frees whatever still holds the GPU). Kept
+#: for every later part (``reserved_s``), so it weighs on the check's budget once per part
+GRACE_S = 3.0
 #: a part is not started with less time than this left in the check's budget
 MIN_PART_S = 5.0
 #: stderr lines kept in the record

@@ -17,8 +17,9 @@
 4. Records the seconds to exit and the exit status (143 expected: 128 + SIGTERM), the Ray processes
    still running ``GOAL_S`` after the signal (none expected; any left are then killed, so that none
    holds the GPU), and whether ``checkpoints/last.pt`` loads (``rlpipe.lm.checkpoint``) with the
-   optimizer step the run said it stopped at. A run still alive ``KILL_AFTER_S`` after the signal
-   is killed and recorded so. ``met`` says whether all of it met the goal: exit 143 within
+   optimizer step the run said it stopped at. A run still alive ``--kill-after-s`` (default
+   ``KILL_AFTER_S``) after the signal is killed and recorded so.
+   ``met`` says whether all of it met the goal: exit 143 within
    ``GOAL_S`` seconds, no Ray process left, the checkpoint loads.
 
 The JSON is written atomically. Exit 0 once measured (whether or not the goal was met), 1 when the
@@ -47,7 +48,8 @@ from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.trainer import ray_reaper, stop
 
 GOAL_S = 30.0  # the job, its Ray processes and Snakemake gone within this long of the signal
-KILL_AFTER_S = 60.0  # a run still alive this long after the signal is killed
+KILL_AFTER_S = 60.0  # a run still alive this long after the signal is killed (--kill-after-s)
+START_TIMEOUT_S = 120.0  # no checkpoint this long after the start: the run never reached its loop
 POLL_S = 0.2
 STEP_LINE = re.compile(r"^\[[^\]]+\] step (\d+)/\d+", re.M)
 STOPPED_AT = re.compile(r"stopped by SIG[A-Z]+ after optimizer step (\d+)")
@@ -145,12 +147,12 @@ def _checkpoint(path: Path) -> dict:
     return {"loads": True, "step": int(extra["step"]) if "step" in extra else None}
 
 
-def _stop(proc: subprocess.Popen, ray: list[Proc]) -> dict:
+def _stop(proc: subprocess.Popen, ray: list[Proc], kill_after_s: float = KILL_AFTER_S) -> dict:
     """SIGTERM to ``proc``; its exit and the Ray processes left ``GOAL_S`` after the signal."""
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
-        rc = proc.wait(timeout=KILL_AFTER_S)
+        rc = proc.wait(timeout=kill_after_s)
         exit_s = round(time.monotonic() - t0, 2)
     except subprocess.TimeoutExpired:
         proc.kill()
@@ -169,7 +171,7 @@ def _stop(proc: subprocess.Popen, ray: list[Proc]) -> dict:
 
 
 def check(config: Path, variant: str, base: str, dataset: str | None, run_dir: Path, threads: int | None,
-          steps: int, checkpoint_every: int, start_timeout_s: float) -> dict:
+          steps: int, checkpoint_every: int, start_timeout_s: float, kill_after_s: float = KILL_AFTER_S) -> dict:
     """Run the check (module docstring); the record for the JSON."""
     cfg_file = run_dir.with_name(run_dir.name + ".yaml")
     write_text(cfg_file, yaml.safe_dump(stop_config(config, variant, steps, checkpoint_every), sort_keys=False))
@@ -189,7 +191,7 @@ def check(config: Path, variant: str, base: str, dataset: str | None, run_dir: P
         rec["step_at_signal"] = _last(STEP_LINE, log)
         ray = ray_processes(proc.pid)
         rec["ray_processes_at_signal"] = _describe(ray)
-        rec |= _stop(proc, ray)
+        rec |= _stop(proc, ray, kill_after_s)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -226,12 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="rlpipe train --threads")
     ap.add_argument("--steps", type=int, default=1000, help="the run's step count: far more than it reaches")
     ap.add_argument("--checkpoint-every", type=int, default=4, help="the run's checkpoint interval (steps)")
-    ap.add_argument("--start-timeout-s", type=float, default=120.0,
+    ap.add_argument("--start-timeout-s", type=float, default=START_TIMEOUT_S,
                     help="give up when no checkpoint is written within this long of the start")
+    ap.add_argument("--kill-after-s", type=float, default=KILL_AFTER_S,
+                    help=f"kill the run when it is still alive this long after the signal (>= the goal, {GOAL_S:g} s)")
     a = ap.parse_args(argv)
     for name in ("steps", "checkpoint_every"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.kill_after_s < GOAL_S:
+        ap.error(f"--kill-after-s must be >= the goal of {GOAL_S:g} s, got {a.kill_after_s:g}")
     run_dir = Path(a.run_dir).resolve()
     if run_dir.exists():
         ap.error(f"--run-dir {run_dir} exists: give a new directory (the run must start afresh)")
@@ -241,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     rec = check(Path(a.config), a.variant, a.base, a.dataset, run_dir, a.threads, a.steps, a.checkpoint_every,
-                a.start_timeout_s)
+                a.start_timeout_s, a.kill_after_s)
     write_json(a.out, rec)
     print(f"stop check: {'met' if rec['met'] else 'not met'}: exit {rec.get('exit_code')} after {rec.get('exit_s')} s, "
           f"Ray processes left {rec.get('ray_processes_left_after_goal')}, checkpoint {rec.get('checkpoint')}",

@@ -127,24 +127,27 @@ def payload_bytes(spec: dict[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in build_model(spec).state_dict().values())
 
 
-def build_model(spec: dict[str, Any]) -> nn.Module:
-    """The payload model for ``spec`` (built inside each actor, so nothing large crosses here)."""
+def build_model(spec: dict[str, Any], device: str = "cpu", fill: bool = True) -> nn.Module:
+    """The payload model for ``spec`` on ``device`` (built inside each actor, so nothing large crosses
+    here). A synthetic payload is allocated on ``device`` and filled there (seeded uniform values), or
+    with zeros when ``fill`` is False (a receiver, the local twin): 1 GB filled on the host took
+    seconds per model, on a GPU a few milliseconds."""
     kind = spec["kind"]
     if kind == "synthetic":
         rows = _synthetic_rows(spec["mb"])
-        gen = torch.Generator().manual_seed(0)
+        gen = torch.Generator(device=device).manual_seed(0) if fill else None
         layers = []
         for start in range(0, rows, 1024):  # 4 MiB matrices, the last one smaller
-            layer = nn.utils.skip_init(nn.Linear, 1024, min(1024, rows - start), bias=False)
+            layer = nn.utils.skip_init(nn.Linear, 1024, min(1024, rows - start), bias=False, device=device)
             with torch.no_grad():
-                layer.weight.uniform_(-1.0, 1.0, generator=gen)
+                layer.weight.uniform_(-1.0, 1.0, generator=gen) if fill else layer.weight.zero_()
             layers.append(layer)
         return nn.Sequential(*layers)
     if kind == "checkpoint":
-        return load_checkpoint(spec["path"]).model
+        return load_checkpoint(spec["path"]).model.to(device)
 
     torch.manual_seed(0)
-    return TransformerLM(ModelConfig.from_preset(spec["preset"]))
+    return TransformerLM(ModelConfig.from_preset(spec["preset"])).to(device)
 
 
 def memcpy_bound(nbytes: int, repeats: int, device: str = "cpu") -> dict[str, float]:
@@ -181,7 +184,7 @@ class BenchPeer(WeightSender, WeightReceiver):
         # CPU made each of many copy_ calls wait on descheduled OpenMP workers (10x slower here)
         torch.set_num_threads(threads)
         self.spec = spec
-        self.model = build_model(spec).to(device)
+        self.model = build_model(spec, device, fill=not zero)
         self.device = device
         self.zero = zero
         self._twin: nn.Module | None = None
@@ -202,8 +205,8 @@ class BenchPeer(WeightSender, WeightReceiver):
         """The colocated worker's in-process sync (``copy_weights``) from this actor's model into a
         twin on the same device; zeroed first when ``checksum`` (the bench's verifying round)."""
         if self._twin is None:
-            self._twin = build_model(self.spec).to(self.device)
-            _zero(self._twin)
+            self._twin = build_model(self.spec, self.device, fill=False)
+            _zero(self._twin)  # a checkpoint or preset model is built with its weights
         if checksum:
             _zero(self._twin)
         if self.device != "cpu":

@@ -16,10 +16,14 @@ rewriting their ``RECORD`` so pip installs them cleanly; ``bundle.json`` and the
 give the bundle's size. ``--no-workflow`` leaves out Snakemake and the packages only it needs (by
 the lock's ``# via`` comments), for a machine that runs ``rlpipe gpu-check`` or ``rlpipe
 train`` but not the workflow. On the GPU machine, in the project (the docs' GPU page): a venv
-that sees the image's packages (so an externally managed Python, PEP 668, never refuses the
-install), then the wheels and the project, offline:
+that sees the image's packages through ``image.pth`` (an image whose Python is itself a venv
+included; pip installs into a venv even where the image's Python is externally managed, PEP 668),
+then the wheels and the project, offline:
 
-    python3 -m venv --system-site-packages .venv-gpu && . .venv-gpu/bin/activate
+    python3 -m venv --without-pip --system-site-packages .venv-gpu
+    python3 -c 'import site; print(*site.getsitepackages(), sep="\\n")' > "$(.venv-gpu/bin/python -c \\
+        'import sysconfig; print(sysconfig.get_path("purelib"))')/image.pth"
+    . .venv-gpu/bin/activate
     python -m pip install --no-index --no-deps OUT_DIR/*.whl
     python -m pip install --no-index --no-deps --no-build-isolation -e .
 
@@ -189,7 +193,7 @@ def fits(wheel_name: str, python: str) -> bool:
     cp = f"cp{major}{minor}"
     abi3_from = {f"cp{major}{m}" for m in range(2, minor + 1)}  # the stable ABI of this Python or an older one
     for tag in tags:
-        if tag.platform == "any" and tag.abi == "none" and tag.interpreter in (f"py{major}", cp):
+        if tag.platform == "any" and tag.abi == "none" and tag.interpreter in (f"py{major}", f"py{major}{minor}", cp):
             return True
         if tag.platform in PLATFORMS and ((tag.interpreter, tag.abi) == (cp, cp)
                                           or (tag.abi == "abi3" and tag.interpreter in abi3_from)):
@@ -205,8 +209,8 @@ def download(req: str, dest: Path, python: str) -> tuple[Path | None, str | None
     get = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
            python, "--implementation", "cp", *plat]
     build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps"]
-    why = f"no wheel for CPython {python} on manylinux x86_64"
-    for cmd in (get, build):
+    why = [f"no wheel for CPython {python} on manylinux x86_64"]
+    for cmd, how in ((get, "downloaded"), (build, "built here")):
         with tempfile.TemporaryDirectory(prefix="rlpipe-wheel-") as tmp:
             if subprocess.run([*cmd, "-d" if cmd is get else "-w", tmp, req], capture_output=True).returncode:
                 continue
@@ -215,8 +219,8 @@ def download(req: str, dest: Path, python: str) -> tuple[Path | None, str | None
                     target = dest / wheel.name
                     target.write_bytes(wheel.read_bytes())
                     return target, None
-                why += f", and the wheel built here ({wheel.name}) is for another Python or platform"
-    return None, why
+                why.append(f"the wheel {how} ({wheel.name}) is for another Python or platform")
+    return None, "; ".join(why)
 
 
 def _wheel_name(path: Path) -> str:

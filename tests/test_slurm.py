@@ -120,7 +120,7 @@ def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(smoke_run):
     by_label = {slurm.job_label(j): j for j in jobs}
     gpus = {}
     for variant in ("onpolicy", "disagg"):
-        job = by_label[f"train_variant variant={variant}"]
+        job = by_label[f"train_variant {variant}"]
         assert job["JobState"] == "COMPLETED", job
         gpus[variant] = int(re.search(r"gres/gpu=(\d+)", job["TRES"]).group(1))
     assert gpus == {"onpolicy": 1, "disagg": 2}  # SLURM's own record of what each job was given
@@ -173,10 +173,10 @@ def running_training(workdir: Path, variants) -> dict:
     jobs = slurm.jobs_here(workdir) or []
     out = {}
     for j in jobs:
-        m = re.search(r"variant=(\w+)", j.get("Comment", ""))
-        if m and m.group(1) in variants and j.get("JobState") == "RUNNING" and (
-                workdir / f"results/runs/{m.group(1)}/checkpoints/last.pt").exists():
-            out[m.group(1)] = j
+        rule, _, variant = slurm.job_label(j).partition(" ")
+        if rule == "train_variant" and variant in variants and j.get("JobState") == "RUNNING" and (
+                workdir / f"results/runs/{variant}/checkpoints/last.pt").exists():
+            out[variant] = j
     return out if set(out) == set(variants) else {}
 
 
@@ -202,8 +202,8 @@ def test_cancelled_and_timed_out_training_name_their_log_and_resume(smoke_run, t
     assert len(lines) == 2, out[-4000:]
     for variant, why in (("k2", "was cancelled"), ("onpolicy", "ran past its time limit")):
         job = running[variant]
-        line = next(x for x in lines if f"variant={variant})" in x)
-        assert f"SLURM job {job['JobId']} (train_variant variant={variant}) {why}" in line, line
+        line = next(x for x in lines if f"(train_variant {variant})" in x)
+        assert f"SLURM job {job['JobId']} (train_variant {variant}) {why}" in line, line
         assert f"SLURM log: {job['StdOut']}" in line and Path(job["StdOut"]).is_file(), line
         assert "resume with: snakemake " in line and "--workflow-profile" in line, line
     # the rerun (the printed command, less the 2-minute limit) resumes both runs from their checkpoints

@@ -13,7 +13,7 @@ from rlpipe.lm.model import ModelConfig
 
 RECORD = ("JobId=42 JobName=85e7 UserId=root(0) JobState=TIMEOUT Reason=TimeLimit TimeLimit=00:01:00 "
           "SubmitTime=2030-01-02T03:04:05 NodeList=rlnode2 TRES=cpu=2,mem=4006M,node=1,billing=2,gres/gpu=2 "
-          "Command=(null) WorkDir=/w/a b Comment=rule_train_variant_wildcards_tdir=_variant=k2  "
+          "Command=(null) WorkDir=/w/a b Comment=rule_train_variant_wildcards__k2  "
           "StdErr=/w/a b/.snakemake/slurm_logs/rule_train_variant/_k2/42.log StdIn=/dev/null "
           "StdOut=/w/a b/.snakemake/slurm_logs/rule_train_variant/_k2/42.log Power=")
 
@@ -23,14 +23,14 @@ def test_scontrol_records_parse_with_spaces_in_paths():
     assert job["JobId"] == "42" and job["JobState"] == "TIMEOUT" and job["WorkDir"] == "/w/a b"
     assert job["StdOut"] == "/w/a b/.snakemake/slurm_logs/rule_train_variant/_k2/42.log"
     assert job["TRES"].endswith("gres/gpu=2")
-    assert slurm.job_label(job) == "train_variant variant=k2"
+    assert slurm.job_label(job) == "train_variant k2"
 
 
 def test_a_killed_job_gets_one_line_with_its_log_and_the_resume_command():
     (job,) = slurm.parse_scontrol(RECORD)
     argv = ["/venv/bin/snakemake", "--workflow-profile", "workflow/profiles/slurm", "--configfile", "my file.yaml"]
     (line,) = slurm.killed_job_lines([job], since_s=0, argv=argv)
-    assert line == ("rlpipe: SLURM job 42 (train_variant variant=k2) ran past its time limit (00:01:00); SLURM log: "
+    assert line == ("rlpipe: SLURM job 42 (train_variant k2) ran past its time limit (00:01:00); SLURM log: "
                     "/w/a b/.snakemake/slurm_logs/rule_train_variant/_k2/42.log; resume with: snakemake "
                     "--workflow-profile workflow/profiles/slurm --configfile 'my file.yaml' (training continues "
                     "from its checkpoint)")

@@ -177,11 +177,11 @@ def jobs_here(workdir: str | Path, timeout: float = 10) -> list[dict] | None:
 
 
 def job_label(job: dict) -> str:
-    """``train_variant variant=onpolicy`` from the plugin's comment ``rule_<rule>_wildcards_<w>``."""
+    """``train_variant onpolicy`` from the plugin's comment ``rule_<rule>_wildcards_<values joined by _>``
+    (an empty wildcard, the keyword track's ``tdir``, leaves a leading ``_``)."""
     comment = job.get("Comment", "").strip().removeprefix("rule_")
-    rule, _, wildcards = comment.partition("_wildcards_")
-    shown = [w for w in wildcards.split("_") if w and not w.endswith("=")]  # drop empty wildcards (tdir=)
-    return " ".join([rule, *shown]).strip() or job.get("JobName", "?")
+    rule, _, values = comment.partition("_wildcards_")
+    return " ".join(x for x in (rule, values.strip("_")) if x) or job.get("JobName", "?")
 
 
 def resume_command(argv: list[str] | None = None) -> str:

@@ -18,7 +18,9 @@ reward and, for tasks whose reward dicts have them, the format and answer reward
 
 Policy lag (seed 001 Problem 14; ``train.policy_lag`` L > 1, disaggregated only). Real asynchronous
 systems get staleness from queueing, so its amount depends on timing. To sweep it as a controlled
-variable, the generator keeps the last L versions it received (``deque`` of CPU copies) and samples
+variable, the generator keeps the last L versions it received (``deque`` of host copies, in pinned
+memory on a GPU, so the history takes no GPU memory: L copies of a bf16 1.5B model would be about
+3 GB each; the buffers of the oldest copy are reused for the newest) and samples
 rollouts with the oldest, in a second model; validation still uses the newest weights, so the
 validation curve shows the learner's policy, not the lagged one. Every batch is stamped with the
 version it was sampled with, so the learner's ``staleness/*`` metrics and the version log show the
@@ -96,7 +98,20 @@ class Generator:
         return self._lagged_model, version
 
     def _remember(self) -> None:
-        self._history.append((self.version, {k: v.detach().clone() for k, v in flat_weights(self.model).items()}))
+        """The current weights into the history, on the host (pinned on a GPU: the copy back to the
+        device for a rollout is then one fast transfer each)."""
+        flat = flat_weights(self.model)
+        if len(self._history) == self.lag:  # the oldest copy's buffers take the newest weights
+            copies = self._history.popleft()[1]
+        else:
+            copies = {k: torch.empty(v.shape, dtype=v.dtype, device="cpu", pin_memory=v.is_cuda)
+                      for k, v in flat.items()}
+        with torch.no_grad():
+            for k, v in flat.items():
+                copies[k].copy_(v.detach(), non_blocking=v.is_cuda)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the copies are complete before the model changes
+        self._history.append((self.version, copies))
 
     def generate(self, examples: list[Example], step: int) -> RolloutBatch:
         """G responses for each prompt, sampled with the weights of ``self.version`` (with a policy

@@ -20,16 +20,18 @@ busy), so every run records, in ``run_info.json["conditions"]`` (keys:
 - ``contended``: see ``decide_contended``; ``None`` when it could not be measured.
 - ``note``: why a value is missing (empty when nothing is).
 
-Own CPU time, and its approximation: the run's processes are the driver and all its descendants,
-read from ``/proc/<pid>/stat`` (utime + stime + cutime + cstime, in the same clock ticks as
-``/proc/stat``; psutil reads the same fields, so it is not needed). A local Ray instance is
-started by the driver, so its GCS, raylet and the workers the raylet forks are descendants. Each
-process counts its CPU time since the start sample (its whole lifetime if it started later),
-including children it reaped. A process that exits during the run without being reaped by a
-process of the tree loses its time after the start sample (it is then counted as "other"); one
-reaped by the tree counts its whole lifetime, including any part before the start sample. Both
-are small next to a run: the actors live from their creation to past the end sample, which is
-taken before Ray shuts down. When the driver attaches to an existing Ray cluster
+Own CPU time, and its approximation: the run's processes are the sampling process (the driver, or
+Snakemake's process for the whole pipeline) and all its descendants, read from ``/proc/<pid>/stat``
+(utime + stime + cutime + cstime, in the same clock ticks as ``/proc/stat``; psutil reads the same
+fields, so it is not needed). A local Ray instance is started by the driver, so its GCS, raylet and
+the workers the raylet forks are descendants. Each process counts its CPU time since the start
+sample (its whole lifetime if it started later), including children it reaped. A process whose
+parent dies first is re-parented outside the run and reaped there (Ray's workers at every shutdown),
+so the first sample starts a watch (``rlpipe.trainer.process_watch``) that follows every process that
+was once the run's and adds what such a process had used when last seen; its limits are in that
+module (an orphan's last poll interval, and one orphaned before it is first seen). One reaped by the
+tree counts its whole lifetime, including any part before the start sample: small next to a run.
+When the driver attaches to an existing Ray cluster
 (``ray.address``) the actors are not its descendants (and may be on other hosts): other CPU time
 is then not measured (``None``) and ``contended`` is ``None``; the load average is still recorded.
 Elsewhere than Linux (no ``/proc``) only the load average is recorded.
@@ -50,6 +52,8 @@ from rlpipe.analysis.contract import (  # the one contention rule, shared with t
     RUN_CONDITIONS_KEYS,
     decide_contended,
 )
+from rlpipe.trainer import process_watch
+from rlpipe.trainer.process_watch import parse_pid_times
 
 #: /proc/stat columns that are busy time (after "cpu"): user nice system idle iowait irq softirq
 #: steal guest guest_nice. guest/guest_nice are already counted in user/nice.
@@ -68,6 +72,9 @@ class Sample:
     busy_ticks: float
     cpus: int
     tree: dict[tuple[int, int], float] | None
+    #: CPU ticks of the run's processes that exited where no process of the run reaped them, up to
+    #: this sample, since the run's watch began (``Watch``; 0 without one)
+    lost: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -110,14 +117,9 @@ def parse_proc_stat(text: str) -> tuple[float, int]:
 
 
 def parse_pid_stat(text: str) -> tuple[int, int, int, float]:
-    """(pid, ppid, start tick, CPU ticks incl. reaped children) from a ``/proc/<pid>/stat`` line.
-    The command name (field 2) is in parentheses and may hold spaces, so fields are counted from
-    the last ')'."""
-    head, _, tail = text.rpartition(")")
-    rest = tail.split()  # rest[0] is field 3 (state)
-    pid = int(head.split("(", 1)[0])
-    utime, stime, cutime, cstime = (float(x) for x in rest[11:15])  # fields 14-17
-    return pid, int(rest[1]), int(rest[19]), utime + stime + cutime + cstime  # ppid: 4, starttime: 22
+    """(pid, ppid, start tick, CPU ticks incl. reaped children) from a ``/proc/<pid>/stat`` line."""
+    pid, ppid, started, own, children = parse_pid_times(text)
+    return pid, ppid, started, own + children
 
 
 def descendants(parents: dict[int, int], root: int) -> set[int]:
@@ -154,7 +156,7 @@ def conditions_between(start: Sample, end: Sample, hz: float, run_cores: float |
     cpus = end.cpus or start.cpus
     own = other = frac = math.nan
     if start.tree is not None and end.tree is not None:
-        own = tree_cpu_delta(start.tree, end.tree) / hz
+        own = (tree_cpu_delta(start.tree, end.tree) + end.lost - start.lost) / hz
         if not (math.isnan(start.busy_ticks) or math.isnan(end.busy_ticks)):
             other = other_cpu_seconds(start.busy_ticks, end.busy_ticks, own, hz)
             frac = other / (wall * cpus) if wall > 0 and cpus > 0 else math.nan
@@ -182,32 +184,19 @@ def _load() -> float:
         return math.nan
 
 
-def _process_tree(root: int) -> dict[tuple[int, int], float] | None:
-    """CPU ticks of ``root`` and its descendants by (pid, start tick); None without /proc."""
-    if not (_PROC / "self" / "stat").exists():
-        return None
-    stats = {}
-    for entry in _PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            pid, ppid, started, ticks = parse_pid_stat((entry / "stat").read_text())
-        except (OSError, ValueError, IndexError):  # exited meanwhile, or unreadable
-            continue
-        stats[pid] = (ppid, started, ticks)
-    tree = descendants({pid: s[0] for pid, s in stats.items()}, root)
-    return {(pid, stats[pid][1]): stats[pid][2] for pid in tree if pid in stats}
-
-
 def sample(own_tree: bool = True) -> Sample:
     """Read the machine now. ``own_tree=False`` (the run's work is not this process's
-    descendants, e.g. an attached Ray cluster) skips the process tree."""
+    descendants, e.g. an attached Ray cluster) skips the process tree. With it, the first sample
+    of a process starts its ``Watch`` (rlpipe.trainer.process_watch), which follows the run's
+    processes until this process exits; later samples read it."""
     try:
         busy, cpus = parse_proc_stat((_PROC / "stat").read_text())
     except OSError:
         busy, cpus = math.nan, 0
-    return Sample(time.monotonic(), _load(), busy, cpus or (os.cpu_count() or 0),
-                  _process_tree(os.getpid()) if own_tree else None)
+    tree, lost = None, 0.0
+    if own_tree and (_PROC / "self" / "stat").exists():
+        tree, lost = process_watch.watch(os.getpid()).poll()
+    return Sample(time.monotonic(), _load(), busy, cpus or (os.cpu_count() or 0), tree, lost)
 
 
 def measure(start: Sample, own_tree: bool = True, run_cores: float | None = None) -> Conditions:

@@ -122,24 +122,28 @@ def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(smoke_run):
     for variant in ("onpolicy", "disagg"):
         job = by_label[f"train_variant {variant}"]
         assert job["JobState"] == "COMPLETED", job
-        gpus[variant] = int(re.search(r"gres/gpu=(\d+)", job["TRES"]).group(1))
-    assert gpus == {"onpolicy": 1, "disagg": 2}  # SLURM's own record of what each job was given
-    for variant in ("onpolicy", "disagg"):
         info = json.loads((w / f"results/runs/{variant}/run_info.json").read_text())
         assert info["finished"] is True, info
+        # SLURM's own record of the GPUs the job was given (sbatch --gpus), and the GPUs the run saw
+        # (its Ray instance started with CUDA_VISIBLE_DEVICES from SLURM)
+        gpus[variant] = (job_gpus(job), info["devices"], info["device_type"])
+    assert gpus == {"onpolicy": (1, 1, "gpu"), "disagg": (2, 2, "gpu")}, gpus
     # the onsuccess hook ran under the cluster executor (it used to fail on workflow.cores)
     timing = json.loads((w / "results/run_timing.json").read_text())
     assert timing["cores"] is None and timing["rules"]["train_variant"] == 2, timing
 
 
+def job_gpus(job: dict) -> int:
+    """GPUs SLURM allocated a job: TresPerJob=gres:gpu:N (without accounting, the TRES field that would
+    count them cannot be configured)."""
+    m = re.search(r"gres:gpu:(\d+)", job.get("TresPerJob", ""))
+    return int(m.group(1)) if m else 0
+
+
 def test_gpu_jobs_never_exceed_the_gpus_given(smoke_run):
     """--resources gpu=2: a disaggregated job (2 GPUs) never overlaps the colocated one (1)."""
     _, _, _, jobs = smoke_run
-    spans = []
-    for j in jobs:
-        m = re.search(r"gres/gpu=(\d+)", j.get("TRES", ""))
-        if m and j.get("StartTime", "Unknown") != "Unknown":
-            spans.append((j["StartTime"], j["EndTime"], int(m.group(1))))
+    spans = [(j["StartTime"], j["EndTime"], job_gpus(j)) for j in jobs if job_gpus(j)]
     assert len(spans) == 2, jobs
     for start_t, _, _ in spans:
         assert sum(n for s, e, n in spans if s <= start_t < e) <= 2, spans

@@ -7,7 +7,8 @@
 #   bash tests/slurm/cluster.sh status  # exit 0 when both nodes answer
 #
 # It needs root on Debian or Ubuntu (apt-get): elsewhere it refuses with one line and exits 2, and the
-# tests that need it skip with that line (they fail instead when CI=true). It writes
+# tests that need it skip with that line (they fail instead when CI=true). A failure where it could
+# run (a package, a daemon, nodes not idle) stops what it started and exits 1: the tests then fail. It writes
 # /etc/slurm/slurm.conf and gres.conf (refusing to overwrite ones it did not write), and keeps its
 # state, logs and pid files under $RLPIPE_SLURM_DIR (default /var/lib/rlpipe-slurm).
 #
@@ -28,7 +29,8 @@ NODES=(rlnode1 rlnode2)
 PORTS=(17001 17002)
 PACKAGES=(munge slurmctld slurmd slurm-client)
 
-refuse() { echo "tests/slurm/cluster.sh: $*" >&2; exit 2; }
+refuse() { echo "tests/slurm/cluster.sh: $*" >&2; exit 2; }  # cannot run here: the tests skip (fail in CI)
+fail() { echo "tests/slurm/cluster.sh: $*" >&2; down >/dev/null 2>&1; exit 1; }  # could run, did not: stop what started
 log() { echo "slurm: $*" >&2; }
 
 preflight() {
@@ -49,7 +51,7 @@ install_packages() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >"$DIR/apt.log" 2>&1 &&
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$DIR/apt.log" 2>&1 ||
-        { tail -5 "$DIR/apt.log" >&2; refuse "apt-get could not install ${missing[*]} (log: $DIR/apt.log)"; }
+        { tail -5 "$DIR/apt.log" >&2; fail "apt-get could not install ${missing[*]} (log: $DIR/apt.log)"; }
 }
 
 write_config() {
@@ -112,12 +114,12 @@ start_daemons() {
     mkdir -p /run/munge && chown munge:munge /run/munge && chmod 0755 /run/munge
     if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
         runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/munged.pid ||
-            refuse "munged did not start"
+            fail "munged did not start"
         echo started >"$DIR/run/munged.ours"
     fi
-    /usr/sbin/slurmctld -c -f "$CONF" || refuse "slurmctld did not start (log: $DIR/log/slurmctld.log)"
+    /usr/sbin/slurmctld -c -f "$CONF" || fail "slurmctld did not start (log: $DIR/log/slurmctld.log)"
     for n in "${NODES[@]}"; do
-        /usr/sbin/slurmd -N "$n" -f "$CONF" || refuse "slurmd -N $n did not start (log: $DIR/log/slurmd-$n.log)"
+        /usr/sbin/slurmd -N "$n" -f "$CONF" || fail "slurmd -N $n did not start (log: $DIR/log/slurmd-$n.log)"
     done
 }
 
@@ -128,7 +130,7 @@ wait_idle() {
         if [ "$(grep -c ' idle$' <<<"$states")" -eq ${#NODES[@]} ]; then return 0; fi
         sleep 1
     done
-    refuse "the nodes are not idle after ${RLPIPE_SLURM_WAIT_S:-90} s: $(tr '\n' ' ' <<<"$states")(logs: $DIR/log)"
+    fail "the nodes are not idle after ${RLPIPE_SLURM_WAIT_S:-90} s: $(tr '\n' ' ' <<<"$states")(logs: $DIR/log)"
 }
 
 status() { [ "$(sinfo -h -N -o '%N %t' 2>/dev/null | grep -cE ' (idle|mix|alloc)$')" -ge ${#NODES[@]} ]; }

@@ -184,7 +184,8 @@ def running_training(workdir: Path, variants) -> dict:
     return out if set(out) == set(variants) else {}
 
 
-LONG = {"smoke": {"grpo_steps": 400}, "train": {"checkpoint_every": 1, "val_every": 50}}
+# ~5 tiny steps a second here: thousands of steps keep a job running for minutes, past a 2-minute --time
+LONG = {"smoke": {"grpo_steps": 4000}, "train": {"n_grpo_steps": 4000, "checkpoint_every": 1, "val_every": 200}}
 
 
 def test_cancelled_and_timed_out_training_name_their_log_and_resume(smoke_run, tmp_path):

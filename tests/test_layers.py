@@ -35,6 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"io", "config", "lm", "rl", "tasks", "trainer", "analysis.contract", "provenance"},
     "cli": {"config"},
     "watch": set(),  # python -m rlpipe.watch: the workflow's console heartbeat, standard library only
+    "slurm": {"lm.model_config"},  # the workflow under SLURM: a model's size, without torch
     "__init__": set(),
 }
 FORBIDDEN_THIRD_PARTY = {"analysis": {"torch", "ray"}, "config": {"torch", "ray"}, "io": {"ray"}}

@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlpipe.lm.model_config import ModelConfig
+
 # Floors: what a training job needs whatever its model (a local Ray instance, two actor processes
 # with torch imported, the driver) and the shortest time limit worth queueing for.
 MEM_FLOOR_MB = 4000
@@ -62,8 +64,6 @@ def hf_parameters(model_dir: str | Path) -> int | None:
 
 def model_parameters(model_section, base_model: str | None = None) -> int:
     """Parameters of a track's model: a given HF directory's, else the preset with its overrides."""
-    from rlpipe.lm.model import ModelConfig
-
     if base_model:
         n = hf_parameters(base_model)
         if n is not None:

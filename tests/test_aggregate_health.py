@@ -20,10 +20,12 @@ def _set_info(run_dir, **changes):
 
 
 def _flat_zero_std(run_dir):
-    """Rewrite the run's metrics: a flat validation reward and 90% zero-variance groups."""
+    """Rewrite the run's metrics: a flat validation reward and 90% zero-variance groups, with a KL to the
+    reference that stays small (a drift would be a competing signal, ranked by strength)."""
     m = pd.read_parquet(run_dir / contract.METRICS_FILE)
     m["reward/val_mean"] = 0.5
     m["reward/zero_std_frac"] = np.where(m["step"] >= 1, 0.9, np.nan)
+    m["kl/ref_k3"] = 0.01
     m.to_parquet(run_dir / contract.METRICS_FILE, index=False)
     (run_dir / contract.RUN_CONFIG_FILE).write_text(yaml.safe_dump({"train": {"val_size": 256, "n_grpo_steps": 4}}))
 

@@ -14,7 +14,8 @@ OPERATIONAL = {
     "train.ray_timeout_s", "train.weight_sync.timeout_s", "train.threads", "train.checkpoint_every",
     "train.log_rollouts_every", "pretrain.threads", "logging.tensorboard", "logging.flush_every_s", "ray.address",
     "ray.include_dashboard", "ray.num_cpus", "workflow.results_dir", "workflow.family_threads",
-    "workflow.threads_per_variant",
+    "workflow.threads_per_variant", "workflow.slurm_account", "workflow.slurm_partition",
+    "workflow.slurm_gpu_partition",
 }
 
 

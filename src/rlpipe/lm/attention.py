@@ -109,10 +109,13 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, is_ca
     """``F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal)``, through the math backend
     where this CPU's flash kernel would raise (``math_dtypes``). Shapes: q (B, H, T, Dh), k and v
     (B, H, S, Dh), out (B, H, T, Dh)."""
-    if needs_math(q):
-        with sdpa_kernel(SDPBackend.MATH):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    with backend_for(q):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def backend_for(q: Tensor):
+    """The math backend's context where ``needs_math(q)``, else one that changes nothing."""
+    return sdpa_kernel(SDPBackend.MATH) if needs_math(q) else contextlib.nullcontext()
 
 
 def route_hf_attention() -> bool:
@@ -129,10 +132,8 @@ def route_hf_attention() -> bool:
 
     @functools.wraps(current)
     def routed(module, query, *args, **kwargs):
-        if needs_math(query):
-            with sdpa_kernel(SDPBackend.MATH):
-                return current(module, query, *args, **kwargs)
-        return current(module, query, *args, **kwargs)
+        with backend_for(query):
+            return current(module, query, *args, **kwargs)
 
     routed.rlpipe_routed = True
     AttentionInterface.register("sdpa", routed)

@@ -46,7 +46,7 @@ def lm_loss_gap(seed: int) -> float:
     model = TransformerLM(ModelConfig.from_preset("cpu-tiny", vocab_size=64, num_layers=2, d_model=64,
                                                   num_heads=4, d_ff=128, context_length=128))
     x = torch.randint(0, 64, (2, 129))  # (B, T + 1)
-    loss = lm_loss(model, x[:, :-1], x[:, 1:], torch.device("cpu"))
+    loss = lm_loss(model, x[:, :-1], x[:, 1:], torch.device("cpu"), "bfloat16")
     loss.backward()
     reference = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
     return abs(float(loss) - float(reference))

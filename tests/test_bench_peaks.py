@@ -78,6 +78,12 @@ def run_update(tmp, inputs):
                  "--repeats", "1")
 
 
+def run_pretrain_precision(tmp, inputs):
+    from rlpipe.bench import pretrain_precision
+
+    return _main(pretrain_precision, tmp, "--vocab", "64", "--batch", "2", "--seq-len", "8", "--repeats", "1")
+
+
 def run_scaling(tmp, inputs):
     ckpt, data, cfg = inputs
     return _cli(tmp, "bench", "scaling", "--config", cfg, "--base", ckpt, "--dataset", data,
@@ -111,7 +117,7 @@ def run_qwen_step(tmp, inputs):
 #: the benches that write a JSON, each at its tiniest CPU setting: ``rlpipe bench <name>`` and the
 #: gpu-check part ``qwen_step`` (``python -m rlpipe.bench.qwen_step``)
 BENCH_RUNS = {"sampler": run_sampler, "update": run_update, "scaling": run_scaling, "weight-sync": run_weight_sync,
-              "trl": run_trl, "qwen_step": run_qwen_step}
+              "trl": run_trl, "qwen_step": run_qwen_step, "pretrain-precision": run_pretrain_precision}
 #: benches that start Ray in a subprocess of their own: marked slow here, since the default suite's smoke
 #: workflow (tests/test_workflow_smoke.py) runs both and checks their JSONs with the same ``bench_peaks``
 STARTS_RAY = {"scaling", "weight-sync"}

@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from rlpipe.bench.flops import decode_flops, forward_flops, matmul_params, matmul_peak, train_flops
 from rlpipe.lm.model import ModelConfig, TransformerLM
+from rlpipe.lm import attention
 
 TINY = ModelConfig(vocab_size=10, context_length=16, num_layers=1, d_model=4, num_heads=2, d_ff=8)
 
@@ -199,7 +200,8 @@ def test_device_peak_is_measured_once_per_device_dtype_and_threads(fresh_peak_ca
         flops.device_peak("cpu", torch.float32, memcpy_bytes=1000)
     assert calls == [("cpu", torch.float32, flops.DEVICE_PEAK_SIZE["cpu"]), ("copy", 1000)]
     peak = flops.device_peak("cpu", "bfloat16", memcpy_bytes=1000)  # another dtype: its own matmul, the same copy
-    assert calls[2:] == [("cpu", torch.bfloat16, 2048)] and peak["dtype"] == "bfloat16"
+    bf16_side = flops.peak_size("cpu", "bfloat16", attention.cpu_flags())  # this CPU's, by its features
+    assert calls[2:] == [("cpu", torch.bfloat16, bf16_side)] and peak["dtype"] == "bfloat16"
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)  # other threads, another CPU peak
@@ -207,6 +209,22 @@ def test_device_peak_is_measured_once_per_device_dtype_and_threads(fresh_peak_ca
     finally:
         torch.set_num_threads(threads)
     assert len(calls) == 5
+
+
+@pytest.mark.parametrize("device, dtype, flags, side", [
+    ("cpu", "float32", set(), 2048),
+    ("cpu", "bfloat16", {"avx2", "fma"}, 1024),                 # emulated: AVX2 only
+    ("cpu", "bfloat16", {"avx512f", "avx512_bf16"}, 2048),
+    ("cpu", "bfloat16", {"amx_tile", "amx_bf16"}, 2048),
+    ("cpu", "float16", {"avx512f", "amx_bf16"}, 1024),          # bf16 units do not multiply fp16
+    ("cpu", "float16", {"amx_fp16"}, 2048),
+    ("cuda", "bfloat16", set(), 8192), ("cuda", "float32", set(), 8192),
+])
+def test_device_peak_side_follows_the_cpu_s_units(device, dtype, flags, side):
+    """The whole decision table: a dtype the CPU has no units for is measured at the emulated side."""
+    from rlpipe.bench.flops import peak_size
+
+    assert peak_size(device, dtype, flags) == side
 
 
 def test_device_peak_really_multiplies_large_matrices(fresh_peak_cache):

@@ -483,6 +483,39 @@ def test_the_bundle_names_a_pin_that_conflicts_with_the_lock_or_the_image(tmp_pa
         "x 1.0 requires absent>=1, which neither the lock, the image nor the bundle has"]
 
 
+def test_the_bundle_fetches_what_its_wheels_require_and_nothing_the_machine_has(tmp_path):
+    """A lean image (torch and transformers only): datasets needs xxhash, which neither the lock nor
+    the image has, and xxhash's own (constructed) requirement, a further package: both are fetched,
+    each once, at the version the index gives; what the lock or the image has (numpy, torch) is never
+    fetched; a requirement with no wheel is named once; the bundle then has no unmet requirement."""
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index / "xxhash-3.6.0-cp312-cp312-manylinux_2_17_x86_64.whl", "xxhash", "3.6.0", ["deep>=1"])
+    _wheel(index / "deep-2.0-py3-none-any.whl", "deep", "2.0", ["numpy"])
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    _wheel(folder / "datasets-5.2.0-py3-none-any.whl", "datasets", "5.2.0",
+           ["xxhash", "numpy>=1.17", "torch; extra == 'torch'", "gone>=1"])
+    fetched = []
+
+    def from_index(req, dest, python):  # the index: one wheel per name, as pip download --no-deps gives it
+        fetched.append(req)
+        name = req.split(">")[0].split("=")[0].split("<")[0]
+        wheel = next(index.glob(f"{name}-*.whl"), None)
+        if wheel is None:
+            return None, f"no wheel for CPython {python} on manylinux x86_64"
+        (dest / wheel.name).write_bytes(wheel.read_bytes())
+        return dest / wheel.name, None
+
+    have = {"numpy": "2.4.6", "torch": "2.11.0", "transformers": "5.0.0", "datasets": "5.2.0"}
+    added, missing = gpu_bundle.complete(folder, have, "3.12", fetch=from_index)
+    assert sorted(fetched) == ["deep>=1", "gone>=1", "xxhash"]
+    assert added == {"xxhash": "xxhash-3.6.0-cp312-cp312-manylinux_2_17_x86_64.whl", "deep>=1": "deep-2.0-py3-none-any.whl"}
+    assert missing == {"gone>=1": "no wheel for CPython 3.12 on manylinux x86_64"}
+    assert have["xxhash"] == "3.6.0" and have["deep"] == "2.0"
+    assert gpu_bundle.conflicts(sorted(folder.glob("*.whl")), have, "3.12") == []
+
+
 def test_the_bundle_s_extra_pins_lie_in_pyproject_s_extras():
     import tomllib
 

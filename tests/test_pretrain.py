@@ -11,6 +11,8 @@ import torch
 
 from rlpipe.config import ConfigError, DataConfig, ModelSection, PipelineConfig, PretrainConfig
 from rlpipe.lm.pretrain import (
+    compute_dtype,
+    lm_loss,
     log_path,
     lr_at,
     main,
@@ -103,6 +105,41 @@ def test_tiny_pretraining_loss_decreases_and_checkpoint_loads(tiny_run):
     assert ck.model_config.num_layers == 1 and ck.model_config.vocab_size <= 400
     log = json.loads(log_path(d / "model.pt").read_text())
     assert log["steps"] == 30 and len(log["curve"]) == 30 and log["wall_time_s"] > 0
+    assert log["dtype"] == "float32"  # pretrain.dtype auto on CPU
+
+
+@pytest.mark.parametrize("dtype, device, expected", [
+    ("auto", "cpu", "float32"), ("auto", "cuda", "bfloat16"), ("auto", "cuda:1", "bfloat16"),
+    ("float32", "cuda", "float32"), ("bfloat16", "cpu", "bfloat16"), ("float32", "cpu", "float32"),
+])
+def test_pretrain_dtype_auto_is_bf16_on_cuda_and_fp32_on_cpu(dtype, device, expected):
+    """The whole decision table: the same config gives the same precision on every CPU (none of its
+    bf16 units or kernel level enter), and an explicit dtype is kept."""
+    assert compute_dtype(PretrainConfig(dtype=dtype), torch.device(device)) == expected
+
+
+def test_lm_loss_autocasts_only_when_asked():
+    """``lm_loss`` in float32 is the plain fp32 loss exactly; in bfloat16 its matmuls are bf16
+    (another value, within bf16's rounding), so the dtype argument really reaches autocast."""
+    from rlpipe.lm.model import ModelConfig, TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig.from_preset("cpu-tiny", vocab_size=64, **MICRO))
+    x = torch.randint(0, 64, (2, 33))  # (B, T + 1)
+    ref = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+    fp32 = lm_loss(model, x[:, :-1], x[:, 1:], torch.device("cpu"), "float32")
+    bf16 = lm_loss(model, x[:, :-1], x[:, 1:], torch.device("cpu"), "bfloat16")
+    assert float(fp32) == float(ref)
+    assert float(bf16) != float(ref) and abs(float(bf16) - float(ref)) < 0.05
+
+
+def test_pretrain_precision_bench_times_both_precisions_side_by_side():
+    from rlpipe.bench.pretrain_precision import run_bench
+
+    r = run_bench("cpu-tiny", vocab=64, batch=2, seq_len=8, repeats=2, device="cpu")
+    assert r["float32"]["steps"] == r["bfloat16"]["steps"] == 2
+    assert r["bf16_over_fp32"] == pytest.approx(r["bfloat16"]["median_s"] / r["float32"]["median_s"], rel=0.01)
+    assert set(r["cpu_bf16_flags"]) <= {"avx512_bf16", "amx_bf16"}
 
 
 def test_pretraining_is_seeded(tiny_run, tmp_path):

@@ -37,7 +37,8 @@ COMMANDS = {
     "gpu-bundle": ("rlpipe.bench.gpu_bundle", "main"),
 }
 BENCHES = {"sampler": "rlpipe.bench.sampler", "update": "rlpipe.bench.update", "scaling": "rlpipe.bench.scaling",
-           "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl"}
+           "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl", "trackers": "rlpipe.bench.trackers",
+           "pretrain-precision": "rlpipe.bench.pretrain_precision"}
 
 
 def schema_main(argv: list[str]) -> int:

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rlpipe.lm import attention
 from rlpipe.lm.model import ModelConfig
 
 PEAK_SIZES = (256, 512, 1024)  # square matmul sides; 1024 fp32 = 4 MB per operand
@@ -50,6 +51,12 @@ PEAK_SIZES = (256, 512, 1024)  # square matmul sides; 1024 fp32 = 4 MB per opera
 # threading overheads vanish, small enough to take seconds (CPU: ~0.3 s per 2048 fp32 product on
 # one loaded core of the dev machine; CUDA: 8192 bf16 is ~1.4 ms on an H100, fp32 ~25 ms)
 DEVICE_PEAK_SIZE = {"cuda": 8192, "cpu": 2048}
+#: CPU flags of units that multiply in a dtype; a CPU with none of them emulates the dtype's products
+#: (converting to fp32 in software), at a rate already reached by side 1024 and several times below
+#: fp32's (``rlpipe bench pretrain-precision`` prints the ratio on this machine), so a 2048 product
+#: would take seconds per timing and measure nothing a 1024 one does not
+NATIVE_CPU_UNITS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+EMULATED_PEAK_SIZE = 1024
 DEVICE_MEMCPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}
 PEAK_NOTE = ("fraction_of_shape_peak and every *_fraction_of_peak: achieved FLOP/s over the same-run shape peak "
              "(shape_peak_gflops / matmul_peak_gflops: the best fp32 square matmul of sides 256-1024, one product per "
@@ -162,10 +169,13 @@ def _median_rate(fn, work: float, dev: torch.device, inner: int, repeats: int) -
 
 
 def _large_matmul_rate(dev: torch.device, dt: torch.dtype, size: int) -> float:
+    """The product as the models' layers run it, ``F.linear`` (``a @ b.T``, the same FLOPs as
+    ``a @ b``): on a CPU without bf16 units, ``torch.mm`` in bf16 takes a path several times slower
+    than ``F.linear``'s oneDNN one, so a ``torch.mm`` peak would sit below the model's own rate."""
     a, b = (torch.randn(size, size, device=dev).to(dt) for _ in range(2))
-    out = torch.empty(size, size, dtype=dt, device=dev)
     cuda = dev.type == "cuda"
-    return _median_rate(lambda: torch.mm(a, b, out=out), 2.0 * size ** 3, dev, 10 if cuda else 1, 5 if cuda else 3)
+    return _median_rate(lambda: torch.nn.functional.linear(a, b), 2.0 * size ** 3, dev, 10 if cuda else 1,
+                        5 if cuda else 3)
 
 
 def _large_copy_rate(dev: torch.device, nbytes: int) -> float:
@@ -182,6 +192,16 @@ def _matmul_rate_cached(device: str, dtype: str, threads: int, size: int, tf32: 
 @functools.cache
 def _copy_rate_cached(device: str, threads: int, nbytes: int) -> float:
     return _large_copy_rate(torch.device(device), nbytes)
+
+
+def peak_size(device_type: str, dtype: str, cpu_flags: set[str]) -> int:
+    """The device peak's square side: ``DEVICE_PEAK_SIZE`` of the device type, or
+    ``EMULATED_PEAK_SIZE`` for a CPU dtype none of whose ``NATIVE_CPU_UNITS`` is in ``cpu_flags``.
+    Decided from the CPU's features, not from the kernel level (oneDNN picks its own ISA)."""
+    units = NATIVE_CPU_UNITS.get(dtype)
+    if device_type == "cpu" and units and not set(units) & cpu_flags:
+        return EMULATED_PEAK_SIZE
+    return DEVICE_PEAK_SIZE.get(device_type, DEVICE_PEAK_SIZE["cpu"])
 
 
 def _resolve(device: str | torch.device) -> torch.device:
@@ -204,15 +224,15 @@ def device_memcpy(device: str | torch.device = "cpu", nbytes: int | None = None)
 
 def device_peak(device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32,
                 size: int | None = None, memcpy_bytes: int | None = None) -> dict:
-    """The device's own limits in ``dtype``: one large square matmul (``DEVICE_PEAK_SIZE``, or
-    ``size``) and one large warm ``copy_`` (``DEVICE_MEMCPY_BYTES``, GB/s = bytes copied / s).
+    """The device's own limits in ``dtype``: one large square matmul (``peak_size``: the device's
+    ``DEVICE_PEAK_SIZE``, smaller for a dtype this CPU emulates; or ``size``) and one large warm ``copy_`` (``DEVICE_MEMCPY_BYTES``, GB/s = bytes copied / s).
     Measured once per process for each device, dtype, torch thread count and size (cached).
 
     Returns ``{"device", "device_name", "dtype", "tf32" (fp32 products on TF32 tensor cores),
     "tflops", "flops_per_s", "matmul_size", "memcpy_gbps", "memcpy_bytes", "threads"}``."""
     dev = _resolve(device)
     dtype = str(dtype).removeprefix("torch.")
-    size = size or DEVICE_PEAK_SIZE.get(dev.type, DEVICE_PEAK_SIZE["cpu"])
+    size = size or peak_size(dev.type, dtype, attention.cpu_flags() if dev.type == "cpu" else set())
     threads = torch.get_num_threads()
     tf32 = dev.type == "cuda" and dtype == "float32" and torch.backends.cuda.matmul.allow_tf32
     flops = _matmul_rate_cached(str(dev), dtype, threads, size, tf32)  # its operands are freed before the copy's

@@ -9,7 +9,9 @@ and the pinned packages of ``rlpipe bench trl`` that the image lacks (``BENCH_PI
 (``NCCL_PINS``), for the image's Python and manylinux x86_64: a wheel built for another Python or
 platform is never added (``fits``). Every bundled wheel's requirements are checked against the
 versions the GPU machine will have (the lock's, the image's from ``--image-freeze``, the bundle's
-own pins): a conflict is named (``conflicts`` in ``bundle.json``) and the command exits 1. It
+own pins): a requirement none of them has is fetched too (``complete``: pip picks the version,
+``added_for_requirements`` in ``bundle.json``), and a conflict is named (``conflicts``) and the
+command exits 1. It
 trims the big ones of what rlpipe never imports (``TRIM``: Ray's Java jars, its
 RLlib/Serve/Tune/Train/LLM libraries and dashboard client; PuLP's solvers for other platforms),
 rewriting their ``RECORD`` so pip installs them cleanly; ``bundle.json`` and the last line printed
@@ -235,24 +237,66 @@ def wheel_requirements(wheel: Path) -> tuple[str, str, list[str]]:
     return msg["Name"], msg["Version"], msg.get_all("Requires-Dist") or []
 
 
+def applicable_requirements(wheel: Path, python: str) -> tuple[str, str, list[tuple[str, Requirement]]]:
+    """(name, version, [(Requires-Dist line, requirement)]) of ``wheel``, keeping the requirements
+    that apply to CPython ``python`` on Linux x86_64 without extras."""
+    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+    name, version, requires = wheel_requirements(wheel)
+    kept = []
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.marker is None or req.marker.evaluate(env):
+            kept.append((line, req))
+    return name, version, kept
+
+
+def complete(folder: Path, versions: dict[str, str | None], python: str,
+             fetch=None) -> tuple[dict[str, str], dict[str, str]]:
+    """Add to ``folder`` a wheel for every requirement of its wheels whose package the GPU machine
+    will not have (``versions``: the lock's, the image's and the bundle's), and so on for the added
+    wheels' own requirements, until none is missing. pip picks each added version (``download``,
+    no dependencies: what the lock or the image already has is never fetched again); ``versions``
+    grows by them. Returns ({requirement: wheel added}, {requirement: why no wheel})."""
+    fetch = fetch or download
+    added, missing = {}, {}
+    seen: set[str] = set()
+    while True:
+        wanted_now = {}
+        for wheel in sorted(folder.glob("*.whl")):
+            if wheel.name in seen:
+                continue
+            seen.add(wheel.name)
+            for _line, req in applicable_requirements(wheel, python)[2]:
+                dep = canonicalize_name(req.name)
+                if dep not in versions and dep not in wanted_now:
+                    wanted_now[dep] = f"{dep}{req.specifier}"
+        if not wanted_now:
+            return added, missing
+        for dep, req in wanted_now.items():
+            print(f"gpu-bundle: {req} (a bundled wheel's requirement)", file=sys.stderr, flush=True)
+            wheel, why = fetch(req, folder, python)
+            if wheel is None:
+                missing[req] = why
+                versions[dep] = None  # named once, as a missing wheel; not retried
+            else:
+                added[req] = wheel.name
+                versions[dep] = wheel_requirements(wheel)[1]
+
+
 def conflicts(wheels: list[Path], versions: dict[str, str | None], python: str) -> list[str]:
     """Every requirement of ``wheels`` (for CPython ``python`` on Linux x86_64, no extras) that the
     GPU machine will not meet: ``versions`` is {package: version} of what it will have (the lock's
     and the image's packages, the bundle's own; None: a version not known, taken as met). One line
     per conflict, naming the package, its requirement and the version it would get."""
-    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
-           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
     found = []
     for wheel in wheels:
-        name, version, requires = wheel_requirements(wheel)
-        for line in requires:
-            try:
-                req = Requirement(line)
-            except InvalidRequirement:
-                continue
-            if req.marker is not None and not req.marker.evaluate(env):
-                continue
+        name, version, requires = applicable_requirements(wheel, python)
+        for line, req in requires:
             dep = canonicalize_name(req.name)
             if dep not in versions:
                 found.append(f"{name} {version} requires {line}, which neither the lock, the image nor the bundle has")
@@ -290,8 +334,11 @@ def build(out: Path, lock_text: str, image: frozenset[str], python: str,
             wheel, why = download(req, Path(tmp), python)
             if wheel is None:
                 missing[req] = why
+        have = machine_versions(lock_text, image, image_versions or {}, take)
+        added, not_found = complete(Path(tmp), have, python)
+        missing |= not_found
         got = sorted(Path(tmp).glob("*.whl"))
-        clash = conflicts(got, machine_versions(lock_text, image, image_versions or {}, take), python)
+        clash = conflicts(got, have, python)
         for wheel in got:
             name = _wheel_name(wheel)
             if name in TRIM:
@@ -302,7 +349,7 @@ def build(out: Path, lock_text: str, image: frozenset[str], python: str,
     wheels = sorted(out.glob("*.whl"))
     manifest = {"python": python, "platforms": list(PLATFORMS), "wheels": [w.name for w in wheels],
                 "mib": round(sum(w.stat().st_size for w in wheels) / 2**20, 1), "trimmed_files": trimmed,
-                "no_wheel": missing, "conflicts": clash, "left_out": left_out}
+                "no_wheel": missing, "conflicts": clash, "added_for_requirements": added, "left_out": left_out}
     write_json(out / "bundle.json", manifest)
     return manifest
 

@@ -58,7 +58,7 @@ IDENTITY_KEYS: tuple[str, ...] = (
     "tokenizer.vocab_size", "tokenizer.path", "model.preset", "model.overrides", "model.base_checkpoint",
     "pretrain.max_steps", "pretrain.batch_size", "pretrain.seq_len", "pretrain.learning_rate",
     "pretrain.min_lr_ratio", "pretrain.warmup_steps", "pretrain.weight_decay", "pretrain.grad_clip",
-    "pretrain.eval_every", "pretrain.val_fraction", "pretrain.device", "pretrain.seed",
+    "pretrain.eval_every", "pretrain.val_fraction", "pretrain.device", "pretrain.dtype", "pretrain.seed",
     # train
     "train.task", "train.task_options", "train.mode", "train.k", "train.n_grpo_steps", "train.learning_rate",
     "train.weight_decay", "train.betas", "train.max_grad_norm", "train.group_size", "train.rollout_batch_size",

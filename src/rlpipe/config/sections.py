@@ -78,6 +78,11 @@ class PretrainConfig(_Section):
     val_fraction: float = Field(
         0.02, gt=0, lt=1, description="Fraction of the corpus held out for validation loss.")
     device: str = Field("auto", pattern=DEVICE_PATTERN, description=f"{_DEVICE_HELP}.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Compute precision: 'auto' is bf16 autocast on CUDA and fp32 on CPU, where a "
+        "CPU without bf16 units (AVX512-BF16 or AMX) emulates bf16 matmuls many times slower than fp32, "
+        "and the base model would depend on the CPU's features; 'bfloat16' autocasts on CPU too. The "
+        "weights stay fp32 either way.")
     threads: int = Field(2, ge=1, description="torch CPU threads.")
     seed: int = Field(0, ge=0, description="Seed.")
 

@@ -147,15 +147,28 @@ def lr_at(step: int, p: PretrainConfig) -> float:
     return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
 
 
-def lm_loss(model, x: Tensor, y: Tensor, device: torch.device) -> Tensor:
-    with autocast(device, "bfloat16"):
+def compute_dtype(p: PretrainConfig, device: torch.device) -> str:
+    """``pretrain.dtype`` resolved on ``device``: ``auto`` is bf16 autocast on CUDA and fp32 on CPU.
+
+    Why fp32 on CPU: a CPU without bf16 units (no AVX512-BF16, no AMX) emulates bf16 matmuls, many
+    times slower than its fp32 ones (``rlpipe bench pretrain-precision`` measures the ratio here), and a
+    CPU-dependent precision would make the same config give another base model on another CPU."""
+    if p.dtype != "auto":
+        return p.dtype
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
+def lm_loss(model, x: Tensor, y: Tensor, device: torch.device, dtype: str = "float32") -> Tensor:
+    """Next-token cross-entropy of ``model`` on inputs ``x`` and targets ``y`` (B, T), with the
+    matmuls in ``dtype`` (``bfloat16``: autocast; the loss is taken in fp32 either way)."""
+    with autocast(device, dtype):
         logits = model(x.to(device))  # (B, T, V)
     return F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten())
 
 
 @torch.no_grad()
 def validation_loss(model, stream: Tensor, seq_len: int, device: torch.device, starts: Tensor | None = None,
-                    max_windows: int = 64, batch_size: int = 16) -> float:
+                    max_windows: int = 64, batch_size: int = 16, dtype: str = "float32") -> float:
     """Mean loss over up to ``max_windows`` evenly spaced windows (the same ones every call),
     beginning at document ``starts`` when given, as the training windows do."""
     if starts is not None and starts.numel():
@@ -169,7 +182,7 @@ def validation_loss(model, stream: Tensor, seq_len: int, device: torch.device, s
     total = 0.0
     for i in range(0, n, batch_size):
         x, y = gather_windows(stream, begin[i:i + batch_size], seq_len)  # (B, T), (B, T)
-        total += lm_loss(model, x, y, device).item() * x.shape[0]
+        total += lm_loss(model, x, y, device, dtype).item() * x.shape[0]
     model.train(was_training)
     return total / n
 
@@ -199,6 +212,7 @@ def train_loop(model, streams: TokenStreams, p: PretrainConfig, device: torch.de
     from tqdm import tqdm
 
     opt = _optimizer(model, p, device)
+    dtype = compute_dtype(p, device)
     gen = torch.Generator().manual_seed(p.seed)
     rows: list[dict] = []
     t0, ema = time.perf_counter(), None
@@ -209,7 +223,7 @@ def train_loop(model, streams: TokenStreams, p: PretrainConfig, device: torch.de
         for group in opt.param_groups:
             group["lr"] = lr
         x, y = sample_windows(streams.train, p.batch_size, p.seq_len, gen, streams.train_starts)  # (B, T)
-        loss = lm_loss(model, x, y, device)
+        loss = lm_loss(model, x, y, device, dtype)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip).item()
@@ -219,7 +233,8 @@ def train_loop(model, streams: TokenStreams, p: PretrainConfig, device: torch.de
         row = {"step": step + 1, "lr": lr, "train_loss": value, "grad_norm": grad_norm,
                "time_s": time.perf_counter() - t0}
         if (step + 1) % p.eval_every == 0 or step + 1 == p.max_steps:
-            row["val_loss"] = validation_loss(model, streams.val, p.seq_len, device, streams.val_starts)
+            row["val_loss"] = validation_loss(model, streams.val, p.seq_len, device, streams.val_starts,
+                                              dtype=dtype)
             bar.write(f"pretrain: step {step + 1}/{p.max_steps} train_loss {ema:.3f} "
                       f"val_loss {row['val_loss']:.3f} ({row['time_s']:.0f}s)")
         rows.append(row)
@@ -251,7 +266,7 @@ def pretrain(cfg: PipelineConfig, corpus_path: str | Path, tokenizer_path: str |
     wall = time.perf_counter() - t0
     log = {
         "model_config": model_cfg.to_dict(), "parameters": sum(t.numel() for t in model.parameters()),
-        "device": str(device), "threads": p.threads, "documents": streams.documents,
+        "device": str(device), "dtype": compute_dtype(p, device), "threads": p.threads, "documents": streams.documents,
         "train_tokens": streams.train.numel(), "val_tokens": streams.val.numel(),
         "tokens_seen": p.max_steps * p.batch_size * p.seq_len, "pack_time_s": t_pack, "wall_time_s": wall,
         "steps": p.max_steps, "train_loss": train_loss, "val_loss": val_loss, "curve": rows,

@@ -15,7 +15,7 @@ OPERATIONAL = {
     "train.log_rollouts_every", "pretrain.threads", "logging.tensorboard", "logging.flush_every_s", "ray.address",
     "ray.include_dashboard", "ray.num_cpus", "workflow.results_dir", "workflow.family_threads",
     "workflow.threads_per_variant", "workflow.slurm_account", "workflow.slurm_partition",
-    "workflow.slurm_gpu_partition",
+    "workflow.slurm_gpu_partition", "workflow.nodes_per_disaggregated",
 }
 
 

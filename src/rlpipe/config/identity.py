@@ -43,6 +43,7 @@ OPERATIONAL_KEYS: dict[str, str] = {
     "workflow.results_dir": "where the outputs are written",
     "workflow.family_threads": "Snakemake threads per learning-comparison job (speed)",
     "workflow.threads_per_variant": "Snakemake threads per timed job (speed)",
+    "workflow.nodes_per_disaggregated": "how many nodes a disaggregated job's two actors run on (where they run)",
     "workflow.slurm_account": "the SLURM account jobs are charged to (where they run)",
     "workflow.slurm_partition": "the SLURM partition of CPU jobs (where they run)",
     "workflow.slurm_gpu_partition": "the SLURM partition of GPU jobs (where they run)",

@@ -320,3 +320,10 @@ def variant_gpus(cfg: PipelineConfig, name: str) -> int:
     mode = resolve_variant(cfg, name).mode
     w = cfg.workflow
     return w.gpus_per_disaggregated if mode == "disaggregated" else w.gpus_per_colocated
+
+
+def variant_nodes(cfg: PipelineConfig, name: str) -> int:
+    """Nodes a variant's job spans: ``workflow.nodes_per_disaggregated`` for a disaggregated one (its
+    learner and generator on different nodes), 1 for a colocated one (a single actor)."""
+    mode = resolve_variant(cfg, name).mode
+    return cfg.workflow.nodes_per_disaggregated if mode == "disaggregated" else 1

@@ -147,6 +147,11 @@ class WorkflowConfig(_Section):
         0, ge=0, description="GPUs a disaggregated variant declares: 2 (one per actor), or 1 (the learner and the "
         "generator share it, half a Ray GPU each; run_info.json records the shares as gpu_fraction); 0 on a CPU "
         "config (train.device cuda needs 1 or 2).")
+    nodes_per_disaggregated: int = Field(
+        1, ge=1, le=2, description="Nodes a disaggregated training job spans: 2 runs its learner and its generator "
+        "on two nodes of one allocation (the job starts a Ray head on its first node and a worker on the other, "
+        "and the trainer attaches to it; under the SLURM executor it asks for --nodes=2, and for one GPU per node "
+        "when it declares GPUs); 1 keeps both on one node. gpus_per_disaggregated must then be 0 or 2.")
     threads_per_variant: int = Field(
         2, ge=1, description="Snakemake threads per training job (passed to torch and Ray).")
     slurm_account: str | None = Field(
@@ -180,6 +185,15 @@ class WorkflowConfig(_Section):
         "is added).")
     scaling_steps: int = Field(3, ge=2, le=100, description="`rlpipe bench scaling`: GRPO steps per point (the "
                                "first is warm-up and not counted).")
+
+    @model_validator(mode="after")
+    def check_nodes(self) -> WorkflowConfig:
+        """Two nodes hold one actor each: a GPU each, or none (one GPU cannot lie on two nodes)."""
+        if self.nodes_per_disaggregated > 1 and self.gpus_per_disaggregated not in (0, self.nodes_per_disaggregated):
+            raise _Invalid(f"@nodes_per_disaggregated is {self.nodes_per_disaggregated} (one actor per node) but "
+                           f"@gpus_per_disaggregated is {self.gpus_per_disaggregated}: set it to "
+                           f"{self.nodes_per_disaggregated} (one GPU per node) or 0 (CPU)")
+        return self
 
 
 class ArithmeticConfig(_Section):

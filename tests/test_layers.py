@@ -36,6 +36,9 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"config"},
     "watch": set(),  # python -m rlpipe.watch: the workflow's console heartbeat, standard library only
     "slurm": {"lm.model_config"},  # the workflow under SLURM: a model's size, without torch
+    # the Snakemake workflow's logic, on top: task_checks (tasks, torch) is loaded only when a track needs it
+    "workflow": {"io", "config", "tasks", "analysis.contract", "slurm"},
+    "ray_slurm": set(),  # python -m rlpipe.ray_slurm: a job's Ray cluster across its nodes (ray inside its steps)
     "__init__": set(),
 }
 FORBIDDEN_THIRD_PARTY = {"analysis": {"torch", "ray"}, "config": {"torch", "ray"}, "io": {"ray"}}

@@ -193,13 +193,14 @@ def test_train_rule_hands_the_resume_decision_to_rlpipe(workdir, tmp_path, make_
 
 def test_slurm_profile_dry_run(workdir, dry_run):
     """workflow/profiles/slurm with its executor plugin: every job becomes a SLURM job, training jobs
-    carry the GPUs of their mode and the profile's partition."""
+    carry the GPUs of their mode, the profile's partition and, across nodes, their nodes."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
     shutil.copytree(ROOT / "workflow" / "profiles", workdir / "profiles")
     profile = yaml.safe_load((workdir / "profiles" / "slurm" / "config.yaml").read_text())
     assert "<" not in json.dumps(profile), "the profile must run as shipped: no placeholder"
     (workdir / "config" / "cluster.yaml").write_text(yaml.safe_dump({"workflow": {
-        "slurm_account": "proj1", "slurm_partition": "cpuq", "slurm_gpu_partition": "gpuq"}}))
+        "slurm_account": "proj1", "slurm_partition": "cpuq", "slurm_gpu_partition": "gpuq",
+        "nodes_per_disaggregated": 2}}))
     out = snakemake(workdir, "-n", "--workflow-profile", str(workdir / "profiles" / "slurm"),
                     "--configfile", "config/gpu.yaml", "config/cluster.yaml").stdout
     assert dry_run.training_gpus(out) == {"onpolicy": 1, "k2": 1, "k4": 1, "k8": 1, "kl_penalty": 1,
@@ -214,6 +215,12 @@ def test_slurm_profile_dry_run(workdir, dry_run):
     trains = [j for j in jobs if j["rule"] == "train_variant"]
     # memory and time from the model and steps (rlpipe.slurm), not one figure for every model
     assert all(int(j["resources"]["mem_mb"]) >= 4000 and int(j["resources"]["runtime"]) >= 30 for j in trains)
+    # nodes_per_disaggregated 2: a disaggregated job spans two nodes with a GPU on each (--nodes, and
+    # --gpus-per-node through slurm_extra; tests/test_slurm_multinode.py runs it), a colocated one stays on one
+    for j in trains:
+        across = int(j["resources"]["gpu"]) == 2
+        assert int(j["resources"]["nodes"]) == (2 if across else 1), j
+        assert j["resources"].get("slurm_extra", "").strip("'\"") == ("--gpus-per-node=1" if across else ""), j
 
 
 def _math_standin(workdir: Path, qwen: Path, data: Path, **train) -> Path:

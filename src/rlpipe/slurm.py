@@ -14,7 +14,9 @@ Why each exists (the executor plugin, snakemake-executor-plugin-slurm, alone):
 - a cancelled or timed-out job is one "Error in rule" among many lines; :func:`killed_job_lines`
   gives one line per such job with its SLURM log and the command that resumes it.
 The memory and time a training job asks for come from its model and steps (:func:`train_mem_mb`,
-:func:`train_runtime_min`) instead of one figure for every model.
+:func:`train_runtime_min`) instead of one figure for every model. A training job across nodes
+(``workflow.nodes_per_disaggregated``) asks for ``--nodes`` and one GPU share per node
+(:func:`gpus_per_node`), and its command starts the allocation's Ray cluster (``rlpipe.ray_slurm``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,14 @@ def train_runtime_min(parameters: int, train) -> int:
 
 
 # ------------------------------------------------------------------------------- the executor in use
+
+def gpus_per_node(gpus: int, nodes: int) -> str:
+    """sbatch flags (the ``slurm_extra`` resource) of a training job across ``nodes`` nodes: one
+    actor per node, so ``--gpus-per-node`` with its share. The plugin's ``--gpus`` (from the ``gpu``
+    resource, which ``--resources gpu=N`` counts) is the job's total, which SLURM may otherwise put
+    on a single node. Empty for a job on one node, or without GPUs."""
+    return f"--gpus-per-node={gpus // nodes}" if nodes > 1 and gpus else ""
+
 
 def executor_name(workflow) -> str | None:
     plugin = getattr(workflow, "executor_plugin", None)

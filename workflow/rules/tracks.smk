@@ -9,6 +9,7 @@
 # results/runs/<variant>), the math track results/math/..., a user's track results/tracks/<name>/...
 # Logs: logs/<rule>/<track subdir><name>.log, e.g. logs/train_variant/k2.log and
 # logs/train_variant/math/onpolicy.log.
+from rlpipe.config import variant_nodes as _variant_nodes
 
 
 # lint: conda (no environment on purpose, see common.smk)
@@ -96,6 +97,8 @@ rule pretrain_base:
 # not a param, so forcing one invocation does not make the next one rerun the variant.
 # The checkpoint directory is not a declared output, so Snakemake leaves it alone when it deletes
 # the outputs of a failed job.
+# Nodes: a disaggregated variant spans workflow.nodes_per_disaggregated nodes (`nodes` -> --nodes, and
+# --gpus-per-node through slurm_extra); rlpipe.ray_slurm starts Ray across them (with 1 it runs the command as it is).
 # lint: conda (no environment on purpose, see common.smk)
 rule train_variant:
     input:
@@ -109,6 +112,9 @@ rule train_variant:
         run_dir=lambda w, output: os.path.dirname(output.metrics),
     resources:
         gpu=lambda w: variant_gpus(track_of(w).pipeline, w.variant),
+        nodes=lambda w: _variant_nodes(track_of(w).pipeline, w.variant),  # > 1: across nodes (rlpipe.ray_slurm)
+        slurm_extra=lambda w: slurm.gpus_per_node(variant_gpus(track_of(w).pipeline, w.variant),
+                                                  _variant_nodes(track_of(w).pipeline, w.variant)),
         mem_mb=train_mem_mb,  # from the model's size, with a floor (rlpipe.slurm)
         runtime=train_runtime,  # minutes, from the steps and the model (rlpipe.slurm)
         resume=resume_mode,  # "never" when this invocation forces the job, else "auto"
@@ -121,7 +127,7 @@ rule train_variant:
     shell:
         # rlpipe.watch: the console gets the run's last step line (step/total, ETA) every 15 s
         "python -m rlpipe.watch {log} 'train {wildcards.tdir}{wildcards.variant}' -- "
-        "rlpipe train --config {resources.config} --variant {wildcards.variant} --base {params.base} "
+        "python -m rlpipe.ray_slurm --nodes {resources.nodes} -- rlpipe train --config {resources.config} --variant {wildcards.variant} --base {params.base} "
         "{params.dataset} --out {params.run_dir} --threads {threads} --resume {resources.resume}"
 
 

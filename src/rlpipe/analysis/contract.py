@@ -123,7 +123,10 @@ RUN_INFO_KEYS = ("variant", "mode", "devices", "device_type", "threads", "wall_t
 #: Extra keys the drivers add (k of colocated_k, replay enabled, the variant's train config) and
 #: ``rlpipe train`` adds (``conditions``: the machine's load over the run, see below).
 RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions", "provenance", "gpu_fraction", "phase_split",
-                          "gpu_busy")
+                          "gpu_busy", "nodes")
+#: run_info ``nodes``: where each actor ran, by role (``colocated``, or ``learner`` and ``generator``, and
+#: ``scorer``): Ray's node id, the node's name (SLURM's where it runs under SLURM) and its address
+RUN_INFO_NODE_FIELDS = ("node_id", "node_name", "address")
 #: run_info ``phase_split``: median seconds per optimizer step of each timed phase, of the step's
 #: time no stacked phase covers (``other``) and of the step itself (``rlpipe.trainer.profiling``).
 PHASE_SPLIT_KEYS = (*TIMED_PHASES, OTHER, "step")

@@ -96,6 +96,7 @@ from rlpipe.trainer.actors.learner import REQUIRED_EXTRA
 from rlpipe.trainer.drivers.colocated import run_colocated
 from rlpipe.trainer.drivers.common import ActorFailure, RunContext, TrainingDiverged
 from rlpipe.trainer.drivers.disaggregated import run_disaggregated
+from rlpipe.trainer.drivers.placement import PlacementError
 from rlpipe.trainer.gpu_slots import acquire_gpus
 from rlpipe.trainer.lock import RunDirError, RunLockedError, run_lock
 from rlpipe.trainer.profiling import GpuBusy
@@ -291,8 +292,11 @@ def _actor_threads(per_actor: int, job_threads: int, disagg: bool) -> int:
 
 
 def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | None,
-        threads: int | None = None, resume: str = "never", seed: int | None = None) -> dict:
+        threads: int | None = None, resume: str = "never", seed: int | None = None,
+        ray_address: str | None = None) -> dict:
     cfg = load_config(config_path)
+    if ray_address:  # --ray-address: the allocation's cluster that rlpipe.ray_slurm started
+        cfg = cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": ray_address})})
     train_cfg = resolve_variant(cfg, variant)
     if seed is not None:  # one replicate of an experiment family (rlpipe.config.family_seeds)
         if seed < 0:
@@ -418,16 +422,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", default=None, help="keyword dataset directory")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for this job (torch + Ray)")
     p.add_argument("--seed", type=int, default=None, help="override train.seed (a replicate of a family)")
+    p.add_argument("--ray-address", default=None, help="override ray.address: attach to this Ray cluster "
+                   "(python -m rlpipe.ray_slurm passes the one it started across the job's nodes)")
     p.add_argument("--resume", nargs="?", const="always", default="never", choices=("auto", "never", "always"),
                    help="auto: continue <out>/checkpoints/last.pt iff it is an unfinished run of the same "
                         "settings, else start afresh; always (bare --resume): continue or fail; never (default)")
     a = p.parse_args(argv)
     try:
-        info = run(a.config, a.variant, a.out, a.base, a.dataset, a.threads, a.resume, a.seed)
+        info = run(a.config, a.variant, a.out, a.base, a.dataset, a.threads, a.resume, a.seed, a.ray_address)
     except (ConfigError, FileNotFoundError, ResumeError, InputError, CheckpointError, RunLockedError,
             RunDirError) as e:
         p.error(str(e))  # bad input: usage error, exit status 2, nothing started
-    except (ActorFailure, TrainingDiverged, WeightSyncError, io.OutputWriteError) as e:
+    except (ActorFailure, TrainingDiverged, WeightSyncError, io.OutputWriteError, PlacementError) as e:
         print(f"rlpipe train {a.variant}: error: {e}", file=sys.stderr, flush=True)
         return 1
     except StopRequested as e:  # SIGTERM/SIGINT: 128 + the signal's number, as a shell reports it

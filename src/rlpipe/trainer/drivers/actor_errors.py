@@ -18,11 +18,17 @@ The driver's message then states the case, the exception (type and message) and 
 of its traceback, instead of pointing to "the Ray logs": a job log need not contain them (Ray
 forwards a worker's output to the driver asynchronously, and a driver that fails at once may exit
 before it arrives).
+
+An actor on another node whose node left the cluster (its machine failed, or the allocation lost it)
+first answers ``ActorUnavailableError`` ("Socket closed"), which says nothing of why; once Ray's
+health check declares that node dead (``node_lost`` waits for it, bounded), the message names the
+node and Ray's reason ("health check failed due to missing too many heartbeats").
 """
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +75,28 @@ def describe(err: BaseException) -> Cause:
     case = (f"died: its process{f' (pid {pid.group(1)})' if pid else ''} exited without a Python error, "
             f"so it was killed by a signal (SIGKILL, the kernel's OOM killer) or crashed ({how})")
     return Cause(case, _log_tail(int(pid.group(1))) if pid else [], advice=_SIGNAL)
+
+
+#: how long the driver waits for Ray to declare an unreachable actor's node dead (its health check
+#: misses a few heartbeats first: ~15 s measured on Ray 2.60)
+NODE_LOSS_WAIT_S = 45.0
+_NODE_LOST = ("A lost node is not the run's fault: a rerun is safe once the allocation has its nodes "
+              "(SLURM requeues or reruns the job on healthy ones).")
+
+
+def node_lost(node: dict[str, str], wait_s: float) -> Cause | None:
+    """The cause when an actor's node (``placement.node_ref``'s record) has left the Ray cluster,
+    waiting up to ``wait_s`` for Ray to declare it dead; None while it is alive."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        state = next((n for n in ray.nodes() if n["NodeID"] == node["node_id"]), None)
+        if state is not None and not state.get("Alive"):
+            why = state.get("DeathReasonMessage") or "no reason given"
+            return Cause(f"died: its node {node['node_name']} (Ray node {node['node_id'][:8]}, {node['address']}) "
+                         f"left the Ray cluster ({why})", advice=_NODE_LOST)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(1.0)
 
 
 def _one_line(text: str) -> str:

@@ -60,6 +60,9 @@ class TrainingDiverged(RuntimeError):
 #: what a failing actor is called in messages, by actor class
 ROLES = {"ColocatedWorker": "colocated worker", "LearnerWorker": "learner",
          "GeneratorWorker": "generator", "Scorer": "scorer"}
+#: an actor's key in run_info ``nodes`` (and ``gpu_fraction``), by actor class
+NODE_KEYS = {"ColocatedWorker": "colocated", "LearnerWorker": "learner", "GeneratorWorker": "generator",
+             "Scorer": "scorer"}
 #: errors raised inside an actor that are re-raised in the driver as themselves (their message is
 #: complete: it names the file), instead of Ray's wrapper with the remote traceback
 _PASS_THROUGH = (CheckpointError, OutputWriteError)
@@ -98,6 +101,7 @@ class RunContext:
         self._new_versions: list = []
         self._procs: dict[str, object] = {}  # actor id (hex) -> ref to its (pid, node id)
         self._asks: dict[str, dict[str, float]] = {}  # role -> the Ray resources its actor asked for
+        self._nodes: dict[str, tuple[str, object]] = {}  # actor id (hex) -> (run_info key, ref to its node)
 
     # -- Ray --------------------------------------------------------------------------------------
     def get(self, ref, what: str):
@@ -126,7 +130,7 @@ class RunContext:
     def _failure(self, what: str, role: str, err: BaseException) -> str:
         """The message of an actor's failure: the case and the exception with the actor and the
         step, the last traceback frames (or log lines), then what to do (``actor_errors``)."""
-        cause = actor_errors.describe(err)
+        cause = self._node_loss(err) or actor_errors.describe(err)
         if self._unconfirmed is not None:  # its checkpoint thread may still be renaming last.pt
             actor_exit.wait_exited(self._procs.get(getattr(err, "actor_id", None) or ""))
         detail = "".join(f"\n    {ln}" for ln in cause.lines)
@@ -200,7 +204,9 @@ class RunContext:
         self.driver_events.append(PhaseEvent("wait", "driver", start, time.time(), step, version))
         return out
 
-    def actor(self, cls, *, gpus: float, cpus: float, transport: str = "local", **kwargs):
+    def actor(self, cls, *, gpus: float, cpus: float, transport: str = "local", strategy=None, **kwargs):
+        """The run's actor of class ``cls``; ``strategy``: a Ray scheduling strategy (a bundle of the
+        run's placement group across nodes, ``placement.spread_group``)."""
         # named "<variant>/<class>" so operators (and tests) can find the actors of a run
         name = f"{self.variant}/{cls.__name__}"
         role = f"{ROLES.get(cls.__name__, cls.__name__)} actor ({name})"
@@ -208,10 +214,29 @@ class RunContext:
         if not self.cfg.ray.address:  # a local instance has what it was started with, no more
             placement.check(self._asks, ray.cluster_resources())
         opts = {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 1, "name": name}
+        if strategy is not None:
+            opts["scheduling_strategy"] = strategy
         handle = ray_actor_class(cls, transport).options(**opts).remote(**kwargs)
         self.roles[handle._actor_id.hex()] = role
         self._procs[handle._actor_id.hex()] = actor_exit.where_ref(handle)
+        self._nodes[handle._actor_id.hex()] = (NODE_KEYS.get(cls.__name__, cls.__name__), placement.node_ref(handle))
         return handle
+
+    def actor_nodes(self) -> dict[str, dict[str, str]]:
+        """Where each actor runs, by run_info key (``learner``, ``generator``, ...): its node record."""
+        return {key: self.get(ref, f"the {key} actor's node") for key, ref in self._nodes.values()}
+
+    def _node_loss(self, err: BaseException):
+        """``actor_errors.node_lost``'s cause when ``err``'s actor ran on another node that is gone."""
+        key_ref = self._nodes.get(getattr(err, "actor_id", None) or "")
+        try:
+            node = ray.get(key_ref[1], timeout=0) if key_ref else None
+        except Exception:  # its node never answered: nothing known of where it ran
+            return None
+        if node is None or node["node_id"] == ray.get_runtime_context().get_node_id():
+            return None
+        unreachable = isinstance(err, ray.exceptions.ActorUnavailableError)
+        return actor_errors.node_lost(node, actor_errors.NODE_LOSS_WAIT_S if unreachable else 0.0)
 
     # -- logging ----------------------------------------------------------------------------------
     def log_update(self, step: int, res: UpdateResult, batch: RolloutBatch) -> None:
@@ -365,4 +390,4 @@ class RunContext:
                 "phase_split": phase_split(self.writer.rows),
                 "transport": "local" if self.train.mode != "disaggregated" else ws.transport,
                 "backend": sync_backend(ws) if self.train.mode == "disaggregated" else None, "k": self.train.k,
-                "replay": self.train.replay.enabled, "config": to_dict(self.train)}
+                "replay": self.train.replay.enabled, "config": to_dict(self.train), "nodes": self.actor_nodes()}

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from rlpipe.trainer.drivers import actor_errors, placement
 from rlpipe.trainer.drivers.placement import PlacementError, check, shortfall
 
 LEARNER, GENERATOR = "learner actor (v/LearnerWorker)", "generator actor (v/GeneratorWorker)"
@@ -28,6 +29,33 @@ def test_a_gpu_ray_never_counted_is_named_with_each_ask(monkeypatch):
     msg = str(e.value)
     assert "ask Ray for 2 GPU" in msg and f"{LEARNER}: 1" in msg and f"{GENERATOR}: 1" in msg
     assert "has 0 GPU" in msg and "CUDA_VISIBLE_DEVICES='1'" in msg
+
+
+def test_a_worker_that_never_joins_is_named_with_the_nodes_that_did(monkeypatch):
+    """A run across nodes waits for them (bounded), then names who joined and where each node's
+    output is (rlpipe.ray_slurm's state directory), instead of running on fewer nodes."""
+    head = {"NodeID": "ab" * 28, "NodeManagerAddress": "10.0.0.1", "Alive": True}
+    monkeypatch.setattr(placement, "alive_nodes", lambda: [head])
+    monkeypatch.setenv("RLPIPE_RAY_LOGS", "logs/ray/42")
+    with pytest.raises(PlacementError) as e:
+        placement.wait_for_nodes(2, timeout_s=0)
+    msg = str(e.value)
+    assert "needs 2 Ray nodes (workflow.nodes_per_disaggregated) but only 1 joined" in msg
+    assert "10.0.0.1 (abababab)" in msg and "logs/ray/42/<node>.log" in msg and "RAY_AUTH_MODE=token" in msg
+    monkeypatch.setattr(placement, "alive_nodes", lambda: [head, head | {"NodeID": "cd" * 28}])
+    placement.wait_for_nodes(2, timeout_s=0)  # both there: no wait, no error
+
+
+def test_a_lost_node_is_named_once_ray_declares_it_dead(monkeypatch):
+    node = {"node_id": "ef" * 28, "node_name": "gpu07", "address": "10.0.0.7"}
+    state = {"NodeID": node["node_id"], "Alive": True}
+    monkeypatch.setattr(actor_errors.ray, "nodes", lambda: [state])
+    assert actor_errors.node_lost(node, wait_s=0) is None  # alive: not a node loss
+    state.update(Alive=False, DeathReasonMessage="health check failed due to missing too many heartbeats")
+    cause = actor_errors.node_lost(node, wait_s=0)
+    assert cause.case == ("died: its node gpu07 (Ray node efefefef, 10.0.0.7) left the Ray cluster "
+                          "(health check failed due to missing too many heartbeats)")
+    assert "a rerun is safe" in cause.advice
 
 
 def test_cpu_shares_above_the_instance_are_named():

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -42,8 +43,18 @@ FAST_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_th
 SBATCH = ["--nodes=2", "--gpus=2", slurm.gpus_per_node(2, NODES), "--cpus-per-task=1", "--mem=3000", "--time=15"]
 
 
-def submit(work: Path, base: tuple[str, str], name: str) -> str:
-    """sbatch the rule's command (through rlpipe.ray_slurm) in ``work``; the job id."""
+@pytest.fixture
+def jobs_ray_files():
+    """Job ids whose nodes' Ray files (``/tmp/rlray-<job>-<node>``, on this host here) go afterwards."""
+    ids: list[str] = []
+    yield ids
+    for job_id in ids:
+        for d in Path("/tmp").glob(f"rlray-{job_id}-*"):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def submit(work: Path, base: tuple[str, str], name: str, ids: list[str]) -> str:
+    """sbatch the rule's command (through rlpipe.ray_slurm) in ``work``; the job id (added to ``ids``)."""
     train = [sys.executable, "-m", "rlpipe.cli", "train", "--config", "c.yaml", "--variant", "disagg",
              "--base", base[0], "--dataset", base[1], "--out", "run", "--threads", "1", "--resume", "auto"]
     script = work / f"{name}.sh"
@@ -52,7 +63,8 @@ def submit(work: Path, base: tuple[str, str], name: str) -> str:
     out = subprocess.run(["sbatch", "--parsable", *SBATCH, "-D", str(work), "-o", str(work / f"{name}.out"),
                           "-J", f"rlpipe-multinode-{name}", str(script)],
                          capture_output=True, text=True, timeout=60, check=True, env=os.environ | FAST_DEATH)
-    return out.stdout.strip().split(";")[0]
+    ids.append(out.stdout.strip().split(";")[0])
+    return ids[-1]
 
 
 def job(job_id: str) -> dict:
@@ -106,13 +118,13 @@ def placed(out: str) -> dict[str, tuple[str, str]]:
 
 
 def test_one_run_spans_both_nodes_and_a_lost_node_is_named_and_resumed(cluster, tmp_path, tiny_base,  # noqa: F811
-                                                                      write_config):
+                                                                      write_config, jobs_ray_files):
     """Learner and generator on different nodes (Ray's node ids, one on each of SLURM's nodes of the
     job); the node of one killed mid-run: the error names it and advises the resume, and the rerun
     resumes from the checkpoint and finishes, again across both nodes."""
     # ~1 step a second here: the node is killed within seconds of the first checkpoint, long before step 20
     work = workdir(tmp_path, write_config, steps=20)
-    job_id = submit(work, tiny_base, "lost")
+    job_id = submit(work, tiny_base, "lost", jobs_ray_files)
     checkpoint = work / "run" / "checkpoints" / "last.pt"
     deadline = time.monotonic() + 400
     while not checkpoint.exists() and time.monotonic() < deadline:
@@ -138,7 +150,7 @@ def test_one_run_spans_both_nodes_and_a_lost_node_is_named_and_resumed(cluster, 
     assert re.search(r"Rerun with --resume to continue from \S*run/checkpoints/last.pt \(optimizer step \d+\)",
                      error), error[:3000]
     # the rerun (the same command: --resume auto) continues from the checkpoint and finishes
-    rerun = submit(work, tiny_base, "rerun")
+    rerun = submit(work, tiny_base, "rerun", jobs_ray_files)
     done = wait_done(rerun, timeout=600)
     again = (work / "rerun.out").read_text()
     assert done["JobState"] == "COMPLETED" and "resuming from" in again, again[-4000:]

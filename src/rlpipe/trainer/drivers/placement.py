@@ -22,6 +22,12 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 RESOURCES = ("CPU", "GPU")
 
@@ -86,7 +92,7 @@ def wait_for_nodes(expected: int, timeout_s: float = NODES_TIMEOUT_S) -> None:
         time.sleep(1.0)
 
 
-def spread_group(asks: list[dict[str, float]], timeout_s: float):
+def spread_group(asks: list[dict[str, float]], timeout_s: float) -> PlacementGroup:
     """A ``STRICT_SPREAD`` placement group of one bundle per ask (each on its own node), ready;
     ``PlacementError`` naming the bundles and the nodes when Ray cannot place it in ``timeout_s``."""
     import ray
@@ -104,7 +110,7 @@ def spread_group(asks: list[dict[str, float]], timeout_s: float):
     return group
 
 
-def bundle_strategy(group, index: int):
+def bundle_strategy(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
     """The scheduling strategy of bundle ``index`` of ``group``."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -119,6 +125,6 @@ def _node(actor) -> dict[str, str]:  # runs inside the actor (``__ray_call__`` p
             "address": ray.util.get_node_ip_address()}
 
 
-def node_ref(handle):
+def node_ref(handle) -> ObjectRef:
     """A ref to the node record of ``handle``'s process (``node_id``, ``node_name``, ``address``)."""
     return handle.__ray_call__.remote(_node)

@@ -443,6 +443,22 @@ def test_bundle_without_the_workflow_leaves_out_what_only_snakemake_needs():
     assert len(gpu_bundle.wanted(lock, frozenset(), extra=())[0]) == 8
 
 
+def test_the_bundle_leaves_out_the_trackers_unless_asked():
+    """W&B and MLflow (locked for CI's tracker tests) and what only they need stay out of a bundle,
+    most of its size otherwise; --trackers adds them; a package the pipeline needs too stays in."""
+    lock = ("wandb==0.31.0\n    # via rlpipe (pyproject.toml)\nsentry-sdk==2.0\n    # via wandb\n"
+            "mlflow-skinny==3.17.2\n    # via rlpipe (pyproject.toml)\nsqlparse==0.5\n    # via mlflow-skinny\n"
+            "protobuf==7.36.2\n    # via\n    #   ray\n    #   wandb\nray==2.60.0\n    # via rlpipe (pyproject.toml)\n")
+    take, left_out = gpu_bundle.wanted(lock, frozenset(), extra=())
+    assert take == ["protobuf==7.36.2", "ray==2.60.0"]
+    assert {n for n, why in left_out.items() if "trackers" in why} == {"wandb", "sentry-sdk", "mlflow-skinny", "sqlparse"}
+    take, _ = gpu_bundle.wanted(lock, frozenset(), extra=(), trackers=True)
+    assert len(take) == 6
+    take, left_out = gpu_bundle.wanted(lock + "snakemake==9.0\n    # via rlpipe (pyproject.toml)\n", frozenset(),
+                                       extra=(), workflow=False)
+    assert take == ["protobuf==7.36.2", "ray==2.60.0"] and left_out["snakemake"].startswith("workflow only")
+
+
 def test_the_lock_and_the_bundle_carry_nvml():
     """NVML's Python binding is locked and bundled (torch.cuda.utilization imports it for the GPU busy
     fraction), although its name starts like the CUDA libraries' that the bundle leaves out."""
@@ -542,6 +558,9 @@ def test_the_bundle_s_extra_pins_lie_in_pyproject_s_extras():
     ("pulp-3.3.2-cp312-cp312-linux_x86_64.whl", False),           # built here: the host's platform
     ("ray-2.60.0-cp312-cp312-macosx_11_0_arm64.whl", False),
     ("x-1.0-cp311-none-any.whl", False),
+    ("wandb-0.31.0-py3-none-manylinux_2_28_x86_64.whl", True),    # a binary that does not link Python
+    ("wandb-0.31.0-py3-none-macosx_12_0_arm64.whl", False),
+    ("x-1.0-py311-none-manylinux_2_28_x86_64.whl", False),
     ("not-a-wheel.whl", False),
 ])
 def test_the_bundle_never_adds_a_wheel_for_another_python_or_platform(wheel, ok):

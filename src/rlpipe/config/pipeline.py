@@ -27,9 +27,24 @@ def _set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
     d[parts[-1]] = value
 
 
+def plain_copy(data: Any) -> Any:
+    """A deep copy of plain data (dicts, lists, scalars) with every mapping's keys sorted, as the YAML
+    round trip this replaces gave it (``yaml.safe_dump`` sorts keys where they compare), at a hundredth
+    of its cost: the workflow resolves every run's settings through ``apply_overrides`` at each parse."""
+    if isinstance(data, dict):
+        try:
+            keys = sorted(data)
+        except TypeError:
+            keys = list(data)
+        return {k: plain_copy(data[k]) for k in keys}
+    if isinstance(data, list | tuple):
+        return [plain_copy(v) for v in data]
+    return data
+
+
 def apply_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge ``overrides`` (nested dicts or dotted keys) into a copy of ``base``."""
-    out = yaml.safe_load(yaml.safe_dump(base))  # deep copy of plain data
+    out = plain_copy(base)  # deep copy of plain data
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and "." not in key:
             out[key] = apply_overrides(out[key], value)
@@ -51,9 +66,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def parse_config(data: dict[str, Any]) -> PipelineConfig:
+def parse_config(data: dict[str, Any], *, check_runs: bool = True) -> PipelineConfig:
     """Validate a whole pipeline config, including every variant's resolved train section.
-    A variant set to ``null`` (e.g. by an overlay config) is removed."""
+    A variant set to ``null`` (e.g. by an overlay config) is removed. ``check_runs=False`` leaves out
+    what grows with the runs (each variant, track and family resolved and checked): a workflow's
+    cluster job parses a config its main process has checked whole, and resolves only its own run."""
     if not isinstance(data, dict):
         raise ConfigError(f"the config must be a mapping, got {type(data).__name__}")
     if isinstance(data.get("variants"), dict):
@@ -68,6 +85,8 @@ def parse_config(data: dict[str, Any]) -> PipelineConfig:
     _check_names(cfg)
     _check_tracks(cfg)
     check_one_gpu_nccl("train", cfg.train, cfg.workflow.gpus_per_disaggregated)
+    if not check_runs:
+        return cfg
     for name in cfg.variants:
         check_one_gpu_nccl(f"variants.{name}", resolve_variant(cfg, name), cfg.workflow.gpus_per_disaggregated)
     for name in cfg.workflow.tracks:
@@ -111,17 +130,18 @@ def _check_tracks(cfg: PipelineConfig) -> None:
                               f"{', '.join([*known, SYSTEMS_TRACK])}")
 
 
-def track_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
+def track_pipeline(cfg: PipelineConfig, name: str, *, check_runs: bool = True) -> PipelineConfig:
     """Track ``name`` as a pipeline config of its own, on which every stage command runs unchanged:
-    ``cfg`` itself for keyword, ``math_pipeline`` for math, ``user_track_pipeline`` for a user's."""
+    ``cfg`` itself for keyword, ``math_pipeline`` for math, ``user_track_pipeline`` for a user's.
+    ``check_runs=False``: its variants are not each resolved (``parse_config``)."""
     if name == KEYWORD_TRACK:
         return cfg
     if name == MATH_TRACK:
-        return math_pipeline(cfg)
-    return user_track_pipeline(cfg, name)
+        return math_pipeline(cfg, check_runs=check_runs)
+    return user_track_pipeline(cfg, name, check_runs=check_runs)
 
 
-def user_track_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
+def user_track_pipeline(cfg: PipelineConfig, name: str, *, check_runs: bool = True) -> PipelineConfig:
     """A user's track (``tracks.<name>``): its tokenizer/model/pretrain sections in place of the
     keyword track's, ``train`` = the shared train section + its train overrides, ``variants`` = its
     variants. Errors name the ``tracks.<name>.*`` key."""
@@ -137,17 +157,17 @@ def user_track_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
     data = dict(to_dict(cfg), tokenizer=to_dict(t.tokenizer), model=to_dict(t.model), pretrain=to_dict(t.pretrain),
                 train=train, variants={k: v or {} for k, v in t.variants.items() if v is not None}, families={})
     data["workflow"] = dict(data["workflow"], families=None)
-    return _derived_pipeline(data, prefix)
+    return _derived_pipeline(data, prefix, check_runs)
 
 
-def workflow_tracks(cfg: PipelineConfig) -> dict[str, Track]:
+def workflow_tracks(cfg: PipelineConfig, *, check_runs: bool = True) -> dict[str, Track]:
     """Every track in ``workflow.tracks`` as one ``Track`` record, in that order (the workflow's
     single source of paths and inputs)."""
-    return {name: _track_record(cfg, name) for name in cfg.workflow.tracks}
+    return {name: _track_record(cfg, name, check_runs) for name in cfg.workflow.tracks}
 
 
-def _track_record(cfg: PipelineConfig, name: str) -> Track:
-    pipeline = track_pipeline(cfg, name)
+def _track_record(cfg: PipelineConfig, name: str, check_runs: bool = True) -> Track:
+    pipeline = track_pipeline(cfg, name, check_runs=check_runs)
     if name == KEYWORD_TRACK:
         return Track(name, "", pipeline, data_subdir="data/keywords", dataset_dir=None, dataset_command=None,
                      base_model=None, pretrains=cfg.model.base_checkpoint is None, timed=True, evaluate=False,
@@ -163,7 +183,7 @@ def _track_record(cfg: PipelineConfig, name: str) -> Track:
                  timed=t.timed, evaluate=t.evaluate, eval_size=t.eval_size, eval_max_tokens=t.eval_max_tokens)
 
 
-def math_pipeline(cfg: PipelineConfig) -> PipelineConfig:
+def math_pipeline(cfg: PipelineConfig, *, check_runs: bool = True) -> PipelineConfig:
     """The MATH track as a pipeline config of its own: ``math.tokenizer``/``model``/``pretrain`` in
     place of the keyword track's, ``train`` = the shared train section + ``math.train`` + ``task:
     math``, ``variants`` = ``math.variants`` (null entries dropped). Every stage command then runs on
@@ -179,14 +199,15 @@ def math_pipeline(cfg: PipelineConfig) -> PipelineConfig:
     data = dict(to_dict(cfg), tokenizer=to_dict(m.tokenizer), model=to_dict(m.model),
                 pretrain=to_dict(m.pretrain), train=train,
                 variants={k: v or {} for k, v in m.variants.items() if v is not None})
-    return _derived_pipeline(data, MATH_PREFIX)
+    return _derived_pipeline(data, MATH_PREFIX, check_runs)
 
 
-def _derived_pipeline(data: dict[str, Any], prefix: str) -> PipelineConfig:
+def _derived_pipeline(data: dict[str, Any], prefix: str, check_runs: bool = True) -> PipelineConfig:
     """Validate a pipeline config derived from the user's (the math track's, a family's) and every
-    variant it holds; a variant's error names the key the user wrote (``<prefix>.variants.<v>``)."""
+    variant it holds (unless ``check_runs`` is False); a variant's error names the key the user wrote
+    (``<prefix>.variants.<v>``)."""
     out = from_dict(PipelineConfig, data)
-    for name in out.variants:
+    for name in out.variants if check_runs else ():
         try:
             resolve_variant(out, name)
         except ConfigError as e:
@@ -237,7 +258,7 @@ def table_reference(cfg: PipelineConfig) -> str:
     return (sync or list(cfg.variants) or ["onpolicy"])[0]
 
 
-def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
+def family_pipeline(cfg: PipelineConfig, name: str, *, check_runs: bool = True) -> PipelineConfig:
     """Family ``name`` as a pipeline config of its own: its track's pipeline (``track_pipeline``)
     with ``train`` = that track's train settings + ``families.<name>.base`` and ``variants`` = the
     family's variants (null entries dropped; for a systems family, the track's variants table).
@@ -246,7 +267,7 @@ def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
     if name not in cfg.families or cfg.families[name] is None:
         raise ConfigError(f"unknown family '{name}'; configured families: {', '.join(cfg.families) or '(none)'}")
     fam, prefix = cfg.families[name], f"{FAMILIES_PREFIX}.{name}"
-    track = track_pipeline(cfg, fam.base_track)
+    track = track_pipeline(cfg, fam.base_track, check_runs=check_runs)
     if fam.is_systems:
         variants = dict(track.variants)
         if not variants:
@@ -264,7 +285,7 @@ def family_pipeline(cfg: PipelineConfig, name: str) -> PipelineConfig:
     from_dict(TrainConfig, train, f"{prefix}.base")
     data = dict(to_dict(track), train=train, families={}, variants=variants)
     data["workflow"] = dict(data["workflow"], families=None)  # the derived config holds no families
-    return _derived_pipeline(data, prefix)
+    return _derived_pipeline(data, prefix, check_runs)
 
 
 def family_reference(cfg: PipelineConfig, name: str) -> str:

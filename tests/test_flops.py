@@ -9,8 +9,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from rlpipe.bench.flops import decode_flops, forward_flops, matmul_params, matmul_peak, train_flops
-from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm import attention
+from rlpipe.lm.model import ModelConfig, TransformerLM
 
 TINY = ModelConfig(vocab_size=10, context_length=16, num_layers=1, d_model=4, num_heads=2, d_ff=8)
 

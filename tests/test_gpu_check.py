@@ -451,7 +451,8 @@ def test_the_bundle_leaves_out_the_trackers_unless_asked():
             "protobuf==7.36.2\n    # via\n    #   ray\n    #   wandb\nray==2.60.0\n    # via rlpipe (pyproject.toml)\n")
     take, left_out = gpu_bundle.wanted(lock, frozenset(), extra=())
     assert take == ["protobuf==7.36.2", "ray==2.60.0"]
-    assert {n for n, why in left_out.items() if "trackers" in why} == {"wandb", "sentry-sdk", "mlflow-skinny", "sqlparse"}
+    trackers = {n for n, why in left_out.items() if "trackers" in why}
+    assert trackers == {"wandb", "sentry-sdk", "mlflow-skinny", "sqlparse"}
     take, _ = gpu_bundle.wanted(lock, frozenset(), extra=(), trackers=True)
     assert len(take) == 6
     take, left_out = gpu_bundle.wanted(lock + "snakemake==9.0\n    # via rlpipe (pyproject.toml)\n", frozenset(),
@@ -526,7 +527,8 @@ def test_the_bundle_fetches_what_its_wheels_require_and_nothing_the_machine_has(
     have = {"numpy": "2.4.6", "torch": "2.11.0", "transformers": "5.0.0", "datasets": "5.2.0"}
     added, missing = gpu_bundle.complete(folder, have, "3.12", fetch=from_index)
     assert sorted(fetched) == ["deep>=1", "gone>=1", "xxhash"]
-    assert added == {"xxhash": "xxhash-3.6.0-cp312-cp312-manylinux_2_17_x86_64.whl", "deep>=1": "deep-2.0-py3-none-any.whl"}
+    assert added == {"xxhash": "xxhash-3.6.0-cp312-cp312-manylinux_2_17_x86_64.whl",
+                     "deep>=1": "deep-2.0-py3-none-any.whl"}
     assert missing == {"gone>=1": "no wheel for CPython 3.12 on manylinux x86_64"}
     assert have["xxhash"] == "3.6.0" and have["deep"] == "2.0"
     assert gpu_bundle.conflicts(sorted(folder.glob("*.whl")), have, "3.12") == []

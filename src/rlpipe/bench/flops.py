@@ -225,7 +225,8 @@ def device_memcpy(device: str | torch.device = "cpu", nbytes: int | None = None)
 def device_peak(device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32,
                 size: int | None = None, memcpy_bytes: int | None = None) -> dict:
     """The device's own limits in ``dtype``: one large square matmul (``peak_size``: the device's
-    ``DEVICE_PEAK_SIZE``, smaller for a dtype this CPU emulates; or ``size``) and one large warm ``copy_`` (``DEVICE_MEMCPY_BYTES``, GB/s = bytes copied / s).
+    ``DEVICE_PEAK_SIZE``, smaller for a dtype this CPU emulates; or ``size``) and one large warm
+    ``copy_`` (``DEVICE_MEMCPY_BYTES``, GB/s = bytes copied / s).
     Measured once per process for each device, dtype, torch thread count and size (cached).
 
     Returns ``{"device", "device_name", "dtype", "tf32" (fp32 products on TF32 tensor cores),

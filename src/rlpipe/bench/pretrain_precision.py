@@ -19,13 +19,12 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 from rlpipe.bench import emit
 from rlpipe.bench.flops import device_peak, fraction, matmul_peak, peak_fields, train_flops
 from rlpipe.lm import attention
-from rlpipe.lm.device import autocast
 from rlpipe.lm.model import ModelConfig, TransformerLM
+from rlpipe.lm.pretrain import lm_loss
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -34,9 +33,7 @@ def _step(model: TransformerLM, opt: torch.optim.Optimizer, x: torch.Tensor, dty
     """One optimizer step of next-token loss on ``x`` (B, T + 1) in ``dtype``; its wall time in s."""
     device = x.device
     t0 = time.perf_counter()
-    with autocast(device, dtype):
-        logits = model(x[:, :-1])  # (B, T, V)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+    loss = lm_loss(model, x[:, :-1], x[:, 1:], device, dtype)  # pretraining's own loss
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -71,7 +68,8 @@ def run_bench(preset: str, vocab: int, batch: int, seq_len: int, repeats: int, d
     peaks = peak_fields(work / fp32, shape, device_peak(dev, torch.float32))
     bf16_peak = device_peak(dev, torch.bfloat16)
     return {**peaks, "bfloat16_fraction_of_device_peak": fraction(work / bf16, bf16_peak["flops_per_s"]),
-            "bfloat16_device_peak": bf16_peak, "step_gflop": round(work / 1e9, 3),"bench": "pretrain_precision", "device": str(dev), "preset": preset, "vocab_size": vocab,
+            "bfloat16_device_peak": bf16_peak, "step_gflop": round(work / 1e9, 3),
+            "bench": "pretrain_precision", "device": str(dev), "preset": preset, "vocab_size": vocab,
             "batch": batch, "seq_len": seq_len, "threads": torch.get_num_threads(),
             "cpu_bf16_flags": flags, "kernel_level": torch.backends.cpu.get_cpu_capability(),
             "float32": _summary(times["float32"]), "bfloat16": _summary(times["bfloat16"]),

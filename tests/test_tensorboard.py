@@ -1,18 +1,19 @@
-"""logging.tensorboard: the run writer mirrors metric rows to TensorBoard scalars (a live view;
-metrics.parquet stays the contract), once per step, resumed runs without duplicates, and a missing
-package is a config error before any work."""
+"""logging.trackers: [tensorboard]: the run writer mirrors metric rows to TensorBoard scalars (a live
+view; metrics.parquet stays the contract), once per step, resumed runs without duplicates, and a
+missing package is a config error before any work."""
 
 from __future__ import annotations
 
-import builtins
+import importlib.util
 import math
 
 import pytest
 
 from rlpipe.analysis import contract
 from rlpipe.config import ConfigError, parse_config
-from rlpipe.trainer import tensorboard
+from rlpipe.config.checks import check_trackers
 from rlpipe.trainer.run_writer import RunWriter
+from rlpipe.trainer.trackers import open_trackers
 
 pytest.importorskip("tensorboard")
 
@@ -29,14 +30,19 @@ def row(step: int, **values) -> dict:
     return {"step": step, "policy_version": step, "wall_time": float(step), "samples": 32 * step, **values}
 
 
+def tb_writer(run_dir) -> RunWriter:
+    return RunWriter(run_dir, trackers=open_trackers(["tensorboard"], run_dir, run_dir.parent, "v", 0, {}))
+
+
 def test_rows_become_namespaced_scalars_once_each_and_nan_is_skipped(tmp_path):
-    w = RunWriter(tmp_path, tensorboard=True)
+    w = tb_writer(tmp_path)
     w.add_row(row(0, **{"reward/val_mean": 0.25}))
     w.add_row(row(1, **{"reward/train_mean": 0.5, "loss/clip_frac": 0.1}))
     w.flush()
     w.add_row(row(2, **{"reward/train_mean": 0.75, "reward/val_mean": 0.5}))
     w.flush()
     w.flush()  # nothing new: no step is written twice
+    w.finish({"variant": "v"})  # the trackers' process has logged everything handed to it
     got = scalars(tmp_path / contract.TENSORBOARD_DIR)
     assert got["reward/train_mean"] == [(1, 0.5), (2, 0.75)]
     assert got["reward/val_mean"] == [(0, 0.25), (2, 0.5)]  # NaN at step 1 (not measured) is skipped
@@ -50,30 +56,35 @@ def test_off_by_default_writes_no_event_files(tmp_path):
     w.add_row(row(0, **{"reward/val_mean": 0.25}))
     w.flush()
     assert not (tmp_path / contract.TENSORBOARD_DIR).exists()
-    assert parse_config({}).logging.tensorboard is False
+    assert parse_config({}).logging.trackers == []
 
 
-def test_a_resumed_run_continues_after_the_checkpoint_step(tmp_path):
-    w = RunWriter(tmp_path, tensorboard=True)
-    for s in range(3):
+def test_the_former_tensorboard_key_folds_into_trackers():
+    assert parse_config({"logging": {"tensorboard": True}}).logging.trackers == ["tensorboard"]
+    assert parse_config({"logging": {"tensorboard": True, "trackers": ["wandb"]}}).logging.trackers == [
+        "wandb", "tensorboard"]
+    assert parse_config({"logging": {"tensorboard": False}}).logging.trackers == []
+    with pytest.raises(ConfigError, match=r"logging\.tensorboard is false but logging\.trackers names"):
+        parse_config({"logging": {"tensorboard": False, "trackers": ["tensorboard"]}})
+
+
+def test_a_resumed_run_continues_after_the_last_logged_step(tmp_path):
+    w = tb_writer(tmp_path)
+    for s in range(4):
         w.add_row(row(s, **{"reward/train_mean": float(s)}))
-    w.flush(snapshot=True)  # the checkpoint of step 2 snapshots rows 0..2
-    resumed = RunWriter(tmp_path, tensorboard=True)
-    resumed.resume_from(2)
-    resumed.add_row(row(3, **{"reward/train_mean": 3.0}))
-    resumed.flush()
+    w.flush(snapshot=True)  # a checkpoint of step 3 (and the tracker logs 0..3) ...
+    w.finish({"variant": "v"})  # ... before the run is killed
+    resumed = tb_writer(tmp_path)
+    resumed.resume_from(2)  # from an earlier checkpoint: step 3 is computed again
+    for s in (3, 4):
+        resumed.add_row(row(s, **{"reward/train_mean": float(s)}))
+    resumed.finish({"variant": "v"})
     got = scalars(tmp_path / contract.TENSORBOARD_DIR)
-    assert [s for s, _ in got["reward/train_mean"]] == [0, 1, 2, 3]  # 0..2 once, from the first writer
+    assert [s for s, _ in got["reward/train_mean"]] == [0, 1, 2, 3, 4]  # every step once
 
 
-def test_missing_package_is_a_config_error_naming_the_key(monkeypatch):
-    real_import = builtins.__import__
-
-    def no_tensorboard(name, *args, **kwargs):
-        if name == "tensorboard":
-            raise ImportError("No module named 'tensorboard'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
-    with pytest.raises(ConfigError, match=r"logging\.tensorboard.*pip install -e '\.\[tb\]'"):
-        tensorboard.check_available()
+def test_missing_package_is_a_config_error_naming_the_extra(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"logging\.trackers names 'tensorboard'.*pip install -e '\.\[tb\]'"):
+        check_trackers(parse_config({"logging": {"tensorboard": True}}))

@@ -57,7 +57,7 @@ from rlpipe.config import (
     variant_gpus,
     workflow_tracks,
 )
-from rlpipe.config.checks import check_paths
+from rlpipe.config.checks import check_paths, check_trackers
 from rlpipe.config.identity import identity
 from rlpipe.config.run_command import CONFIG_SUFFIXES
 
@@ -89,6 +89,7 @@ def _run_trains(cfg) -> dict:
 try:
     CFG = parse_config(config)
     check_paths(CFG, _run_trains(CFG))
+    check_trackers(CFG)  # a tracker named but not installed: its extra, before any job
     if CFG.data.keywords_path and KEYWORD_TRACK in CFG.workflow.tracks:  # its lines, named file:line
         from rlpipe.tasks.keyword.vocabulary import load_keywords
 

@@ -12,6 +12,10 @@ that the output directory (``workflow.results_dir``) is, or can be created, writ
 actors share one GPU (``workflow.gpus_per_disaggregated: 1``) cannot sync over NCCL, which refuses
 two ranks on one device ("Duplicate GPU detected"); the run would fail only once its actors met.
 
+``check_trackers`` runs where a run would start (the workflow at parse time, ``rlpipe train`` before
+Ray starts): every tracker ``logging.trackers`` names is installed, else the error names the extra
+that installs it. It looks the package up without importing it (W&B and MLflow take seconds to import).
+
 ``MODEL_FIELDS`` are the fields of ``rlpipe.lm.model.ModelConfig`` (the config layer does not import
 torch; a test keeps the two equal).
 """
@@ -19,6 +23,7 @@ torch; a test keeps the two equal).
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,8 @@ from rlpipe.config.train import TrainConfig
 #: ``rlpipe.lm.model.ModelConfig``'s fields, in order: what ``model.overrides`` may set.
 MODEL_FIELDS = ("vocab_size", "context_length", "num_layers", "d_model", "num_heads", "d_ff", "rope_theta")
 TIKTOKEN_PREFIX = "tiktoken:"
+#: ``logging.trackers`` name -> (the module it needs, the rlpipe extra that installs it)
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tb"), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
 
 
 def _model_sections(cfg: PipelineConfig) -> dict[str, ModelSection]:
@@ -139,3 +146,12 @@ def check_one_gpu_nccl(key: str, train: TrainConfig, gpus_per_disaggregated: int
             f"{key}.weight_sync.backend is 'nccl' but workflow.gpus_per_disaggregated is 1: the learner and "
             "the generator share one GPU, and NCCL cannot connect two ranks on one device. Set "
             f"{key}.weight_sync.backend: cuda_ipc (same-GPU RDT), or workflow.gpus_per_disaggregated: 2")
+
+
+def check_trackers(cfg: PipelineConfig) -> None:
+    """Every tracker of ``logging.trackers`` is installed; otherwise the error names the extra."""
+    for name in cfg.logging.trackers:
+        module, extra = TRACKER_PACKAGES[name]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"logging.trackers names '{name}' but the '{module}' package is not installed: "
+                              f"pip install -e '.[{extra}]' (or remove '{name}' from logging.trackers)")

@@ -102,13 +102,31 @@ class LoggingConfig(_Section):
 
     _prefix: ClassVar[str] = "logging"
 
-    tensorboard: bool = Field(
-        False, description="Also write every metric row as TensorBoard scalars to <run>/tensorboard/ "
-                           "(live curves: tensorboard --logdir results/runs); needs pip install -e '.[tb]'.")
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        [], description="Experiment trackers every run also logs to, through a background writer that never fails, "
+                        "stalls or slows the run: 'tensorboard' (scalars in <run>/tensorboard/; pip install -e "
+                        "'.[tb]'), 'wandb' (one W&B run per training run, offline unless WANDB_MODE says otherwise, "
+                        "under <run>/wandb/; pip install -e '.[wandb]'), 'mlflow' (one MLflow run per training run "
+                        "in <results_dir>/mlruns unless MLFLOW_TRACKING_URI is set; pip install -e '.[mlflow]').")
+    tensorboard: bool | None = Field(
+        None, description="Former switch of the TensorBoard copy, kept so that older configs still run: true adds "
+                          "'tensorboard' to logging.trackers (prefer writing it there).")
     flush_every_s: float = Field(
         5.0, ge=0, description="Seconds between rewrites of a running job's metrics, events and TensorBoard files "
                                "(each rewrite pauses the actors while it writes); checkpoints and the end "
                                "of the run always write them. 0 writes after every round.")
+
+    @model_validator(mode="after")
+    def fold_tensorboard(self) -> LoggingConfig:
+        """The former ``tensorboard`` key folds into ``trackers``: one list says what is on."""
+        if len(set(self.trackers)) != len(self.trackers):
+            raise _Invalid(f"@trackers names a tracker twice: {self.trackers}")
+        if self.tensorboard is False and "tensorboard" in self.trackers:
+            raise _Invalid("@tensorboard is false but @trackers names 'tensorboard'; drop @tensorboard")
+        if self.tensorboard and "tensorboard" not in self.trackers:
+            self.trackers = [*self.trackers, "tensorboard"]
+        self.tensorboard = None
+        return self
 
 
 KEYWORD_TRACK, MATH_TRACK = "keyword", "math"

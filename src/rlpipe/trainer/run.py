@@ -79,6 +79,7 @@ from rlpipe.config import (
     to_dict,
     variant_gpus,
 )
+from rlpipe.config.checks import check_trackers
 from rlpipe.lm import decode_package
 from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint, read_extra
 from rlpipe.lm.device import resolve_device
@@ -90,7 +91,7 @@ from rlpipe.tasks import check_task
 from rlpipe.tasks.base import DatasetError
 from rlpipe.tasks.prompt_budget import base_context_length, check_prompt_lengths
 from rlpipe.tasks.registry import TaskLoadError
-from rlpipe.trainer import conditions, ray_reaper, tensorboard
+from rlpipe.trainer import conditions, ray_reaper
 from rlpipe.trainer import resume as resume_policy
 from rlpipe.trainer.actors.learner import REQUIRED_EXTRA
 from rlpipe.trainer.drivers.colocated import run_colocated
@@ -309,8 +310,7 @@ def run(config_path: str, variant: str, out_dir: str, base: str, dataset: str | 
     prepare_decode_package(train_cfg, base)
     if train_cfg.mode == "disaggregated":
         make_transport(train_cfg.weight_sync)  # an unavailable backend fails before Ray starts
-    if cfg.logging.tensorboard:
-        tensorboard.check_available()  # names logging.tensorboard before Ray starts
+    check_trackers(cfg)  # a tracker named but not installed: its extra, before Ray starts
     gpus = variant_gpus(cfg, variant)
     disagg = train_cfg.mode == "disaggregated"
     actor_threads = _actor_threads(train_cfg.threads, threads or cfg.workflow.threads_per_variant, disagg)

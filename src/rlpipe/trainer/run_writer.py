@@ -21,6 +21,11 @@ loop. A crash mid-write (the thread is a daemon: a killed process does not wait 
 previous file and a temporary file of ``rlpipe.io``'s naming, which the next run deletes; never a
 torn file. ``background=False`` writes in the calling thread (same files, byte for byte).
 
+Experiment trackers (``logging.trackers``: TensorBoard, W&B, MLflow) get each written state's rows
+from the writer (``TrackerProcess.submit``, a non-blocking put: they log from a process of their own,
+``rlpipe.trainer.trackers.process``), and ``run_info.json`` at ``finish``; ``close`` after a
+failure or a stop ends their runs as failed.
+
 A snapshot that cannot be read (truncated or corrupt parquet/JSONL), lacks the metrics file, or
 does not reach the checkpoint's step raises ``SnapshotError`` naming the file (``check_snapshot``
 runs before Ray starts; ``resume_from`` reads through the same checks) rather than failing inside
@@ -41,7 +46,7 @@ import pandas as pd
 from rlpipe import io
 from rlpipe.analysis import contract
 from rlpipe.rl.records import PhaseEvent, VersionEvent
-from rlpipe.trainer.tensorboard import TensorBoardLogger
+from rlpipe.trainer.trackers import TrackerProcess
 
 
 class SnapshotError(ValueError):
@@ -96,7 +101,7 @@ QUEUE_SIZE = 2
 
 
 class RunWriter:
-    def __init__(self, out_dir: str | Path, tensorboard: bool = False, flush_every_s: float = 0.0,
+    def __init__(self, out_dir: str | Path, trackers: TrackerProcess | None = None, flush_every_s: float = 0.0,
                  background: bool = True):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -111,8 +116,7 @@ class RunWriter:
         self.events: list[dict] = []
         self.versions: list[dict] = []
         self.rollouts: list[dict] = []
-        self.tensorboard = tensorboard  # mirror rows to <run>/tensorboard/ at each flush (live curves)
-        self._tb: TensorBoardLogger | None = None
+        self.trackers = trackers  # handed the rows of every written state (rlpipe.trainer.trackers)
         self._resumed_at = -1  # rows up to this step were written by the killed run (resume)
 
     def rel(self, t: float) -> float:
@@ -128,8 +132,6 @@ class RunWriter:
         self.events, self.versions, self.rollouts = snap["events"], snap["versions"], snap["rollouts"]
         since = time.time() if since is None else since
         self.t0 = since - max([r["wall_time"] for r in self.rows] or [0.0])
-        if self._tb is not None:
-            self._tb.last_step = min(self._tb.last_step, step)
         self._resumed_at = step
 
     @property
@@ -204,7 +206,13 @@ class RunWriter:
         self._raise_error()
 
     def close(self) -> None:
-        """Wait for the queued writes, then end the writer thread (a later flush starts another)."""
+        """Wait for the queued writes, then end the writer thread (a later flush starts another).
+        The trackers' runs end here as failed, unless ``finish`` ended them."""
+        if self.trackers is not None:
+            self.trackers.close(self.rows)
+        self._end_thread()
+
+    def _end_thread(self) -> None:
         if self._thread is None:
             return
         try:
@@ -235,11 +243,8 @@ class RunWriter:
     def _write_state(self, snapshot: bool, state: dict) -> None:
         for d in (self.dir, self.dir / contract.CHECKPOINT_DIR) if snapshot else (self.dir,):
             self._write(d, state)
-        if self.tensorboard:
-            if self._tb is None:
-                self._tb = TensorBoardLogger(self.dir / contract.TENSORBOARD_DIR,
-                                             after_step=self._resumed_at)
-            self._tb.log_rows(state["rows"])
+        if self.trackers is not None:
+            self.trackers.submit(state["rows"])
 
     @staticmethod
     def _write(d: Path, state: dict) -> None:
@@ -255,6 +260,8 @@ class RunWriter:
 
     def finish(self, info: dict) -> None:
         self.flush()
-        self.close()
+        self._end_thread()
         io.write_json(self.dir / contract.RUN_INFO_FILE,
                       {**info, "wall_time_s": self.rel(time.time()), "finished": True})
+        if self.trackers is not None:
+            self.trackers.finish(self.rows, [self.dir / contract.RUN_INFO_FILE])

@@ -46,6 +46,7 @@ from rlpipe.trainer.drivers.progress import ProgressPrinter
 from rlpipe.trainer.profiling import phase_split, seconds_by_phase
 from rlpipe.trainer.run_writer import RunWriter
 from rlpipe.trainer.stop import StopRequested, StopSignals, signal_name
+from rlpipe.trainer.trackers import open_trackers
 from rlpipe.trainer.weight_sync import WeightSyncError, ray_actor_class, sync_backend
 
 
@@ -85,8 +86,10 @@ class RunContext:
     pending_val: list = field(default_factory=list)
 
     def __post_init__(self):
-        self.writer = RunWriter(self.out_dir, tensorboard=self.cfg.logging.tensorboard,
-                                flush_every_s=self.cfg.logging.flush_every_s)
+        trackers = open_trackers(self.cfg.logging.trackers, self.out_dir, self.cfg.workflow.results_dir,
+                                 self.variant, self.train.seed,
+                                 {**to_dict(self.cfg), "train": to_dict(self.train), "variant": self.variant})
+        self.writer = RunWriter(self.out_dir, trackers=trackers, flush_every_s=self.cfg.logging.flush_every_s)
         self.sizes = self.train.derived()
         self.driver_events: list[PhaseEvent] = []
         self._early_events: list[PhaseEvent] = []  # drained before their step's row exists

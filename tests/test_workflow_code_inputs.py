@@ -1,5 +1,5 @@
-"""Every planned job that runs a report lists its code as inputs (``code_inputs`` in
-workflow/rules/common.smk), so that editing any module a report loads reruns it: the source of each
+"""Every planned job that runs a report lists its code as inputs (``rlpipe.workflow.code_inputs``,
+called by workflow/rules/common.smk), so that editing any module a report loads reruns it: the source of each
 rlpipe module of the entry's package that importing the ``rlpipe <command>`` entry module really
 loads, read from a fresh interpreter's ``sys.modules`` (not from the workflow's reading of import
 statements), and each data file beside those modules that one of them names (seed_questions.yaml).

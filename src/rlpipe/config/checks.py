@@ -5,7 +5,7 @@ the dotted key.
 ``check_model_overrides`` runs inside ``parse_config`` (it needs nothing but the config), so
 ``rlpipe train`` and the workflow both refuse ``model.overrides: {num_layer: 2}`` with "did you
 mean 'num_layers'?". ``check_paths`` runs where the paths are read: the workflow at parse time,
-before any job (``workflow/rules/common.smk``). It checks each input exists and is readable, and
+before any job (``rlpipe.workflow.loading``). It checks each input exists and is readable, and
 that the output directory (``workflow.results_dir``) is, or can be created, writable.
 
 ``check_one_gpu_nccl`` runs inside ``parse_config`` too: a disaggregated CUDA variant whose two

@@ -11,7 +11,7 @@ with the targets, checks that each is a YAML mapping, and runs
 after ``--`` go to Snakemake unchanged (``--resources gpu=2``, ``--forcerun RULE`` ...).
 
 The workflow itself refuses a config file that is not ``.yaml``/``.yml`` (one that Snakemake could
-read, such as a JSON target that exists) with the same one line (``workflow/rules/common.smk``).
+read, such as a JSON target that exists) with the same one line (``rlpipe.workflow.loading``).
 """
 
 from __future__ import annotations

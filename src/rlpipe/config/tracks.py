@@ -5,7 +5,7 @@ The seeds define two tracks, both built in: ``keyword`` (seed 000: the top-level
 001/004: the ``math`` section). A user adds a track as one entry of the ``tracks`` table
 (``TrackConfig``) in an overlay; nothing in the package names it. ``workflow_tracks`` turns every
 active track, built-in or not, into one ``Track`` record, and the workflow derives every path and
-input from that record alone (``workflow/rules/common.smk``).
+input from that record alone (``rlpipe.workflow.layout``).
 
 Departures from the seeds, and why: the seeds run one task per handout. Keeping the built-in
 tracks' config keys (``math.*`` and the top-level sections) keeps every existing overlay, result

@@ -127,7 +127,8 @@ rule train_variant:
     shell:
         # rlpipe.watch: the console gets the run's last step line (step/total, ETA) every 15 s
         "python -m rlpipe.watch {log} 'train {wildcards.tdir}{wildcards.variant}' -- "
-        "python -m rlpipe.ray_slurm --nodes {resources.nodes} -- rlpipe train --config {resources.config} --variant {wildcards.variant} --base {params.base} "
+        "python -m rlpipe.ray_slurm --nodes {resources.nodes} -- "
+        "rlpipe train --config {resources.config} --variant {wildcards.variant} --base {params.base} "
         "{params.dataset} --out {params.run_dir} --threads {threads} --resume {resources.resume}"
 
 

@@ -5,10 +5,10 @@ hands it every flush's rows and, at the end, ``run_info.json``.
 
 One file per concept: ``base`` (the protocol and the run's names), ``naming`` (track, family,
 variant and seed from the run directory), ``state`` (the key and last logged steps, for resume),
-``process`` (the trackers' own process, and the driver's bounded, non-blocking handle on
-it), ``pump`` (in that process, each tracker on a thread of its own), ``figures`` (the run's
-curves), ``registry`` and one file per tracker. Whether a named tracker is installed is checked
-before any work by ``rlpipe.config.checks``.
+``process`` (the trackers' own process, whose entry point is ``child``, and the driver's
+bounded, non-blocking handle on it), ``pump`` (in that process, each tracker on a thread of its
+own), ``figures`` (the run's curves), ``registry`` and one file per tracker. Whether a named
+tracker is installed is checked before any work by ``rlpipe.config.checks``.
 """
 
 from __future__ import annotations

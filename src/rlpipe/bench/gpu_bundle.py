@@ -17,7 +17,8 @@ RLlib/Serve/Tune/Train/LLM libraries and dashboard client; PuLP's solvers for ot
 rewriting their ``RECORD`` so pip installs them cleanly; ``bundle.json`` and the last line printed
 give the bundle's size. ``--no-workflow`` leaves out Snakemake and the packages only it needs (by
 the lock's ``# via`` comments), for a machine that runs ``rlpipe gpu-check`` or ``rlpipe
-train`` but not the workflow. On the GPU machine, in the project (the docs' GPU page): a venv
+train`` but not the workflow. The W&B and MLflow clients (``TRACKERS_ONLY``, for ``logging.trackers``)
+are left out the same way unless ``--trackers``. On the GPU machine, in the project (the docs' GPU page): a venv
 that sees the image's packages through ``image.pth`` (an image whose Python is itself a venv
 included; pip installs into a venv even where the image's Python is externally managed, PEP 668),
 then the wheels and the project, offline:
@@ -99,6 +100,9 @@ NCCL_PINS = {"12": ("cupy-cuda12x==14.2.0", "cuda-pathfinder==1.9.1"),
 #: ``--no-workflow``: the workflow engine, left out with every package only it needs (``rlpipe
 #: gpu-check`` and ``rlpipe train`` run without it)
 WORKFLOW_ONLY = frozenset({"snakemake"})
+#: the W&B and MLflow clients (``logging.trackers``, locked for CI's tests), left out with every package
+#: only they need unless ``--trackers``: most of a bundle's size, and no GPU check uses them
+TRACKERS_ONLY = frozenset({"wandb", "mlflow-skinny", "mlflow"})
 
 
 def lock_parents(lock_text: str) -> dict[str, set[str]]:
@@ -131,14 +135,27 @@ def only_needed_by(lock_text: str, roots: frozenset[str]) -> set[str]:
     return found
 
 
+def optional_parts(lock_text: str, workflow: bool, trackers: bool) -> dict[str, str]:
+    """{locked package: why it is left out} for the parts not asked for: Snakemake (``workflow``) and
+    the trackers' clients (``trackers``), each with what only it (or only the parts left out) needs."""
+    roots = (frozenset() if workflow else WORKFLOW_ONLY) | (frozenset() if trackers else TRACKERS_ONLY)
+    if not roots:
+        return {}
+    workflow_side = set() if workflow else only_needed_by(lock_text, WORKFLOW_ONLY | DEV_ONLY)
+    return {name: ("workflow only (--no-workflow)" if name in workflow_side
+                   else "experiment trackers only (--trackers adds them)")
+            for name in only_needed_by(lock_text, roots | DEV_ONLY) - DEV_ONLY}
+
+
 def wanted(lock_text: str, image: frozenset[str], extra: tuple[str, ...] = BENCH_PINS,
-           workflow: bool = True) -> tuple[list[str], dict[str, str]]:
+           workflow: bool = True, trackers: bool = False) -> tuple[list[str], dict[str, str]]:
     """(``name==version`` of every locked package to bundle, then of the ``extra`` pins the image
     and the lock lack; {left-out package: why}). One version of each package: a pin of a locked
-    package gives way to the lock's. ``workflow=False`` leaves out Snakemake and what only it needs."""
+    package gives way to the lock's. ``workflow=False`` leaves out Snakemake and what only it needs;
+    ``trackers=False`` (the default) the W&B and MLflow clients and what only they need."""
     take, left_out = [], {}
     locked = lock_pins(lock_text)
-    no_workflow = set() if workflow else only_needed_by(lock_text, WORKFLOW_ONLY | DEV_ONLY) - DEV_ONLY
+    optional = optional_parts(lock_text, workflow, trackers)
     for name, version in locked.items():
         if name.startswith("nvidia-") and name not in NOT_CUDA:
             left_out[name] = "CUDA library (the image's torch brings its own)"
@@ -146,8 +163,8 @@ def wanted(lock_text: str, image: frozenset[str], extra: tuple[str, ...] = BENCH
             left_out[name] = "in the image"
         elif name in DEV_ONLY:
             left_out[name] = "development only"
-        elif name in no_workflow:
-            left_out[name] = "workflow only (--no-workflow)"
+        elif name in optional:
+            left_out[name] = optional[name]
         else:
             take.append(f"{name}=={version}")
     for req in extra:
@@ -186,7 +203,9 @@ def trim_wheel(src: Path, dst: Path, prefixes: tuple[str, ...]) -> int:
 def fits(wheel_name: str, python: str) -> bool:
     """Whether a wheel installs on the target: CPython ``python`` (``3.12``) on manylinux x86_64. A
     pure wheel (``py3-none-any``, or ``cp312-none-any``) or one built for that Python (its ABI or
-    ``abi3``) on one of ``PLATFORMS``; never a wheel for the host's Python or platform."""
+    ``abi3``) on one of ``PLATFORMS``, or one for any Python 3 on those platforms (``py3-none-
+    manylinux_2_28_x86_64``: W&B's, whose binary does not link Python); never a wheel for the host's
+    Python or platform."""
     try:
         tags = parse_wheel_filename(wheel_name)[3]
     except InvalidWheelFilename:
@@ -195,7 +214,8 @@ def fits(wheel_name: str, python: str) -> bool:
     cp = f"cp{major}{minor}"
     abi3_from = {f"cp{major}{m}" for m in range(2, minor + 1)}  # the stable ABI of this Python or an older one
     for tag in tags:
-        if tag.platform == "any" and tag.abi == "none" and tag.interpreter in (f"py{major}", f"py{major}{minor}", cp):
+        python_free = tag.abi == "none" and tag.interpreter in (f"py{major}", f"py{major}{minor}", cp)
+        if python_free and tag.platform in ("any", *PLATFORMS):  # pure, or a binary not linking Python
             return True
         if tag.platform in PLATFORMS and ((tag.interpreter, tag.abi) == (cp, cp)
                                           or (tag.abi == "abi3" and tag.interpreter in abi3_from)):
@@ -323,9 +343,9 @@ def machine_versions(lock_text: str, image: frozenset[str], image_versions: dict
 
 def build(out: Path, lock_text: str, image: frozenset[str], python: str,
           extra: tuple[str, ...] = BENCH_PINS, workflow: bool = True,
-          image_versions: dict[str, str] | None = None) -> dict:
+          image_versions: dict[str, str] | None = None, trackers: bool = False) -> dict:
     """Download, check, trim and place the wheels in ``out``; the manifest (also ``out/bundle.json``)."""
-    take, left_out = wanted(lock_text, image, extra, workflow)
+    take, left_out = wanted(lock_text, image, extra, workflow, trackers)
     out.mkdir(parents=True, exist_ok=True)
     missing, trimmed = {}, {}
     with tempfile.TemporaryDirectory(prefix="rlpipe-bundle-") as tmp:
@@ -384,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-workflow", action="store_true",
                     help="leave out Snakemake and the packages only it needs: enough for "
                          "rlpipe gpu-check, rlpipe train and the benches, not for the workflow")
+    ap.add_argument("--trackers", action="store_true",
+                    help="also bundle the W&B and MLflow clients (logging.trackers), left out by default")
     ap.add_argument("--nccl", choices=sorted(NCCL_PINS), default=None, metavar="CUDA_MAJOR",
                     help="add CuPy for that CUDA major version (12 or 13: the image torch's CUDA), which Ray's "
                          "NCCL weight sync needs (two GPUs, config/gpu.yaml's disagg_rdt)")
@@ -398,12 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     image = frozenset(versions) if a.image_freeze else IMAGE_PACKAGES
     extra = (() if a.no_bench else BENCH_PINS) + (NCCL_PINS[a.nccl] if a.nccl else ())
     if a.dry_run:
-        take, left_out = wanted(lock.read_text(), image, extra, not a.no_workflow)
+        take, left_out = wanted(lock.read_text(), image, extra, not a.no_workflow, a.trackers)
         print("\n".join(take))
         print(f"# left out: {len(left_out)} ({', '.join(sorted(left_out))})", file=sys.stderr)
         return 0
     manifest = build(Path(a.out), lock.read_text(), image, a.python, extra, not a.no_workflow,
-                     {n: v for n, v in versions.items() if v})
+                     {n: v for n, v in versions.items() if v}, a.trackers)
     print(f"rlpipe gpu-bundle: {len(manifest['wheels'])} wheels, {manifest['mib']} MiB -> {a.out}")
     for req, why in manifest["no_wheel"].items():
         print(f"rlpipe gpu-bundle: {req}: {why}", file=sys.stderr)

@@ -255,3 +255,21 @@ def test_a_training_run_is_in_both_stores_and_a_failing_tracker_is_said_once(
     assert {k: v for k, v in logged.items() if not k.startswith("figures/")} == {
         k: [(s, pytest.approx(v)) for s, v in pts] for k, pts in want.items()}
     assert {"run_info.json", "curves.png"} <= set(wb["files"])
+
+
+def test_trackers_bench_reads_its_ratio_against_the_noise_of_the_same_run():
+    """``rlpipe bench trackers``' summary by hand: two pairs, loop times without trackers 10 s and 12 s
+    (their variation, sd/mean, is 0.1286), with 11 s and 12 s: ratios 1.1 and 1.0, mean 1.05, which is
+    within twice that variation; the same ratios over a steadier baseline (10 s, 10.1 s) are not."""
+    from rlpipe.bench.trackers import summarize
+
+    def pair(none, with_, contended=False):
+        return {"none": {"loop_s": none, "end_s": 0.01, "contended": contended},
+                "trackers": {"loop_s": with_, "end_s": 6.0, "contended": contended}, "ratio": with_ / none}
+
+    s = summarize([pair(10.0, 11.0), pair(12.0, 12.0, contended=True)])
+    assert s["ratio_mean"] == pytest.approx(1.05) and s["ratio_min"] == pytest.approx(1.0)
+    assert s["baseline_cv"] == pytest.approx(2 ** 0.5 / 11) and s["baseline_ratios"] == [pytest.approx(1.2)]
+    assert s["within_noise"] is True and s["contended_runs"] == 2 and s["end_s_trackers_median"] == 6.0
+    steady = summarize([pair(10.0, 11.0), pair(10.1, 11.0)])
+    assert steady["ratio_mean"] > 1.05 and steady["within_noise"] is False

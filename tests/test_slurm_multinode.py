@@ -187,3 +187,16 @@ def test_the_rule_asks_for_one_gpu_share_per_node():
     assert slurm.gpus_per_node(2, 2) == "--gpus-per-node=1"
     assert slurm.gpus_per_node(4, 2) == "--gpus-per-node=2"
     assert slurm.gpus_per_node(0, 2) == "" and slurm.gpus_per_node(2, 1) == ""
+
+
+def test_the_nodes_and_the_command_have_ray_s_cluster_support_on(monkeypatch):
+    """A submitter whose environment turned Ray's cluster support off (a local Ray instance started in
+    it does) passes that on through sbatch; each node and the command get it on again, else the node
+    takes 127.0.0.1 and a worker aborts ("Multi-node Ray clusters are not supported")."""
+    from rlpipe import ray_slurm
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("SLURM_GPUS", "2")
+    env = ray_slurm.step_env()
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1" and env["RAY_AUTH_MODE"] == "token"
+    assert "SLURM_GPUS" not in env

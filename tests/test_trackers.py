@@ -122,12 +122,7 @@ def test_every_metric_arrives_at_every_step_with_config_and_files(tracker_env):
     wb = read_run(run_dir)
     assert wb["groups"] == ["families/lr_sweep"] and wb["names"] == ["families/lr_sweep/k2/seed3"]
     assert wb["config"]["train"]["learning_rate"] == 1e-3 and wb["config"]["rlpipe"]["seed"] == 3
-    logged: dict[str, list[tuple[int, float]]] = {}
-    for step, values in wb["history"]:
-        for k, v in values.items():
-            logged.setdefault(k, []).append((step, v))
-    assert {k: v for k, v in logged.items() if not k.startswith("figures/")} == {
-        k: [(s, pytest.approx(v)) for s, v in pts] for k, pts in want.items()}
+    assert wandb_series(wb["history"]) == {k: [(s, pytest.approx(v)) for s, v in pts] for k, pts in want.items()}
     assert {"run_info.json", "curves.png"} <= set(wb["files"]) and wb["exit_codes"] == [0]
 
 
@@ -248,13 +243,18 @@ def test_a_training_run_is_in_both_stores_and_a_failing_tracker_is_said_once(
     assert run_.info.run_name == "onpolicy/seed5" and run_.info.status == "FINISHED"
     wb = read_run(out)
     assert wb["groups"] == ["families/fam"] and wb["exit_codes"] == [0]
-    logged: dict[str, list[tuple[int, float]]] = {}
-    for step, values in wb["history"]:
-        for k, v in values.items():
-            logged.setdefault(k, []).append((step, v))
-    assert {k: v for k, v in logged.items() if not k.startswith("figures/")} == {
-        k: [(s, pytest.approx(v)) for s, v in pts] for k, pts in want.items()}
+    assert wandb_series(wb["history"]) == {k: [(s, pytest.approx(v)) for s, v in pts] for k, pts in want.items()}
     assert {"run_info.json", "curves.png"} <= set(wb["files"])
+
+
+def wandb_series(history) -> dict[str, list[tuple[int, float]]]:
+    """{metric: [(step, value)]} of a W&B offline run's history records, its figures left out."""
+    logged: dict[str, list[tuple[int, float]]] = {}
+    for step, values in history:
+        for k, v in values.items():
+            if not k.startswith("figures/"):
+                logged.setdefault(k, []).append((step, v))
+    return logged
 
 
 def test_trackers_bench_reads_its_ratio_against_the_noise_of_the_same_run():

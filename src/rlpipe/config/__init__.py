@@ -103,6 +103,6 @@ __all__ = [
     "TokenizerConfig", "TrainConfig", "WeightSyncConfig", "WorkflowConfig", "active_families", "apply_overrides",
     "eval_base_settings", "family_base_track", "family_pipeline", "family_reference", "family_seeds", "from_dict",
     "json_schema", "load_config", "load_yaml", "math_pipeline", "parse_config", "resolve_variant", "table_reference",
-    "to_dict", "variant_gpus", "variant_nodes", "CORPUS_FILE", "RESERVED_TRACKS", "Track", "TrackConfig", "track_pipeline",
-    "user_track_pipeline", "workflow_tracks", "SmokeConfig", "overlay_list_replacements",
+    "to_dict", "variant_gpus", "variant_nodes", "CORPUS_FILE", "RESERVED_TRACKS", "Track", "TrackConfig",
+    "track_pipeline", "user_track_pipeline", "workflow_tracks", "SmokeConfig", "overlay_list_replacements",
 ]

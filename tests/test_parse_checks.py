@@ -118,10 +118,21 @@ def test_a_million_character_training_prompt_is_refused_without_a_tokenizer(tmp_
 
 # --------------------------------------------------------------------------- the workflow, before any job
 
-def _dry_run(workdir: Path, overlay: dict):
+def _dry_run(workdir: Path, overlay: dict, env: dict | None = None):
     (workdir / "overlay.yaml").write_text(yaml.safe_dump(overlay))
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-n", "--cores", "1",
-                           "--configfile", "overlay.yaml"], cwd=workdir, capture_output=True, text=True, timeout=600)
+                           "--configfile", "overlay.yaml"], cwd=workdir, capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def _without(tmp_path: Path, module: str) -> dict:
+    """An environment whose interpreters cannot import ``module``, as where it is not installed: a
+    sitecustomize (first on PYTHONPATH) marks it absent in sys.modules, which importlib's find_spec
+    and import both read as "no such module"."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(hide), os.environ.get("PYTHONPATH")])))
 
 
 @pytest.mark.dag
@@ -129,9 +140,12 @@ def _dry_run(workdir: Path, overlay: dict):
     ("keywords", "invalid rlpipe config: data.keywords_path: /nonexistent does not exist"),
     ("overrides", "invalid rlpipe config: unknown model field 'model.overrides.num_layer'; did you mean 'num_layers'?"),
     ("prompt", "track mine: {data}/train.jsonl:2: the prompt (1000000 characters"),
+    ("tracker", "invalid rlpipe config: logging.trackers names 'mlflow' but the 'mlflow' package is not installed: "
+                "pip install -e '.[mlflow]'"),
 ])
 def test_the_workflow_refuses_before_any_job(tmp_path, case, message):
-    """The issue's three cases: each refused by `snakemake -n`, one line naming the key or file:line;
+    """The issue's three cases and a tracker whose package is missing: each refused by `snakemake -n`,
+    one line naming the key or file:line;
     the outputs already there are untouched (no job ran, no metadata was recorded)."""
     workdir = tmp_path / "w"
     shutil.copytree(ROOT / "config", workdir / "config")
@@ -140,8 +154,9 @@ def test_the_workflow_refuses_before_any_job(tmp_path, case, message):
     corpus.write_text("a good corpus\n")
     overlay = {"keywords": {"data": {"keywords_path": "/nonexistent"}},
                "overrides": {"model": {"overrides": {"num_layer": 2}}},
-               "prompt": text_track(tmp_path / "track", train_prompt=LONG)}[case]
-    proc = _dry_run(workdir, overlay)
+               "prompt": text_track(tmp_path / "track", train_prompt=LONG),
+               "tracker": {"logging": {"trackers": ["mlflow"]}}}[case]
+    proc = _dry_run(workdir, overlay, _without(tmp_path, "mlflow") if case == "tracker" else None)
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert message.format(data=tmp_path / "track" / "data") in text, text[-2000:]

@@ -277,6 +277,25 @@ def test_a_local_run_listens_on_loopback_only(env, tmp_path, write_config):
     assert [s for s in sockets if not _loopback(s[0])] == []
 
 
+@pytest.mark.parametrize("before", [None, "1"])
+def test_loopback_only_restores_ray_cluster_support_for_later_children(monkeypatch, before):
+    """Ray's cluster support is off only while a local instance starts: a child started afterwards
+    (an sbatch, a multi-node Ray) inherits the submitter's own setting, not "0"."""
+    from ray._private import ray_constants
+
+    from rlpipe.trainer.run import loopback_only
+
+    name = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    if before is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, before)
+    constant = ray_constants.ENABLE_RAY_CLUSTER
+    with loopback_only():
+        assert os.environ[name] == "0" and ray_constants.ENABLE_RAY_CLUSTER is False
+    assert os.environ.get(name) == before and ray_constants.ENABLE_RAY_CLUSTER == constant
+
+
 def _session_name(procs) -> str:
     """The Ray session that the GCS among ``procs`` serves (``--session-name=session_...``)."""
     for p in procs:

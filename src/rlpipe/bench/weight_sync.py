@@ -81,7 +81,7 @@ from rlpipe.bench.flops import device_memcpy, fraction
 from rlpipe.config import WeightSyncConfig
 from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.model import ModelConfig, TransformerLM
-from rlpipe.trainer.run import local_ray_metrics_off
+from rlpipe.trainer.run import local_ray_metrics_off, loopback_only
 from rlpipe.trainer.weight_sync import (
     BackendUnavailableError,
     ObjectStoreTransport,
@@ -439,17 +439,16 @@ def headline(payloads: dict[str, Any]) -> dict[str, Any]:
 
 
 def _start_ray(num_cpus: int, thp: bool) -> Any:
-    # Ray on Linux binds to the host's routable address; with "cluster mode" off it uses
-    # 127.0.0.1 (the setting is read when ray is imported, hence before the import)
-    if "ray" not in sys.modules:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     env = {"env_vars": {"THP_MEM_ALLOC_ENABLE": "1"}} if thp else None
     # address="local": a new instance of its own, never a cluster that `ray start` left registered
     # (a dead one's registration would make ray.init attach, and refuse num_cpus)
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env,
-             **local_ray_metrics_off())  # no metrics exporter on fixed ports (rlpipe.trainer.run)
+    # Ray on Linux binds the host's routable address: loopback instead, and no metrics exporter on fixed
+    # ports (both as rlpipe.trainer.run starts its local instance)
+    with loopback_only():
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env,
+                 _node_ip_address="127.0.0.1", **local_ray_metrics_off())
     return ray
 
 

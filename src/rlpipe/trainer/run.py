@@ -224,7 +224,7 @@ def _init_ray(cfg, num_cpus: float, num_gpus: int | None = None):
     # but its agent adds ~0.8 s to every actor start (measured side by side; ray.init unchanged),
     # paid by each actor of the default pipeline's ~35 runs.
     os.environ.setdefault("PYTHONWARNINGS", quiet)
-    with _loopback_only():
+    with loopback_only():
         gpu_kwargs = {} if num_gpus is None else {"num_gpus": num_gpus}
         ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
                  **gpu_kwargs,
@@ -234,20 +234,27 @@ def _init_ray(cfg, num_cpus: float, num_gpus: int | None = None):
 
 
 @contextlib.contextmanager
-def _loopback_only():
+def loopback_only():
     """Ray's cluster support off while a local instance starts, so that its node address stays
     127.0.0.1 and every server binds loopback (see the module docstring). The Ray processes read the
-    variable when they start; this process read it when it imported ``ray``, so its copy is set too
-    (and restored: once the node exists, Ray takes the address from it)."""
+    variable when they start; this process read it when it imported ``ray``, so its copy is set too.
+    Both are restored afterwards: once the node exists, Ray takes the address from it, and a process
+    this one starts later (an sbatch, a Ray cluster of its own) must not inherit "cluster support off"."""
     from ray._private import ray_constants
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    name = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    env_before = os.environ.get(name)
+    os.environ[name] = "0"
     before = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before
+        if env_before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = env_before
 
 
 def resolve_recompute(train_cfg, base: str):

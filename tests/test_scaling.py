@@ -177,3 +177,18 @@ def test_report_lists_every_points_fractions(tmp_path):
     table = page.split("<h4>Points")[1]
     assert table.count("<tr><td>") == len(pts) and "<td>colocated_sync</td><td>batch</td><td>16</td>" in table
     assert "<td>0.01</td><td>n/a</td>" in table and "<td>0.02</td><td>0.002</td>" in table
+
+
+def test_a_scaling_point_logs_to_no_tracker_of_the_user(tmp_path):
+    """The bench's timing runs are not experiments: a pipeline with trackers gives points without any
+    (they used to land in the user's MLflow experiment, from a temporary directory)."""
+    from rlpipe.config import load_config
+    from rlpipe.io import write_yaml
+
+    config = tmp_path / "c.yaml"
+    write_yaml(config, {"logging": {"trackers": ["wandb", "mlflow"], "tensorboard": True}})
+    path, name = bench._point_config(str(config), "colocated_sync", {"d_model": 64, "batch": 8, "length": 8}, 2,
+                                     tmp_path)
+    cfg = load_config(path)
+    assert name == "coloc_d64_b8_l8" and list(cfg.variants) == [name]
+    assert cfg.logging.trackers == [] and load_config(config).logging.trackers == ["wandb", "mlflow", "tensorboard"]

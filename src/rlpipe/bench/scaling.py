@@ -113,6 +113,8 @@ def _point_config(config: str, mode: str, p: dict, steps: int, tmp: Path) -> tup
                  val_size=2 * g, log_rollouts_every=steps, checkpoint_every=steps)
     data = dict(to_dict(cfg), train=train, variants={name: {}}, families={})
     data["workflow"] = dict(data["workflow"], families=None)
+    # a timing point, not an experiment: nothing in the user's trackers (and no tracker's cost in the timing)
+    data["logging"] = dict(data["logging"], trackers=[])
     path = tmp / f"{name}.yaml"
     io.write_yaml(path, data)
     return str(path), name

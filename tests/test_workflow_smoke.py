@@ -158,10 +158,11 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run, bench_peaks):
     reordered["model"] = {**smoke["model"], "overrides": dict(reversed(list(smoke["model"]["overrides"].items())))}
     assert plan(reordered) == [], "reordering keys must rerun nothing"
     edited = {**smoke, "train": {**smoke["train"], "learning_rate": 1e-3}}
-    rules = {j["rule"] for j in plan(edited)}
+    jobs = plan(edited)
+    rules = {j["rule"] for j in jobs}
     assert {"train_variant", "aggregate_metrics"} <= rules  # in this one invocation ...
     assert not rules & {"build_corpus", "train_tokenizer", "pretrain_base"}  # ... and nothing upstream
-    trains = [j for j in plan(edited) if j["rule"] == "train_variant"]
+    trains = [j for j in jobs if j["rule"] == "train_variant"]
     assert {j["wildcards"]["variant"] for j in trains} == {"onpolicy", "k2", "disagg"}
     assert all(j["resources"]["resume"] == "auto" for j in trains)  # a changed run: rlpipe decides
     forced = [j for j in plan(smoke, "results/runs/k2/metrics.parquet", "--forcerun", "train_variant")

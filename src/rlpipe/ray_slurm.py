@@ -54,8 +54,9 @@ HEAD_FILE = "head_address"
 HEAD_TIMEOUT_S = 180.0
 #: how long the steps get to end after the command before srun is killed
 STOP_WAIT_S = 20.0
-#: cluster support on (a process that started a local Ray instance, rlpipe.trainer.run, leaves it off in
-#: its environment, which sbatch passes on: a node then takes 127.0.0.1 and a worker refuses to join)
+#: cluster support on whatever the submitter's environment says (sbatch passes it on; with it off a node
+#: takes 127.0.0.1 and a worker refuses to join; rlpipe.trainer.run.loopback_only restores it after its
+#: own local instance starts, but a user's shell may still have it off)
 RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_worker_niceness": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
 
 

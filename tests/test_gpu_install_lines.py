@@ -8,8 +8,9 @@ The fake image costs no copy of the standard library: a prefix whose ``bin/pytho
 suite's own base interpreter (a few KB for a shared-libpython build; it finds its prefix by the landmark
 ``lib/python3.X/os.py``), whose ``lib/python3.X/`` links every entry of the real standard library beside
 its own ``EXTERNALLY-MANAGED`` file, and whose site-packages links the suite's pip and setuptools (the
-project needs setuptools>=68, more than Debian's python3 has) and holds a ``.pth`` file, as images do
-for packages installed in place."""
+project needs setuptools>=68, more than Debian's python3 has) and holds ``.pth`` files, as images do
+for packages installed in place (editable installs): one with a path line, one with an executable
+``import`` line."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ DOC = ROOT / "docs" / "gpu-and-clusters.md"
 BUNDLE = ROOT / "src" / "rlpipe" / "bench" / "gpu_bundle.py"
 FIRST = "python3 -m venv"  # the block's first command: the venv the rest installs into
 WHEEL_PKG = "gpu_bundle_probe"  # the bundle's stand-in: one small pure-Python wheel
-PTH_PKG = "image_pth_probe"  # an image package reached only through a .pth file in its site-packages
+PTH_PKG = "image_pth_probe"  # an image package reached only through a .pth file's path line in its site-packages
+PTH_HOOK_PKG = "image_pth_hook_probe"  # one reached only through a .pth file's import line (an editable finder's)
 TIMEOUT = 180
 
 
@@ -129,8 +131,8 @@ def _fake_python(root: Path) -> Path:
 
 def _stock(python: Path, env: dict[str, str], root: Path) -> Path:
     """The image's site-packages (the first of ``site.getsitepackages()``, under ``root``), given the
-    suite's pip and setuptools (links to their top-level entries, by RECORD) and a package that only a
-    ``.pth`` file there reaches."""
+    suite's pip and setuptools (links to their top-level entries, by RECORD) and two packages that only
+    ``.pth`` files there reach: a path line's and an executable line's."""
     found = _ask(python, "import site\nprint(json.dumps([sys.prefix, site.getsitepackages()]))", env, root)
     assert found[0] == str(root), found
     site_dir = Path(found[1][0])
@@ -145,6 +147,10 @@ def _stock(python: Path, env: dict[str, str], root: Path) -> Path:
     (root / "extra" / PTH_PKG).mkdir(parents=True)
     (root / "extra" / PTH_PKG / "__init__.py").write_text("")
     (site_dir / f"{PTH_PKG}.pth").write_text(f"{root / 'extra'}\n")
+    (root / "hooked" / PTH_HOOK_PKG).mkdir(parents=True)
+    (root / "hooked" / PTH_HOOK_PKG / "__init__.py").write_text("")
+    hooked = str(root / "hooked")
+    (site_dir / f"{PTH_HOOK_PKG}.pth").write_text(f"import sys; p = {hooked!r}; p in sys.path or sys.path.append(p)\n")
     return site_dir
 
 
@@ -167,10 +173,11 @@ def test_install_lines_on_an_externally_managed_image(tmp_path, image_kind):
     error and installs nothing; ``venv``, the image's Python a venv of that Python holding the image's
     packages, which the new venv's ``--system-site-packages`` alone would not reach (``image.pth``
     does). Then the venv's Python is based on the image's, imports the image's pip from the image's
-    site-packages, the wheel's package from the venv, and rlpipe from the copy as an editable install
-    (``pip show``), and on ``system`` also an image package that only a ``.pth`` file in the image's
-    site-packages reaches (only ``--system-site-packages`` reads it: ``image.pth``'s paths are not
-    scanned for ``.pth`` files); nothing is written into the image's site-packages."""
+    site-packages, the wheel's package from the venv, rlpipe from the copy as an editable install
+    (``pip show``), and the image packages that only ``.pth`` files in the image's site-packages reach,
+    by a path line and by an ``import`` line (on ``venv``, ``image.pth``'s ``site.addsitedir`` reads
+    them: a plain path line in a ``.pth`` file is not scanned for ``.pth`` files); nothing is written
+    into the image's site-packages."""
     if Version(metadata.version("setuptools")) < Version("68"):
         pytest.skip("the suite's setuptools is older than the project's build requirement (setuptools>=68)")
     base = tmp_path / "image"
@@ -202,17 +209,16 @@ def test_install_lines_on_an_externally_managed_image(tmp_path, image_kind):
     assert r.returncode == 0, f"the docs' install lines failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
     venv = proj / ".venv-gpu"
-    probe = "pth_pkg = None\n"
-    if image_kind == "system":
-        probe = f"import {PTH_PKG}\npth_pkg = {PTH_PKG}.__file__\n"
-    seen = _ask(venv / "bin" / "python", f"import importlib.util, pip, {WHEEL_PKG}\n{probe}"
+    seen = _ask(venv / "bin" / "python", f"import importlib.util, pip, {WHEEL_PKG}\n"
                 "print(json.dumps({'prefix': sys.prefix, 'base': sys.base_prefix, 'pip': pip.__file__,\n"
-                f"  'pth_pkg': pth_pkg, 'wheel_pkg': {WHEEL_PKG}.__file__, 'value': {WHEEL_PKG}.VALUE,\n"
+                f"  'pth_pkg': getattr(importlib.util.find_spec('{PTH_PKG}'), 'origin', None),\n"
+                f"  'pth_hook_pkg': getattr(importlib.util.find_spec('{PTH_HOOK_PKG}'), 'origin', None),\n"
+                f"  'wheel_pkg': {WHEEL_PKG}.__file__, 'value': {WHEEL_PKG}.VALUE,\n"
                 "  'rlpipe': importlib.util.find_spec('rlpipe').origin}))", env, tmp_path)
     assert seen["prefix"] == str(venv) and seen["base"] == str(base), seen
     assert Path(seen["pip"]).is_relative_to(image_site), seen["pip"]
-    if image_kind == "system":
-        assert Path(seen["pth_pkg"]).is_relative_to(image / "extra"), seen["pth_pkg"]
+    assert seen["pth_pkg"] and Path(seen["pth_pkg"]).is_relative_to(image / "extra"), seen
+    assert seen["pth_hook_pkg"] and Path(seen["pth_hook_pkg"]).is_relative_to(image / "hooked"), seen
     assert Path(seen["wheel_pkg"]).is_relative_to(venv) and seen["value"] == 42, seen
     assert Path(seen["rlpipe"]) == proj / "src" / "rlpipe" / "__init__.py", seen["rlpipe"]
 

@@ -20,11 +20,15 @@ the lock's ``# via`` comments), for a machine that runs ``rlpipe gpu-check`` or 
 train`` but not the workflow. The W&B and MLflow clients (``TRACKERS_ONLY``, for ``logging.trackers``)
 are left out the same way unless ``--trackers``. On the GPU machine, in the project (the docs' GPU page): a venv
 that sees the image's packages through ``image.pth`` (an image whose Python is itself a venv
-included; pip installs into a venv even where the image's Python is externally managed, PEP 668),
-then the wheels and the project, offline:
+included, the ``.pth`` files in its site-packages too: ``site.addsitedir``; pip installs into a venv
+even where the image's Python is externally managed, PEP 668), then the wheels and the project,
+offline:
 
     python3 -m venv --without-pip --system-site-packages .venv-gpu
-    python3 -c 'import site; print(*site.getsitepackages(), sep="\\n")' > "$(.venv-gpu/bin/python -c \\
+    python3 -c 'import os, site, sys; d = site.getsitepackages(); \\
+        b = site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]); \\
+        print("import site; list(map(site.addsitedir, %r))" % [p for p in d if p not in b and os.path.isdir(p)], \\
+        *[p for p in d if p in b], sep="\\n")' > "$(.venv-gpu/bin/python -c \\
         'import sysconfig; print(sysconfig.get_path("purelib"))')/image.pth"
     . .venv-gpu/bin/activate
     python -m pip install --no-index --no-deps OUT_DIR/*.whl

@@ -66,6 +66,61 @@ def pytest_report_header(config) -> str:
             f" (ATEN_CPU_CAPABILITY={forced or 'unset'}) on {cpu}\n{describe()}")
 
 
+#: Test files that form one pytest-xdist work unit together (else each file is its own unit): the
+#: SLURM tests share one test cluster, whose two nodes one of their runs may fill.
+SHARED_UNITS = {"tests/test_slurm.py": "slurm", "tests/test_slurm_multinode.py": "slurm"}
+#: A rough cost in seconds of one test, by its costliest marker (a Snakemake run, a Ray run, a dry
+#: run, a learning test; else short). A unit's estimate is the sum over its tests. Units go out with
+#: Snakemake runs first (the longest single tests), then costliest first, so that the many short ones
+#: fill in behind the long ones rather than a long one starting last, alone.
+MARKER_COST_S = {"workflow": 60.0, "ray": 15.0, "learning": 10.0, "dag": 5.0}
+OTHER_COST_S = 0.2
+
+
+def work_unit(nodeid: str) -> str:
+    """The pytest-xdist work unit of a test: its file, or its ``SHARED_UNITS`` name."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_UNITS.get(path, path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Units run in the order ``MARKER_COST_S`` gives (pytest's order within a unit stays); without
+    xdist only the order of the files changes."""
+    def cost(item) -> float:
+        return max((c for m, c in MARKER_COST_S.items() if item.get_closest_marker(m)), default=OTHER_COST_S)
+
+    units = [work_unit(item.nodeid) for item in items]
+    unit_cost: dict[str, float] = {}
+    runs_snakemake: set[str] = set()
+    for u, item in zip(units, items, strict=True):
+        unit_cost[u] = unit_cost.get(u, 0.0) + cost(item)
+        if item.get_closest_marker("workflow"):
+            runs_snakemake.add(u)
+    first_seen = {u: i for i, u in reversed(list(enumerate(units)))}
+    order = {id(item): (u not in runs_snakemake, -unit_cost[u], first_seen[u])
+             for u, item in zip(units, items, strict=True)}
+    items.sort(key=lambda item: order[id(item)])
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (the README's ``-n 2``): whole units to a worker (``work_unit``: a file's
+    module fixtures, a pretrained model or a Snakemake run, are built once; the SLURM files share a
+    worker), in the collection's order. xdist's own ``loadgroup`` cannot do this here: it renames
+    tests through an attribute pytest 9 no longer reads, so every test became its own unit."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+        def schedule(self) -> None:
+            self.config.option.loadscopereorder = False  # keep the order the collection hook gave
+            super().schedule()
+
+    return WorkUnits(config, log)
+
+
 def _make_tokenizer(path: Path):
     from rlpipe.lm.tokenizer import train_bpe
 

@@ -208,8 +208,15 @@ def _after_step(msg: str) -> str:
 def _actor_pids(title: str) -> set[int]:
     """Pids of processes whose title contains ``title`` (Ray titles a worker ``ray::Class.method``
     while it runs that method)."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
-    return {int(line.split(None, 1)[0]) for line in out.splitlines() if title in line}
+    pids = set()
+    want = title.encode()
+    for entry in os.scandir("/proc"):  # read directly: a `ps` per poll is slow on a loaded machine
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if want in f.read():
+                        pids.add(int(entry.name))
+    return pids
 
 
 # Waits derive from the configured timeout, never from how fast an idle machine runs: the timeout sits
@@ -249,7 +256,9 @@ def _freeze_when_running(title: str, before: set[int], record: dict) -> threadin
 ])
 def test_hung_generation_is_a_timeout_naming_the_actor_and_step(env, ray_session, tmp_path, variant, title, role):
     timeout = HANG_TIMEOUT_S
-    cfg = config(env, f"hang_{variant}", n_grpo_steps=40, checkpoint_every=100, ray_timeout_s=timeout,
+    # enough steps that the freezer meets a rollout on a loaded machine, where a rollout is milliseconds
+    # of a step and the 40-step run once ended unfrozen; no checkpoint before the end
+    cfg = config(env, f"hang_{variant}", n_grpo_steps=400, checkpoint_every=1000, ray_timeout_s=timeout,
                  weight_sync={"timeout_s": timeout})
     out, record = tmp_path / "run", {}
     freezer = _freeze_when_running(title, _actor_pids(title), record)

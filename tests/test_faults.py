@@ -206,16 +206,15 @@ def _after_step(msg: str) -> str:
 
 
 def _actor_pids(title: str) -> set[int]:
-    """Pids of processes whose title contains ``title`` (Ray titles a worker ``ray::Class.method``
-    while it runs that method)."""
+    """Pids of this process's descendants whose title contains ``title`` (Ray titles a worker
+    ``ray::Class.method`` while it runs that method)."""
+    import psutil
+
     pids = set()
-    want = title.encode()
-    for entry in os.scandir("/proc"):  # read directly: a `ps` per poll is slow on a loaded machine
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    if want in f.read():
-                        pids.add(int(entry.name))
+    for proc in psutil.Process().children(recursive=True):  # this worker's Ray only: not another test's
+        with contextlib.suppress(psutil.Error):  # (pytest -n 2); a `ps` per poll is slow on a loaded machine
+            if title in " ".join(proc.cmdline()):
+                pids.add(proc.pid)
     return pids
 
 
@@ -716,6 +715,7 @@ def test_resume_advice_reads_a_checkpoint_the_driver_has_not_recorded_yet(env, t
 
     ctx = object.__new__(RunContext)  # only the fields resume_advice reads: no writer, no Ray
     ctx.out_dir, ctx.train, ctx.checkpoint_step = tmp_path, TrainConfig(checkpoint_every=1), None
+    ctx._unconfirmed = None
     assert "No checkpoint was written yet" in ctx.resume_advice()
     ctx.checkpoint_path.parent.mkdir(parents=True)
     base = load_checkpoint(env["base"])
@@ -724,3 +724,15 @@ def test_resume_advice_reads_a_checkpoint_the_driver_has_not_recorded_yet(env, t
     assert "is from optimizer step 3" in ctx.checkpoint_state()
     ctx.checkpoint_path.write_bytes(b"damaged")  # unreadable: nothing to resume from
     assert "No checkpoint was written yet" in ctx.resume_advice()
+
+    # a save still being written when the run fails (the learner's thread renames it a moment later,
+    # as on a loaded machine): the advice waits for it, within CHECKPOINT_SETTLE_S
+    save_checkpoint(ctx.checkpoint_path, base.model, tokenizer=base.tokenizer, extra={"step": 3})
+    ctx.checkpoint_step, ctx._unconfirmed = 3, 4
+    late = threading.Timer(1.0, save_checkpoint, (ctx.checkpoint_path, base.model),
+                           {"tokenizer": base.tokenizer, "extra": {"step": 4}})
+    late.start()
+    try:
+        assert f"continue from {ctx.checkpoint_path} (optimizer step 4)" in ctx.resume_advice()
+    finally:
+        late.join()

@@ -58,11 +58,11 @@ class TrainingDiverged(RuntimeError):
     """The learner hit a NaN/inf loss, gradient, weight or log-prob; the message names the step."""
 
 
-#: what a failing actor is called in messages, by actor class
 #: How long a failed run's advice waits for a checkpoint still being written (``checkpoint_on_disk``):
 #: a save of the tiny models takes milliseconds, of a 1.5B model seconds; an actor that died with its
 #: save leaves it unwritten, and the failure is then reported this much later.
 CHECKPOINT_SETTLE_S = 10.0
+#: what a failing actor is called in messages, by actor class
 ROLES = {"ColocatedWorker": "colocated worker", "LearnerWorker": "learner",
          "GeneratorWorker": "generator", "Scorer": "scorer"}
 #: an actor's key in run_info ``nodes`` (and ``gpu_fraction``), by actor class
@@ -160,11 +160,12 @@ class RunContext:
     def checkpoint_on_disk(self) -> int | None:
         """The optimizer step of this run's checkpoint on disk, or None. Read from the file when the
         driver has not recorded it: an actor can die after its checkpoint's rename and before the
-        ``save`` call returns to the driver, and the advice must match what is on disk."""
+        ``save`` call returns to the driver, and the advice must match what is on disk. A save still
+        in flight is waited for, up to ``CHECKPOINT_SETTLE_S``."""
         if self._unconfirmed is None:
-            if not self.checkpoint_path.is_file():
-                return None
-            return self.checkpoint_step if self.checkpoint_step is not None else self._step_on_disk()
+            if self.checkpoint_step is not None and self.checkpoint_path.is_file():
+                return self.checkpoint_step
+            return self._step_on_disk()
         # a save still being written on the learner's thread when the run fails: give it a moment to
         # land (on a loaded machine the advice once said "no checkpoint" just before it appeared)
         deadline = time.time() + CHECKPOINT_SETTLE_S

@@ -44,7 +44,6 @@ FLOPS_PER_S = {"cpu": 2e10, "cuda": 2e13}
 FAILED_STATES = ("CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "DEADLINE", "FAILED",
                  "BOOT_FAIL")
 STATUS_TIMEOUT_S = 30
-SLURM_LOG_DIR = ".snakemake/slurm_logs"
 
 
 # ------------------------------------------------------------------------------- resources from the work

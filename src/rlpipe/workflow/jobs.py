@@ -17,7 +17,7 @@ from snakemake.io import ancient
 
 from rlpipe import slurm
 from rlpipe.analysis.contract import CHECKPOINT_FILE
-from rlpipe.config import Track, to_dict
+from rlpipe.config import Track
 from rlpipe.workflow.layout import Layout, uses_dataset
 from rlpipe.workflow.params import canonical, forced, ident
 from rlpipe.workflow.runs import TRACK_RUN, Runs
@@ -178,10 +178,6 @@ class Jobs:
         return {"metrics": [self.family_trained_outputs(f, v, s)["metrics"] for v, s in runs],
                 "info": [self.family_trained_outputs(f, v, s)["info"] for v, s in runs],
                 "code": self._code_inputs("family-report")}
-
-    def family_report_meta(self, wildcards) -> str:
-        """The family's metadata as a param: a change redraws its report."""
-        return canonical(to_dict(self.runs.cfg.families[wildcards.family]))
 
 
 def pretrain_gpus(t: Track, gpus_per_colocated: int) -> int:

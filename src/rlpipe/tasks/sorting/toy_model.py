@@ -241,10 +241,3 @@ def expected_reward(model: SortModel, prompts: Sequence[Sequence[int]], reward_f
     rewards = compute_reward(prompt_t, responses, reward_fn)  # (B, N)
     return (probs * rewards).sum(dim=-1).mean().item()
 
-
-def greedy_reward(model: SortModel, prompts: Sequence[Sequence[int]], reward_fn: SortRewardFn) -> float:
-    """Mean reward of the argmax response per prompt (a noise-free progress measure)."""
-    prompt_t = torch.tensor(prompts, dtype=torch.long)  # (B, P)
-    with torch.no_grad():
-        best = model(prompt_t).argmax(dim=-1, keepdim=True).transpose(1, 2)  # (B, 1, R)
-    return compute_reward(prompt_t, best, reward_fn).mean().item()

@@ -9,7 +9,7 @@ import torch
 from rlpipe.lm.heads import split_lm_head
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.policy import load_policy
-from rlpipe.rl.grpo import get_response_log_probs, pack_token_ids, response_only_log_probs
+from rlpipe.rl.logprobs import get_response_log_probs, pack_token_ids, response_only_log_probs
 
 TOL = 1e-5  # measured: max |diff| 1e-6 on the values, 2e-7 on the gradients (float32, the head's matmul
 # over N rows instead of B * T); the margin covers other CPU kernels (avx2/default/avx512)

@@ -5,8 +5,8 @@ vector, decodes that into one vector per response position, and reads logits off
 embedding (seed 003 ``Model``). Each response position is sampled independently, so a response's
 "log-prob" is a (G, R) table of per-position log-probs, exactly the (B, T) shape the GRPO losses take.
 
-This is a learning test of ``rlpipe.rl.grpo``: deltas come from ``grpo.compute_advantages`` and every
-update goes through ``grpo.grpo_microbatch_train_step``, the same code the LM trainer runs.
+This is a learning test of the seed API (``rlpipe.grpo``): deltas come from ``compute_advantages``
+and every update goes through ``grpo_microbatch_train_step``, the same code the LM trainer runs.
 
 How it departs from seed 003, and why:
 
@@ -40,7 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlpipe.rl import grpo
+from rlpipe.rl.advantages import ADVANTAGE_MODES, AdvantageMode, compute_advantages
+from rlpipe.rl.losses import LOSS_TYPES, RATIO_LOSS_TYPES, LossType
+from rlpipe.rl.train_step import LengthNormalization, grpo_microbatch_train_step
 from rlpipe.tasks.sorting.reward import sort_inclusion_ordering_reward
 
 SortRewardFn = Callable[[list[int], list[int]], float]
@@ -113,14 +115,14 @@ class SortTrainConfig:
     num_epochs: int = 100
     num_steps_per_epoch: int = 10
     num_responses: int = 10
-    advantage_mode: grpo.AdvantageMode = "rewards"
-    loss_type: grpo.LossType = "reinforce_with_baseline"
+    advantage_mode: AdvantageMode = "rewards"
+    loss_type: LossType = "reinforce_with_baseline"
     cliprange: float = 0.2
     advantage_eps: float = 1e-5
     kl_coef: float = 0.0
     ref_period: int = 10
     learning_rate: float = 1e-3
-    length_normalization: grpo.LengthNormalization = "masked_mean"
+    length_normalization: LengthNormalization = "masked_mean"
     seed: int = 5
     reward_fn: SortRewardFn | None = field(default=None, compare=False)
 
@@ -130,10 +132,10 @@ class SortTrainConfig:
             raise ValueError(f"prompts must be non-empty and all the same length, got {self.prompts}")
         if any(not isinstance(t, int) or t < 0 for p in self.prompts for t in p):
             raise ValueError(f"prompts must hold non-negative ints, got {self.prompts}")
-        if self.advantage_mode not in grpo.ADVANTAGE_MODES:
-            raise ValueError(f"unknown advantage_mode {self.advantage_mode!r}; valid: {list(grpo.ADVANTAGE_MODES)}")
-        if self.loss_type not in grpo.LOSS_TYPES:
-            raise ValueError(f"unknown loss_type {self.loss_type!r}; valid: {list(grpo.LOSS_TYPES)}")
+        if self.advantage_mode not in ADVANTAGE_MODES:
+            raise ValueError(f"unknown advantage_mode {self.advantage_mode!r}; valid: {list(ADVANTAGE_MODES)}")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"unknown loss_type {self.loss_type!r}; valid: {list(LOSS_TYPES)}")
         for key in ("embedding_dim", "num_epochs", "num_steps_per_epoch", "num_responses", "ref_period"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
@@ -172,11 +174,11 @@ def _rollout(cfg: SortTrainConfig, prompts: Tensor, model: SortModel, ref_model:
     """Outer-loop work (seed 003 §4.1): sample, score, deltas, cached pi_old / pi_ref log-probs."""
     responses = generate_responses(prompts, model, cfg.num_responses, gen)  # (B, G, R)
     rewards = compute_reward(prompts, responses, reward_fn).reshape(-1)  # (B*G,)
-    advantages = grpo.compute_advantages(rewards, cfg.num_responses, cfg.advantage_mode, cfg.advantage_eps)
+    advantages = compute_advantages(rewards, cfg.num_responses, cfg.advantage_mode, cfg.advantage_eps)
     flat = (-1, responses.shape[-1])
     with torch.no_grad():
         old = (compute_log_probs(prompts, responses, model).reshape(flat)
-               if cfg.loss_type in grpo.RATIO_LOSS_TYPES else None)
+               if cfg.loss_type in RATIO_LOSS_TYPES else None)
         ref = compute_log_probs(prompts, responses, ref_model).reshape(flat) if ref_model is not None else None
     return _Rollout(responses, rewards.unsqueeze(-1), advantages.unsqueeze(-1), old, ref)
 
@@ -208,7 +210,7 @@ def train_sorting(cfg: SortTrainConfig = SortTrainConfig()) -> SortTrainResult:
         for _ in range(cfg.num_steps_per_epoch):
             log_probs = compute_log_probs(prompts, ro.responses, model).reshape(mask.shape)  # (B*G, R)
             optimizer.zero_grad(set_to_none=True)
-            loss, meta = grpo.grpo_microbatch_train_step(
+            loss, meta = grpo_microbatch_train_step(
                 log_probs, mask, 1, cfg.loss_type, raw_rewards=ro.rewards, advantages=ro.advantages,
                 old_log_probs=ro.old_log_probs, cliprange=cfg.cliprange,
                 length_normalization=cfg.length_normalization, normalize_constant=float(length),

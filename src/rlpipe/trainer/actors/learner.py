@@ -2,12 +2,12 @@
 
 One ``train_step`` call is one optimizer step over one train batch (``train_batch_size`` rows,
 whole groups), split into ``gradient_accumulation_steps`` microbatches that each go through
-``rlpipe.rl.grpo.grpo_microbatch_train_step``; then gradient clipping (max-norm 1.0) and AdamW.
+``rlpipe.rl.train_step.grpo_microbatch_train_step``; then gradient clipping (max-norm 1.0) and AdamW.
 The version counter increments on every optimizer step.
 
 How this departs from the seed skeleton, and why:
 - The seed's ``update_policy`` re-tokenizes prompt + response text. We pack the *sampled token ids*
-  instead (``rlpipe.rl.grpo.pack_token_ids``): decoding then re-encoding can change the token
+  instead (``rlpipe.rl.logprobs.pack_token_ids``): decoding then re-encoding can change the token
   sequence, and the importance ratio must compare log-probs of the very tokens that were sampled.
 - The learner scores the same tempered distribution the sampler drew from (logits / T), so on the
   first epoch of an on-policy step the ratio is 1 up to float error. By default the clip anchors to
@@ -61,15 +61,11 @@ import torch
 from rlpipe.lm.checkpoint import CheckpointError, load_training_state, non_finite_tensors
 from rlpipe.lm.device import autocast, resolve_device, setup_process
 from rlpipe.lm.policy import for_training, hf_dtype, learner_weight_dtype, load_policy
-from rlpipe.rl.grpo import (
-    grpo_microbatch_train_step,
-    kl_importance_weights,
-    masked_kl,
-    masked_mean_or_zero,
-    pack_response_values,
-    pack_token_ids,
-)
+from rlpipe.rl.kl import kl_importance_weights, masked_kl
+from rlpipe.rl.logprobs import pack_response_values, pack_token_ids
+from rlpipe.rl.masked import masked_mean_or_zero
 from rlpipe.rl.records import RolloutBatch, UpdateResult, VersionEvent
+from rlpipe.rl.train_step import grpo_microbatch_train_step
 from rlpipe.trainer.actors.checkpoint_writer import CheckpointWriter
 from rlpipe.trainer.actors.reference import policy_log_probs, token_log_probs
 from rlpipe.trainer.profiling import Profiler

@@ -21,7 +21,7 @@ import torch
 from rlpipe.lm.device import autocast, resolve_device
 from rlpipe.lm.heads import split_lm_head
 from rlpipe.lm.policy import for_training, load_policy
-from rlpipe.rl.grpo import get_response_log_probs, pack_token_ids, response_only_log_probs
+from rlpipe.rl.logprobs import get_response_log_probs, pack_token_ids, response_only_log_probs
 from rlpipe.rl.records import RolloutBatch
 from rlpipe.trainer.profiling import Profiler
 

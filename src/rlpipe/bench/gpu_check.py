@@ -48,6 +48,7 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -119,6 +120,8 @@ PART_TIME_S = {
                                    # under 30 s) and the checkpoint read back; limit: own_timeouts_s
 }
 PART_ORDER = tuple(PART_TIME_S)
+#: the project's root when rlpipe runs from a checkout (src/rlpipe/bench/ -> the folder above src/)
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _flag(argv: list[str], flag: str, default: float = 0.0) -> float:
@@ -240,15 +243,40 @@ def select(parts: list[Part], wanted: list[str] | None) -> list[Part]:
     return [p for p in parts if p.name in keep]
 
 
-def _git() -> dict:
-    def git(*args: str) -> str | None:
-        try:
-            r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return r.stdout.strip() if r.returncode == 0 else None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+def _git_out(root: Path, *args: str) -> str | None:
+    try:
+        r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def _is_project_root(root: Path) -> bool:
+    try:
+        data = tomllib.loads((root / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return (data.get("project") or {}).get("name") == "rlpipe"
+
+
+def project_git(root: Path = PROJECT_ROOT) -> dict:
+    """The project's own commit: ``{"commit", "dirty"}`` of the git checkout whose top level is
+    ``root``, the folder whose ``pyproject.toml`` names rlpipe (the code that runs). Anything else
+    records no commit (null, and ``note`` says why) rather than another repository's: a copy of the
+    project inside another git repository (``git archive`` unpacked into a larger checkout), a copy
+    with no ``.git``, or an installed package."""
+    def unknown(why: str) -> dict:
+        return {"commit": None, "dirty": None, "note": f"unknown (no git checkout of the project): {why}"}
+    root = Path(root).resolve()
+    if not _is_project_root(root):
+        return unknown(f"{root} holds no pyproject.toml of rlpipe (an installed package)")
+    top = _git_out(root, "rev-parse", "--show-toplevel")
+    if top is None:
+        return unknown(f"{root} is not inside a git repository (or git is missing)")
+    if Path(top).resolve() != root:
+        return unknown(f"{root} lies inside the git repository {top}, whose commit is not the project's")
+    status = _git_out(root, "status", "--porcelain", "--untracked-files=no")
+    return {"commit": _git_out(root, "rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
 
 
 def _write(out: Path, result: dict) -> None:
@@ -270,7 +298,7 @@ def run_check(out: Path, budget_s: float, wanted: list[str] | None, config_dir: 
     """Run the check; the result is written to ``out`` after every part."""
     t0 = time.monotonic()
     result = {"kind": "rlpipe gpu-check", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-              "host": platform.node(), "git": _git(), "budget_s": budget_s, "status": "running",
+              "host": platform.node(), "git": project_git(), "budget_s": budget_s, "status": "running",
               "load_avg_start": list(os.getloadavg()), "gpu": None, "machine": None, "parts": {}}
     parts = build_parts(out, out / "work" / "config.yaml", gpus=0)
     rec = run_part(parts[0], out / "logs", limit_s=budget_s)

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlpipe.tasks.math import grader
-from rlpipe.tasks.math.grader import answers_match, choice_letters, configure_math_grader, parses
+from rlpipe.tasks.math.answer_forms import choice_letters
+from rlpipe.tasks.math.grader import answers_match, configure_math_grader, parses
 from rlpipe.tasks.math.reward import question_only_reward_fn, r1_zero_reward_fn
 
 RIGHT = {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}

@@ -1,4 +1,14 @@
-"""The actor side of weight sync: the ``WeightSender`` / ``WeightReceiver`` mixins and their probes."""
+"""The actor side of weight sync: the ``WeightSender`` / ``WeightReceiver`` mixins and their probes.
+
+The trainer's actor classes inherit one mixin each: ``class Learner(WeightSender)`` and
+``class Generator(WeightReceiver)``. Both need ``self.model`` (an ``nn.Module``). The payload is
+``flat_weights(model)``: the state dict with tied tensors sent once (a tied embedding / LM head
+would otherwise cross twice); non-persistent buffers (e.g. RoPE caches) are not sent because the
+receiver computes them itself. ``load_weights`` copies in place into the receiver's existing
+tensors (its optimizer-free model keeps its storage, device and dtype) and returns a ``LoadAck``
+with the byte count and, on request, a blake2b checksum of the received weights. Make both actor
+classes with ``backends.ray_actor_class(cls, cfg.transport)``.
+"""
 
 from __future__ import annotations
 
@@ -89,7 +99,14 @@ class WeightSender(_WeightActor):
 
     ``weight_sync_dtype``: the receivers' floating weight dtype when it differs from the sender's
     (an fp32 learner's bf16 generator); every export casts floating weights to it, so the bytes that
-    cross are the receiver's (half of fp32's for bf16). None: the model's own dtypes."""
+    cross are the receiver's (half of fp32's for bf16). None: the model's own dtypes.
+
+    Precision: an fp32 learner (master weights under bf16 autocast) may feed a generator with bf16
+    weights (an HF policy on CUDA); the ``LearnerWorker`` takes the dtype from
+    ``Learner.sync_dtype``. Packed and shared-memory payloads carry raw bytes cut by the receiver's
+    layout, so they must be in its dtype: a sender that does not cast is refused by the layout check
+    before anything is written. Named tensors (``local``: ``copy_weights``, and named payloads) may
+    differ in floating dtype: the receiver's in-place copy rounds them to nearest."""
 
     weight_sync_dtype: torch.dtype | None = None
 
@@ -97,12 +114,19 @@ class WeightSender(_WeightActor):
         """The flat weights on ``device`` (None: the model's own device), in ``weight_sync_dtype``.
 
         ``pack=True`` (rdt) returns ``pack_weights``: one buffer per dtype, a copy, so a later
-        in-place optimizer step cannot leak into a transfer still in flight (RDT keeps a reference,
-        see the module docstring). The previous pack is refilled once Ray has released it, which
-        saves allocating (and page-faulting) a model-sized buffer per sync: on the dev machine
-        packing 100 MB took ~60 ms into fresh memory and ~10 ms into a reused buffer. Without
-        ``pack``, tensors already on ``device`` are the model's own (the object store copies them
-        when the task returns)."""
+        in-place optimizer step cannot leak into a transfer still in flight: with RDT, Ray keeps a
+        *reference* to the returned tensors in the sender until every ObjectRef is gone, so an
+        optimizer step that mutated exported parameters in place could be seen by a receiver that
+        has not fetched yet. The copy was chosen over calling ``ray.experimental.wait_tensor_freed``
+        before each optimizer step: waiting would block the learner's next step on the slowest
+        receiver's fetch, coupling the two halves that disaggregation separates, while the copy costs
+        one memcpy of the model. ``wait_tensor_freed`` only decides, without blocking (50 ms at
+        most, ``_reusable``), whether the previous pack may be refilled instead of allocating (and
+        page-faulting) a model-sized buffer per sync: on the dev machine packing 100 MB took ~60 ms
+        into fresh memory and ~10 ms into a reused buffer. A pack some ref still points to is never
+        touched (tested). Memory: one model-sized pack on the sender (two while an old ref is still
+        alive). Without ``pack``, tensors already on ``device`` are the model's own (the object
+        store copies them when the task returns)."""
         flat, dtype = flat_weights(self.model), self.weight_sync_dtype
         if not pack:
             return {name: t.detach().to(device or t.device, wire_dtype(t, dtype)) for name, t in flat.items()}
@@ -116,8 +140,11 @@ class WeightSender(_WeightActor):
         """The object-store payload (``shm_payload``): ``uint8`` numpy buffers that Ray stores out of
         band, so the receiver reads them from shared memory without a deserialising copy. CPU
         models send views of their own tensors (``pack=None``): Ray copies them into the object
-        store when this task returns, before the actor can run an optimizer step. Models off the
-        CPU (or ``pack=True``) are packed into a CPU buffer that is refilled on every call."""
+        store when this task returns, before the actor (``max_concurrency=1``) can run an optimizer
+        step, so a pack would only add a memcpy (~15 ms per 100 MB on the dev machine, measured as
+        ``object_store/packed`` in ``rlpipe bench weight-sync``). Models off the CPU (or
+        ``pack=True``) are packed into a CPU buffer that is refilled on every call (one
+        device-to-host copy per tensor into warm memory, instead of a fresh CPU tensor each)."""
         payload, self._weight_sync_shm_pack = shm_payload(
             flat_weights(self.model), pack, getattr(self, "_weight_sync_shm_pack", None), self.weight_sync_dtype)
         return payload

@@ -92,7 +92,11 @@ def actor_options(transport: str) -> dict[str, Any]:
     Pass them to the class decorator, ``ray.remote(**opts)(cls)`` (or use ``ray_actor_class``),
     NOT to ``ActorClass.options(...)``: Ray 2.60 takes ``enable_tensor_transport`` from the class
     metadata built by ``ray.remote`` and silently ignores it in ``.options`` (checked: the handle
-    then reports ``_ray_enable_tensor_transport=None``, and the transfer would hang)."""
+    then reports ``_ray_enable_tensor_transport=None``, and the transfer would hang). The RECEIVER
+    needs ``enable_tensor_transport`` too (ray-project/ray#66264: without it the receiver never
+    starts the background thread that accepts the transfer, and the task hangs until
+    ``RAY_rdt_fetch_fail_timeout_milliseconds``, 60 s by default); ``RdtTransport.setup`` checks
+    every handle and refuses one that lacks it. ``max_concurrency=1``: see ``RdtTransport``."""
     return {"enable_tensor_transport": True, "max_concurrency": 1} if transport == "rdt" else {}
 
 

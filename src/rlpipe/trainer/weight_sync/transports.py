@@ -1,4 +1,28 @@
-"""The driver side of weight sync: ``Transport`` classes and ``make_transport``."""
+"""The driver side of weight sync: ``Transport`` classes and ``make_transport``.
+
+``make_transport(cfg)`` picks the class from ``TRANSPORTS`` (``ChannelTransport`` for a channel)
+and, for rdt, runs a driver-side ``preflight`` (CUDA present? nixl / cupy importable?) so that an
+unavailable backend fails before Ray starts. The driver then calls ``setup(sender, receivers)``
+once before training (the authoritative checks, on probes taken inside the actors: devices, which
+physical GPU, packages, async methods), ``sync(sender, receivers, version) -> SyncStats`` after
+each policy update, and ``teardown()`` at the end.
+
+=================  ==========================================================================
+``local``          in-process copy (``copy_weights``) for the ColocatedWorker, which holds the
+                   learner's and the generator's model in one actor (``LocalTransport``).
+``object_store``   (the default, ``channel: true``; label ``object_store/channel``) Ray's object
+                   store through a shared-memory channel that the sender opens at ``setup``
+                   (``ChannelTransport``).
+``object_store``   ``channel: false``: the sender's task returns the ``ShmPayload``, which Ray
+                   copies into a fresh object in shared memory every sync (``ObjectStoreTransport``).
+``rdt/gloo``       Ray Direct Transport over a gloo collective group (CPU tensors): the tensors
+                   stay in the sender's process and go sender -> receiver over a socket, with no
+                   object-store serialisation. Works on CPU-only machines (``RdtTransport``).
+``rdt/nccl``       RDT over NCCL, GPU to GPU, for actors on *separate* GPUs (needs cupy).
+``rdt/nixl``       RDT over NIXL (one-sided RDMA, GPU or CPU); needs the ``nixl`` package.
+``rdt/cuda_ipc``   RDT over CUDA IPC handles, for two actors sharing *one* GPU.
+=================  ==========================================================================
+"""
 
 from __future__ import annotations
 
@@ -95,7 +119,13 @@ class LocalTransport(Transport):
 
 
 class _RayTransport(Transport):
-    """Shared by object_store and rdt: export on the sender, load on each receiver, bounded wait."""
+    """Shared by object_store and rdt: export on the sender, load on each receiver, bounded wait.
+
+    Every sync is timed on the driver (``SyncStats.seconds``: from submitting the export to the last
+    receiver's ack), logged with bytes and GB/s (decimal, bytes moved to all receivers / seconds),
+    and bounded by ``ray.get(..., timeout=timeout_s)``; a timeout raises ``WeightSyncTimeout``
+    naming transport/backend, ``train.weight_sync.timeout_s`` and, for rdt, the
+    ``RAY_rdt_fetch_fail_timeout_milliseconds`` knob (``_hint``)."""
 
     def _export(self, sender: Any, receivers: Sequence[Any]) -> Any:
         raise NotImplementedError
@@ -156,7 +186,14 @@ OBJECT_STORE_PAYLOADS: dict[str, Callable[[Any], Any]] = {
 
 class ObjectStoreTransport(_RayTransport):
     """Ray's object store. The default ``payload="shared"`` returns a ``ShmPayload``: the receiver
-    reads the weights from shared memory with no deserialising copy and copies them in place."""
+    reads the weights from shared memory with no deserialising copy and copies them in place.
+
+    Torch tensors returned from a task would be pickled *in band*: copied into the object store,
+    deserialised into fresh tensors on the receiver (page-faulted), then copied into the model:
+    100 MB took ~330-440 ms on the 2-core dev machine. The ``ShmPayload`` path: ~50 ms for 100 MB
+    at load average ~2 (two memcpys plus Ray's fixed ~10 ms), ~90 ms with the 2 cores 2-3x
+    oversubscribed by other processes. ``payload="tensors"`` keeps the naive path for comparison,
+    ``"packed"`` the per-dtype pack on CPU too (``OBJECT_STORE_PAYLOADS``)."""
 
     name = "object_store"
 
@@ -179,7 +216,15 @@ class ChannelTransport(_RayTransport):
     it zero-copy and copies it into its tensors in place. A write waits until every reader has
     moved past the previous value, so the driver submits the write and the reads together; both
     sides are idle at a sync (the drivers sync between batches), so the wait couples nothing.
-    Label ``object_store/channel``."""
+    Label ``object_store/channel``.
+
+    Why the reused buffer: a fresh object per sync lands in object-store pages the sender has to
+    fault in again; the channel writes into the same mapped buffer every time. Measured (100 MB,
+    2 cores, Ray 2.60, ``rlpipe bench weight-sync``): fresh object ~30-34 ms (0.30-0.33 of the
+    in-run memcpy), channel ~25-28 ms (0.36-0.42); two memcpys are ~21 ms. Multi-node readers get
+    the value pushed by Ray (one buffer per node). The channel is the default because it was faster
+    at every payload of the bench's sweep on the dev machine (one run, load ~1: the pipeline's 5 MB
+    model 7.0 vs 9.9 ms, 1 MB 3.8 vs 5.4 ms, 100 MB 31 vs 39 ms, 1 GB 263 vs 334 ms)."""
 
     name = "object_store"
 
@@ -233,6 +278,35 @@ class ChannelTransport(_RayTransport):
 
 
 class RdtTransport(_RayTransport):
+    """Ray Direct Transport: the sender's packed weights (``export_weights(pack=True)``) move by the
+    backend's tensor transport, without the object store.
+
+    RDT limits honoured here (Ray 2.60 docs, "Limitations"): no async actors (``setup`` probes the
+    actor classes for ``async def`` methods), ``max_concurrency=1`` for the collective backends
+    (gloo, nccl: two concurrent transfers on one communicator could interleave), and an actor is in
+    at most one collective group per backend, so ``setup`` creates the group from the driver over
+    ``[sender, *receivers]`` and ``teardown`` destroys it. Every handle needs
+    ``enable_tensor_transport`` (``backends.actor_options``); ``setup`` refuses one without it.
+
+    What bounds rdt/gloo on CPU (100 MB, 2 cores, one torch thread per actor, Ray 2.60): ~190 ms
+    per sync = pack ~18 ms (a warm memcpy; the pack is reused) + the transfer ~50 ms + ~60 ms of
+    page faults in the receive buffer + the in-place load ~18 ms + ~45 ms of Ray round trips (export
+    task, metadata to the driver, ``__ray_send__``/``__ray_recv__`` tasks, the load task; ~16 ms at
+    1 MB). Per-tensor overhead is gone (packed). Socket buffers are not the limit: gloo over
+    loopback TCP moves 100 MB between two warm buffers in ~45 ms (~2.2 GB/s, about half a memcpy,
+    as every byte is copied into and out of the kernel), and fixed ``SO_SNDBUF``/``SO_RCVBUF``
+    sizes were slower than Linux's autotuning in a loopback probe. Threads: gloo sends and receives
+    on one thread each, and both actors keep a core busy during the transfer, so more threads
+    cannot help on 2 cores. The page faults are Ray's: for two-sided transports (gloo, nccl) it
+    allocates a fresh ``torch.empty`` receive buffer per transfer, and ``set_target_for_ref``
+    (receive into our own buffer) only works for one-sided transports fetched with ``ray.get``.
+    Setting ``THP_MEM_ALLOC_ENABLE=1`` in the actors' environment (torch then requests transparent
+    huge pages for large CPU allocations) removed those faults in a probe (fresh receive 109 -> 48
+    ms, sync ~190 -> ~120 ms); it is a process-wide memory policy, so it is left to the run's Ray
+    ``runtime_env`` (``rlpipe bench weight-sync --thp`` measures it). Even then the object store
+    wins on CPU: fewer copies, fewer round trips. RDT's advantage needs GPUs (NCCL, CUDA IPC,
+    NIXL), which a CPU machine cannot measure."""
+
     name = "rdt"
 
     def __init__(self, timeout_s: float, backend: str | None = None):

@@ -44,7 +44,7 @@ import pytest
 import torch
 import yaml
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.lm.sampler import SamplingParams, generate
 
 MATH_FIXTURE = Path(__file__).parent / "data" / "math_fixture"
@@ -294,12 +294,12 @@ class DecodeCheck:
 
 
 def check_bench_peaks(where: str, res: dict) -> None:
-    """A bench JSON carries both fractions of the chip (``rlpipe.analysis.contract.BENCH_PEAK_KEYS``):
+    """A bench JSON carries both fractions of the chip (``rlpipe.contract.BENCH_PEAK_KEYS``):
     positive and finite, or both None when the bench was skipped, and a ``peak_note`` naming them;
     a scaling JSON's every point has its own pair."""
     import math
 
-    from rlpipe.analysis.contract import BENCH_PEAK_KEYS
+    from rlpipe.contract import BENCH_PEAK_KEYS
 
     skipped = res.get("skipped") is True
 
@@ -553,7 +553,7 @@ def _events(mode: str, phases: dict, sync: list[float]) -> pd.DataFrame:
 
 def _make_runs(root: Path, variants=("onpolicy", "k2", "disagg"), device_type: str = contract.DEVICE_CPU,
                conditions: dict[str, dict] | None = None) -> Path:
-    """Write synthetic results/runs/<variant>/ directories following ``rlpipe.analysis.contract``;
+    """Write synthetic results/runs/<variant>/ directories following ``rlpipe.contract``;
     ``conditions[variant]``, when given, is that run's run_info ``conditions`` (else it has none,
     like a run from before they were recorded)."""
     for v in variants:

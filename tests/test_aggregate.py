@@ -1,4 +1,4 @@
-"""Aggregation on synthetic run directories (``rlpipe.analysis.contract``) with hand-computed values.
+"""Aggregation on synthetic run directories (``rlpipe.contract``) with hand-computed values.
 
 Three synthetic runs (``make_runs``), each consuming 32 samples in 4 optimizer steps:
 
@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import aggregate, contract, frames, kl_text, report_text
+from rlpipe import contract
+from rlpipe.analysis import aggregate, frames, kl_text, report_text
 
 
 @pytest.fixture
@@ -289,7 +290,7 @@ def test_discussion_numbers_and_missing_variants(runs):
 
 @pytest.mark.parametrize("device_type,unit", [("gpu", "GPU-hours"), ("cpu", "device-hours")])
 def test_device_hours_unit_follows_the_drivers_device_type(tmp_path, device_type, unit, make_runs):
-    """The drivers write ``device_type: "gpu"`` (rlpipe.analysis.contract.DEVICE_GPU, not torch's
+    """The drivers write ``device_type: "gpu"`` (rlpipe.contract.DEVICE_GPU, not torch's
     "cuda") into run_info.json: such a run is billed in GPU-hours by the discussion and the table."""
     runs = aggregate.load_runs(make_runs(tmp_path / "runs", device_type=device_type))
     table = aggregate.summarize(runs, "onpolicy")

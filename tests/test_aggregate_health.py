@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from rlpipe.analysis import aggregate, contract
+from rlpipe import contract
+from rlpipe.analysis import aggregate
 
 
 def _set_info(run_dir, **changes):

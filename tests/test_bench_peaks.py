@@ -1,9 +1,9 @@
 """Every bench JSON carries both fractions of the chip and the note that says which is which
-(``rlpipe.analysis.contract.BENCH_PEAK_KEYS``): the achieved rate over the shape-matched peak and
+(``rlpipe.contract.BENCH_PEAK_KEYS``): the achieved rate over the shape-matched peak and
 over the device peak in the run's dtype.
 
 ``BENCH_RUNS`` is the one list of the benches that write a JSON: every ``rlpipe bench`` subcommand
-and gpu-check's ``qwen_step`` part. Each runs for real at its tiniest CPU setting and its JSON is read
+and gpu-check's ``seed_step`` part. Each runs for real at its tiniest CPU setting and its JSON is read
 back with conftest's ``bench_peaks``. The two that start Ray in a subprocess of their own (scaling,
 weight-sync) are marked slow here: the default suite's smoke workflow runs both and checks their
 JSONs with the same ``bench_peaks``. A new ``rlpipe bench``
@@ -104,21 +104,19 @@ def run_trl(tmp, inputs):
                  "--prompts-per-step", "2", "--threads", "1", "--val-size", "1", "--decode", "eager")
 
 
-def run_qwen_step(tmp, inputs):
-    """The part's own ``measure`` (what its ``main`` writes) on a Qwen2 config of the same kind (grouped-
-    query attention, tied embeddings), micro-sized: the 1.5B shape is for the GPU."""
-    from rlpipe.bench import qwen_step
+def run_seed_step(tmp, inputs):
+    """The part's own ``measure`` (what its ``main`` writes) at its tiny shape: a Qwen2 config of the same
+    kind (grouped-query attention, tied embeddings), micro-sized: the 1.5B shape is for the GPU."""
+    from rlpipe.bench import seed_step
 
-    cfg = qwen_step.qwen_config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    return qwen_step.measure(torch.device("cpu"), cfg, gen_rows=2, gen_tokens=3, prompt_tokens=4, response_tokens=6,
-                             n_micro=1)
+    return seed_step.measure(torch.device("cpu"), tmp / "out.json", "tiny", decode="static", math_yaml=ROOT / "config"
+                             / "math.yaml", work_dir=tmp)
 
 
 #: the benches that write a JSON, each at its tiniest CPU setting: ``rlpipe bench <name>`` and the
-#: gpu-check part ``qwen_step`` (``python -m rlpipe.bench.qwen_step``)
+#: gpu-check part ``seed_step`` (``python -m rlpipe.bench.seed_step``)
 BENCH_RUNS = {"sampler": run_sampler, "update": run_update, "scaling": run_scaling, "weight-sync": run_weight_sync,
-              "trl": run_trl, "qwen_step": run_qwen_step, "pretrain-precision": run_pretrain_precision}
+              "trl": run_trl, "seed_step": run_seed_step, "pretrain-precision": run_pretrain_precision}
 #: benches that start Ray in a subprocess of their own: marked slow here, since the default suite's smoke
 #: workflow (tests/test_workflow_smoke.py) runs both and checks their JSONs with the same ``bench_peaks``
 STARTS_RAY = {"scaling", "weight-sync"}

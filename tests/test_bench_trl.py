@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.bench import trl as bench
 from rlpipe.config import TrainConfig, apply_overrides, from_dict, to_dict
 

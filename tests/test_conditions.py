@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.trainer import conditions as cond
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The run-output contract (rlpipe.analysis.contract) against every party that uses it: the
+"""The run-output contract (rlpipe.contract) against every party that uses it: the
 CONTRIBUTING.md "Run outputs" section, the writer and the profiler, the drivers' run_info, the plot
 functions, the report captions, the workflow and the smoke test."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import aggregate, contract, plots, report_text
+from rlpipe import contract
+from rlpipe.analysis import aggregate, plots, report_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,7 +150,7 @@ def test_smoke_test_takes_its_figures_from_the_contract():
 
 def test_workflow_imports_the_contract():
     common = (ROOT / "workflow" / "rules" / "common.smk").read_text()
-    assert re.search(r"^from rlpipe\.analysis\.contract import", common, re.M)
+    assert re.search(r"^from rlpipe\.contract import", common, re.M)
     for name in ("RUN_FILES", "SUMMARY_FILES", "FIGURES"):
         assert not re.search(rf"^{name}\s*=", common, re.M), f"common.smk redefines {name}"
     assert not re.search(r"^class Figure\b", common, re.M)
@@ -222,14 +223,14 @@ def test_writer_and_profiler_follow_the_contract(tmp_path):
 
 
 def test_contract_is_standard_library_only():
-    tree = ast.parse((ROOT / "src" / "rlpipe" / "analysis" / "contract.py").read_text())
+    tree = ast.parse((ROOT / "src" / "rlpipe" / "contract.py").read_text())
     modules = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert modules <= set(sys.stdlib_module_names) | {"__future__"}, modules
 
 
 def test_analysis_imports_neither_torch_nor_ray():
-    code = ("import sys, rlpipe.analysis.contract, rlpipe.analysis.aggregate, rlpipe.analysis.plots, "
+    code = ("import sys, rlpipe.contract, rlpipe.analysis.aggregate, rlpipe.analysis.plots, "
             "rlpipe.analysis.report_text; bad = {'torch', 'ray'} & set(sys.modules); assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -145,7 +145,7 @@ def test_killing_the_generator_gives_a_clear_error(env, tmp_path, write_config):
     actor dies mid-run (the learner, scorer and colocated worker: tests/test_faults.py)."""
     import ray
 
-    from rlpipe.trainer.drivers.common import ActorFailure
+    from rlpipe.trainer.drivers.ray_calls import ActorFailure
     from rlpipe.trainer.run import run
 
     timeout = 120.0  # a death is reported long before this would fire: within half of it, even under load

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 
 DELAY_S = 1.0  # the driver's sleep before logging a step; the actor starts the next one within ms
 
@@ -48,15 +48,15 @@ def _train(env, variant: str) -> Path:
 @pytest.mark.ray
 @pytest.mark.parametrize("variant", ["k2", "disagg_spb2"])
 def test_the_actor_runs_a_rounds_steps_without_waiting_for_the_driver(env, variant, monkeypatch):
-    from rlpipe.trainer.drivers.common import RunContext
+    from rlpipe.trainer.drivers.step_log import StepLog
 
-    log_update = RunContext.log_update
+    log_update = StepLog.update
 
     def slow_log_update(self, step, res, batch):
         time.sleep(DELAY_S)  # the driver is slow to log: the row's wall_time is stamped after this
         return log_update(self, step, res, batch)
 
-    monkeypatch.setattr(RunContext, "log_update", slow_log_update)
+    monkeypatch.setattr(StepLog, "update", slow_log_update)
     out = _train(env, variant)
     m = pd.read_parquet(out / "metrics.parquet")
     assert m["step"].tolist() == [0, 1, 2, 3, 4] and m["loss/policy"].iloc[1:].notna().all()
@@ -69,7 +69,7 @@ def test_the_actor_runs_a_rounds_steps_without_waiting_for_the_driver(env, varia
 
 @pytest.mark.ray
 def test_divergence_inside_a_submitted_round_stops_at_its_step_with_nothing_after_it(env):
-    from rlpipe.trainer.drivers.common import TrainingDiverged
+    from rlpipe.trainer.drivers.ray_calls import TrainingDiverged
 
     with pytest.raises(TrainingDiverged) as err:
         _train(env, "k2_lr")

@@ -14,7 +14,8 @@ import json
 import pandas as pd
 import pytest
 
-from rlpipe.analysis.contract import (
+from rlpipe.config import load_config
+from rlpipe.contract import (
     EVAL_CATEGORIES,
     EVAL_COLUMNS,
     EVAL_FILES,
@@ -22,7 +23,6 @@ from rlpipe.analysis.contract import (
     EVAL_INT_COLUMNS,
     EVAL_SUMMARY_KEYS,
 )
-from rlpipe.config import load_config
 from rlpipe.lm.sampler import Generation
 from rlpipe.tasks import MathTask
 from rlpipe.tasks.base import Example

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from rlpipe.analysis import contract, families, findings
+from rlpipe import contract
+from rlpipe.analysis import families, findings
 from rlpipe.config import (
     ConfigError,
     active_families,

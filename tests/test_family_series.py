@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from rlpipe.analysis import contract, families, series
+from rlpipe import contract
+from rlpipe.analysis import families, series
 from rlpipe.analysis.family_data import SMOOTH_STEPS, VAL
 
 STEPS = 20

@@ -31,11 +31,11 @@ import pandas as pd
 import pytest
 import torch
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.io import OutputWriteError
 from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, save_payload
 from rlpipe.trainer import run as run_module
-from rlpipe.trainer.drivers.common import ActorFailure, TrainingDiverged
+from rlpipe.trainer.drivers.ray_calls import ActorFailure, TrainingDiverged
 from rlpipe.trainer.lock import RunLockedError, run_lock
 from rlpipe.trainer.resume import ResumeError
 from rlpipe.trainer.run_writer import RunWriter, read_snapshot
@@ -293,8 +293,8 @@ def test_weight_sync_failure_names_the_dead_actor_behind_it(env, tmp_path):
 
     cfg = load_config(config(env, "sync"))
     ctx = RunContext(cfg, resolve_variant(cfg, "disagg"), "disagg", env["base"], env["data"], tmp_path, 1, False)
-    ctx.roles = {"aa01": "learner actor (disagg/LearnerWorker)", "bb02": "generator actor (disagg/GeneratorWorker)"}
-    ctx.step = 1
+    ctx.ray.roles = {"aa01": "learner actor (disagg/LearnerWorker)", "bb02": "generator actor (disagg/GeneratorWorker)"}
+    ctx.log.step = 1
 
     class DeadSender:
         def sync(self, sender, receivers, version):
@@ -305,7 +305,7 @@ def test_weight_sync_failure_names_the_dead_actor_behind_it(env, tmp_path):
                 raise WeightSyncError(f"weight sync object_store (version {version}) failed: {e}") from e
 
     with pytest.raises(ActorFailure) as err:
-        ctx.sync(DeadSender(), None, [None], 1)
+        ctx.ray.sync(DeadSender(), None, [None], 1)
     msg = str(err.value)
     assert msg.startswith("weight sync of step 1's weights, after optimizer step 1 of 2: "
                           "the learner actor (disagg/LearnerWorker) died")
@@ -711,28 +711,26 @@ def test_resume_advice_reads_a_checkpoint_the_driver_has_not_recorded_yet(env, t
     advice follows the file on disk, not the driver's record (this was a flaky race in the kill test)."""
     from rlpipe.config import TrainConfig
     from rlpipe.lm.checkpoint import save_checkpoint
-    from rlpipe.trainer.drivers.common import RunContext
+    from rlpipe.trainer.drivers.checkpoints import Checkpoints
 
-    ctx = object.__new__(RunContext)  # only the fields resume_advice reads: no writer, no Ray
-    ctx.out_dir, ctx.train, ctx.checkpoint_step = tmp_path, TrainConfig(checkpoint_every=1), None
-    ctx._unconfirmed = None
-    assert "No checkpoint was written yet" in ctx.resume_advice()
-    ctx.checkpoint_path.parent.mkdir(parents=True)
+    ckpts = Checkpoints(tmp_path, TrainConfig(checkpoint_every=1), total_steps=8)  # no writer, no Ray
+    assert "No checkpoint was written yet" in ckpts.advice()
+    ckpts.path.parent.mkdir(parents=True)
     base = load_checkpoint(env["base"])
-    save_checkpoint(ctx.checkpoint_path, base.model, tokenizer=base.tokenizer, extra={"step": 3})
-    assert f"continue from {ctx.checkpoint_path} (optimizer step 3)" in ctx.resume_advice()
-    assert "is from optimizer step 3" in ctx.checkpoint_state()
-    ctx.checkpoint_path.write_bytes(b"damaged")  # unreadable: nothing to resume from
-    assert "No checkpoint was written yet" in ctx.resume_advice()
+    save_checkpoint(ckpts.path, base.model, tokenizer=base.tokenizer, extra={"step": 3})
+    assert f"continue from {ckpts.path} (optimizer step 3)" in ckpts.advice()
+    assert "is from optimizer step 3" in ckpts.state()
+    ckpts.path.write_bytes(b"damaged")  # unreadable: nothing to resume from
+    assert "No checkpoint was written yet" in ckpts.advice()
 
     # a save still being written when the run fails (the learner's thread renames it a moment later,
     # as on a loaded machine): the advice waits for it, within CHECKPOINT_SETTLE_S
-    save_checkpoint(ctx.checkpoint_path, base.model, tokenizer=base.tokenizer, extra={"step": 3})
-    ctx.checkpoint_step, ctx._unconfirmed = 3, 4
-    late = threading.Timer(1.0, save_checkpoint, (ctx.checkpoint_path, base.model),
+    save_checkpoint(ckpts.path, base.model, tokenizer=base.tokenizer, extra={"step": 3})
+    ckpts.step, ckpts.unconfirmed = 3, 4
+    late = threading.Timer(1.0, save_checkpoint, (ckpts.path, base.model),
                            {"tokenizer": base.tokenizer, "extra": {"step": 4}})
     late.start()
     try:
-        assert f"continue from {ctx.checkpoint_path} (optimizer step 4)" in ctx.resume_advice()
+        assert f"continue from {ckpts.path} (optimizer step 4)" in ckpts.advice()
     finally:
         late.join()

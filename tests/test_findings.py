@@ -7,7 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import aggregate, contract, findings, report_text
+from rlpipe import contract
+from rlpipe.analysis import aggregate, findings, report_text
 from rlpipe.analysis.stats import mean_ci, ratio_of_means, welch_difference
 
 FINDING_CLAUSE = findings.Verdict(True, findings.FINDING).clause()

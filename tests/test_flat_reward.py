@@ -102,7 +102,8 @@ def test_results_page_section_names_each_flat_run(tmp_path):
 
     import yaml
 
-    from rlpipe.analysis import contract, results_page
+    from rlpipe import contract
+    from rlpipe.analysis import results_page
 
     for rel, frame in (("runs/flat", run(reward__zero_std_frac=0.8)), ("families/f/runs/v/seed0", run()),
                        ("tracks/t/runs/up", run(val=[0.2, 0.3, 0.4, 0.5, 0.6, 0.6, 0.7, 0.7, 0.8]))):
@@ -157,7 +158,7 @@ def _write_run(d, frame, lr):
 
     import yaml
 
-    from rlpipe.analysis import contract
+    from rlpipe import contract
 
     d.mkdir(parents=True)
     frame.to_parquet(d / contract.METRICS_FILE, index=False)

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.config import TrainConfig
 from rlpipe.lm.checkpoint import CheckpointError, load_checkpoint, load_training_state
 from rlpipe.lm.policy import for_training, load_policy

@@ -3,10 +3,10 @@
 Every ``import`` statement in ``src/rlpipe`` is read with ``ast`` (lazy ones inside functions
 too), so a violation fails here even if the offending code path never runs in a test:
 
-- ``io`` <- ``config`` <- ``lm`` <- ``rl`` <- ``tasks`` <- ``trainer``; ``analysis`` sits beside
-  them, imports only ``io`` and ``config``, and neither torch nor Ray (it must run where only
-  pandas is installed), and the trainer may import nothing of it but the run-output contract and
-  the flat-reward diagnosis (its end-of-run log line).
+- ``io`` and ``contract`` (the run-output names) <- ``config`` <- ``lm`` <- ``rl`` <- ``tasks`` <-
+  ``trainer``; ``analysis`` sits beside them, imports only ``io``, ``contract`` and ``config``, and
+  neither torch nor Ray (it must run where only pandas is installed); the trainer imports nothing of
+  it.
 - ``bench`` and ``cli`` sit on top; nothing imports them.
 - rlpipe modules are imported at module level; function-level imports are kept for heavy or
   optional third-party packages only (ray in library code, matplotlib, transformers, ...).
@@ -24,28 +24,30 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "rlpipe"
 # layer -> rlpipe layers it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
     "io": set(),
-    "config": {"io"},
-    "lm": {"io", "config"},
-    "rl": {"io", "config", "lm"},
-    "tasks": {"io", "config", "lm", "rl"},
-    "analysis": {"io", "config"},  # config: pydantic and yaml only (a family's metadata)
-    "provenance": {"analysis.contract"},  # torch only inside provenance(): importing it stays light
-    "trainer": {"io", "config", "lm", "rl", "tasks", "analysis.contract", "analysis.flat_reward", "provenance"},
+    "contract": set(),  # the run-output names: standard library only
+    "config": {"io", "contract"},
+    "lm": {"io", "contract", "config"},
+    "rl": {"io", "contract", "config", "lm"},
+    "tasks": {"io", "contract", "config", "lm", "rl"},
+    "analysis": {"io", "contract", "config"},  # config: pydantic and yaml only (a family's metadata)
+    "provenance": {"contract"},  # torch only inside provenance(): importing it stays light
+    "trainer": {"io", "contract", "config", "lm", "rl", "tasks", "provenance"},
     "grpo": {"rl"},
-    "bench": {"io", "config", "lm", "rl", "tasks", "trainer", "analysis.contract", "provenance"},
+    "bench": {"io", "contract", "config", "lm", "rl", "tasks", "trainer", "provenance"},
     "cli": {"config"},
     "watch": set(),  # python -m rlpipe.watch: the workflow's console heartbeat, standard library only
     "slurm": {"lm.model_config"},  # the workflow under SLURM: a model's size, without torch
     # the Snakemake workflow's logic, on top: task_checks (tasks, torch) is loaded only when a track needs it
-    "workflow": {"io", "config", "tasks", "analysis.contract", "slurm"},
+    "workflow": {"io", "contract", "config", "tasks", "slurm"},
     "ray_slurm": set(),  # python -m rlpipe.ray_slurm: a job's Ray cluster across its nodes (ray inside its steps)
     "__init__": set(),
 }
-FORBIDDEN_THIRD_PARTY = {"analysis": {"torch", "ray"}, "config": {"torch", "ray"}, "io": {"ray"}}
+FORBIDDEN_THIRD_PARTY = {"analysis": {"torch", "ray"}, "config": {"torch", "ray"}, "io": {"ray"},
+                         "contract": {"torch", "ray", "pandas", "numpy"}}
 
 
 def layer_of(module: str) -> str:
-    """``rlpipe.lm.model`` -> ``lm``; ``rlpipe.analysis.contract`` -> ``analysis.contract`` is
+    """``rlpipe.lm.model`` -> ``lm``; ``rlpipe.lm.model_config`` -> ``lm.model_config`` is
     matched by prefix in ``allowed``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
@@ -120,6 +122,9 @@ def test_layers_are_folders():
     ("rlpipe.analysis.aggregate", "def f():\n    import ray\n", "layer 'analysis' imports ray"),
     ("rlpipe.analysis.plots", "from rlpipe.trainer import run_writer\n", "layer 'analysis' imports"),
     ("rlpipe.trainer.run", "from rlpipe.analysis.plots import main\n", "layer 'trainer' imports"),
+    ("rlpipe.trainer.run", "from rlpipe.analysis import flat_reward\n", "layer 'trainer' imports"),
+    ("rlpipe.trainer.run_writer", "from rlpipe.analysis.contract import PHASES\n", "layer 'trainer' imports"),
+    ("rlpipe.contract", "from rlpipe.config import TrainConfig\n", "layer 'contract' imports"),
     ("rlpipe.rl.losses", "def f():\n    from rlpipe.lm.model import TransformerLM\n", "function-level import"),
 ])
 def test_the_check_catches_violations(module, source, expected):
@@ -127,7 +132,8 @@ def test_the_check_catches_violations(module, source, expected):
 
 
 @pytest.mark.parametrize("module, source", [
-    ("rlpipe.trainer.run", "from rlpipe.analysis.contract import PHASES\n"),
+    ("rlpipe.trainer.run", "from rlpipe.contract import PHASES\n"),
+    ("rlpipe.analysis.plots", "from rlpipe import contract\n"),
     ("rlpipe.tasks.keyword.eval", "from rlpipe.lm.sampler import generate\n"),
     ("rlpipe.analysis.plots", "def f():\n    import matplotlib\n"),
     ("rlpipe.trainer.run", "def f():\n    import ray\n"),

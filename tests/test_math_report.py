@@ -16,8 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import contract, math_report
-from rlpipe.analysis.contract import (
+from rlpipe import contract
+from rlpipe.analysis import math_report
+from rlpipe.contract import (
     EVAL_CATEGORIES,
     EVAL_COLUMNS,
     EVAL_FILES,

@@ -7,7 +7,8 @@ import math
 import pandas as pd
 import yaml
 
-from rlpipe.analysis import contract, families, mechanism
+from rlpipe import contract
+from rlpipe.analysis import families, mechanism
 
 STEPS = 8
 

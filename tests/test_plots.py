@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import aggregate, contract, figure_kit, plots, plots_systems
+from rlpipe import contract
+from rlpipe.analysis import aggregate, figure_kit, plots, plots_systems
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

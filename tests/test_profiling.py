@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.trainer.profiling import GpuBusy, phase_split
 
 

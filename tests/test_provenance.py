@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.analysis.provenance import PROVENANCE_COLUMNS, provenance_sentences, provenance_stats
 from rlpipe.bench import emit
 from rlpipe.provenance import LOCK_FILE, provenance

@@ -1,7 +1,7 @@
 """A local Ray instance started by ``rlpipe train`` collects no metrics (the node's Prometheus
 exporter does not start) and moves the two exporters Ray cannot switch off to ephemeral ports.
-Checked on the options ``_init_ray`` hands to Ray (no Ray started: probing the exporters of a live
-instance takes half a minute; the measurement is in rlpipe.trainer.run's docstring)."""
+Checked on the options ``init_ray`` hands to Ray (no Ray started: probing the exporters of a live
+instance takes half a minute; the measurement is in rlpipe.trainer.local_ray's docstring)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from rlpipe.trainer import run
+from rlpipe.trainer import local_ray
 
 
 @pytest.fixture
@@ -20,11 +20,11 @@ def captured(monkeypatch):
     seen = {}
 
     def fake_init(**kwargs):
-        seen.update(kwargs, env={k: os.environ.get(k) for k in run.METRICS_PORT_VARIABLES})
-        raise RuntimeError("stop here")  # nothing else of _init_ray runs
+        seen.update(kwargs, env={k: os.environ.get(k) for k in local_ray.METRICS_PORT_VARIABLES})
+        raise RuntimeError("stop here")  # nothing else of init_ray runs
 
     monkeypatch.setattr(ray, "init", fake_init)
-    for name in run.METRICS_PORT_VARIABLES:  # set then deleted: the teardown removes what _init_ray sets
+    for name in local_ray.METRICS_PORT_VARIABLES:  # set then deleted: the teardown removes what init_ray sets
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
@@ -37,7 +37,7 @@ def _cfg(address=None):
 
 def test_a_local_instance_collects_no_metrics_and_uses_no_fixed_metrics_port(captured):
     with pytest.raises(RuntimeError, match="stop here"):
-        run._init_ray(_cfg(), num_cpus=1)
+        local_ray.init_ray(_cfg(), num_cpus=1)
     assert captured["address"] == "local"
     assert captured["_system_config"] == {"enable_metrics_collection": False}
     assert captured["env"] == {"DASHBOARD_METRIC_PORT": "0", "AUTOSCALER_METRIC_PORT": "0"}
@@ -45,5 +45,5 @@ def test_a_local_instance_collects_no_metrics_and_uses_no_fixed_metrics_port(cap
 
 def test_an_attached_cluster_is_left_as_its_operator_configured_it(captured):
     with pytest.raises(RuntimeError, match="stop here"):
-        run._init_ray(_cfg("ray://head:10001"), num_cpus=1)
+        local_ray.init_ray(_cfg("ray://head:10001"), num_cpus=1)
     assert "_system_config" not in captured

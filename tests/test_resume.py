@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlpipe.analysis.contract import CHECKPOINT_FILE, FINGERPRINT_FILE, FINISHED_MARKER
+from rlpipe.contract import CHECKPOINT_FILE, FINGERPRINT_FILE, FINISHED_MARKER
 from rlpipe.trainer.resume import (
     ResumeDecision,
     ResumeError,

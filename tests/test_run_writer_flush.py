@@ -11,7 +11,7 @@ import textwrap
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.trainer.run_writer import RunWriter
 
 

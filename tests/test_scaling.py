@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from rlpipe.analysis import findings, scaling
-from rlpipe.analysis.contract import SCALING_MODES, SCALING_REPORT_FILES, scaling_phase_key
 from rlpipe.bench import scaling as bench
+from rlpipe.contract import SCALING_MODES, SCALING_REPORT_FILES, scaling_phase_key
 
 
 def test_growth_exponent_hand_values():

@@ -55,10 +55,12 @@ def test_weight_sync_bench_starts_its_own_ray_beside_a_dead_cluster(stale_regist
 @pytest.mark.ray
 def test_a_training_run_starts_its_own_ray_beside_a_dead_cluster(stale_registration, tmp_path, tiny_base,
                                                                  write_config):
-    """(``rlpipe bench scaling`` starts Ray through the same ``_init_ray``.)"""
+    """(``rlpipe bench scaling`` starts Ray through the same ``local_ray.init_ray``.) The command's last line
+    is the run's flat-reward diagnosis (``rlpipe.cli`` prints it after the trainer)."""
     cfg = write_config(tmp_path / "c.yaml", train={"n_grpo_steps": 1}, variants={"onpolicy": {}})
     cmd = [sys.executable, "-m", "rlpipe.cli", "train", "--config", str(cfg), "--variant", "onpolicy",
            "--out", str(tmp_path / "run"), "--base", tiny_base[0], "--dataset", tiny_base[1], "--threads", "1"]
     proc = subprocess.run(cmd, env=stale_registration, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "run" / "metrics.parquet").exists()
+    assert proc.stdout.strip().splitlines()[-1].startswith(("flat reward", "validation reward")), proc.stdout[-2000:]

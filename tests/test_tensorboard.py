@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.config import ConfigError, parse_config
 from rlpipe.config.checks import check_trackers
 from rlpipe.trainer.run_writer import RunWriter

@@ -3,7 +3,8 @@
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import contract, toy_sort
+from rlpipe import contract
+from rlpipe.analysis import toy_sort
 from rlpipe.tasks.sorting import experiment
 
 

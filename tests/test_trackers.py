@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.config import ConfigError, parse_config
 from rlpipe.config.checks import check_trackers
 from rlpipe.trainer.drivers import common

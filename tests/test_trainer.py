@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 
 pytestmark = pytest.mark.ray
 
@@ -283,7 +283,7 @@ def test_loopback_only_restores_ray_cluster_support_for_later_children(monkeypat
     (an sbatch, a multi-node Ray) inherits the submitter's own setting, not "0"."""
     from ray._private import ray_constants
 
-    from rlpipe.trainer.run import loopback_only
+    from rlpipe.trainer.local_ray import loopback_only
 
     name = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
     if before is None:

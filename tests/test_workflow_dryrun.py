@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 
 pytestmark = pytest.mark.dag
 

@@ -1,44 +1,28 @@
 """The CI smoke run: the whole workflow on config/smoke.yaml (minutes on 2 cores), then the report,
 then what config edits rerun (dry runs against the real run's metadata).
 
-Runs in a temporary working directory holding a copy of config/, so the repository's results/
-are untouched. Needs the complete trainer (`rlpipe train`, pretraining, benchmarks).
+The run is the suite's one smoke run (``smoke_run`` in tests/conftest.py), made once and read by the
+tests here and by tests/test_example_workflow.py: the built-in tracks and the worked example's track
+side by side, in a temporary working directory holding a copy of config/, so the repository's
+results/ are untouched. Needs the complete trainer (`rlpipe train`, pretraining, benchmarks).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 
-ROOT = Path(__file__).resolve().parents[1]
 FIGURES = [contract.figure_file(kind) for kind in contract.FIGURES]  # results/figures/ file names
+pytestmark = pytest.mark.workflow
 
 
-def run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-           "--configfile", "config/smoke.yaml", *args]
-    proc = subprocess.run(cmd, check=False, cwd=workdir, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        logs = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in sorted((workdir / "logs").rglob("*.log")))
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}\n{logs}")
-    return proc
-
-
-@pytest.mark.workflow
-def test_smoke_workflow_end_to_end(tmp_path, dry_run, bench_peaks):
-    shutil.copytree(ROOT / "config", tmp_path / "config")
-    run(tmp_path, "--cores", "2")
-    results = tmp_path / "results"
-
+def test_keyword_track_runs_summary_and_figures(smoke_run):
+    results = smoke_run.results
     summary = results / "summary"
     table = pd.read_parquet(summary / contract.SUMMARY_FILES["runs"])
     assert set(table["variant"]) == {"onpolicy", "k2", "disagg"}
@@ -62,9 +46,11 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run, bench_peaks):
     for f in FIGURES:
         assert (results / "figures" / f).stat().st_size > 1000, f
 
-    # the MATH track: generated arithmetic data, its own tokenizer and base model, the base model's
-    # evaluation, an on-policy run with format/answer rewards, the final policy's evaluation, the report
-    math = results / "math"
+
+def test_math_track(smoke_run):
+    """The MATH track: generated arithmetic data, its own tokenizer and base model, the base model's
+    evaluation, an on-policy run with format/answer rewards, the final policy's evaluation, the report."""
+    math = smoke_run.results / "math"
     for f in ("data/train.jsonl", "data/val.jsonl", "data/corpus.txt", "tokenizer/tokenizer.json", "base/model.pt"):
         assert (math / f).stat().st_size > 0, f
     for model in ("base", "onpolicy"):
@@ -79,6 +65,9 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run, bench_peaks):
     for f in contract.MATH_REPORT_FILES.values():
         assert (math / "report" / f).stat().st_size > 0, f
 
+
+def test_families_and_the_toy_grid(smoke_run):
+    results = smoke_run.results
     # the replicated family (2 seeds x 2 variants): its section states intervals
     fam = results / "families" / "epochs_per_batch"
     for v in ("onpolicy", "e2_epochs"):
@@ -97,10 +86,12 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run, bench_peaks):
     for f in contract.TOY_SORT_FILES.values():
         assert (results / "toy_sort" / f).stat().st_size > 0, f
 
-    # issue 13: the update phase and the sampler against the same-run matmul peak; the scaling curves
-    # (smoke: the base's width and the first of scaling_sizes, in both modes; every phase timed per step, the
-    # generator's too)
-    bench = results / "bench"
+
+def test_benchmarks(smoke_run, bench_peaks):
+    """The update phase and the sampler against the same-run matmul peak; the scaling curves (smoke: the
+    base's width and the first of scaling_sizes, in both modes; every phase timed per step, the
+    generator's too)."""
+    bench = smoke_run.results / "bench"
     upd = json.loads((bench / "update.json").read_text())
     assert upd["matmul_peak_gflops"] > 0 and 0 < upd["fwd_bwd_fraction_of_peak"]
     # each value is rounded to 5 decimals in the JSON: 4 roundings of <= 5e-6 (ms-scale on the smoke model)
@@ -117,55 +108,60 @@ def test_smoke_workflow_end_to_end(tmp_path, dry_run, bench_peaks):
     assert set(exps.loc[exps["axis"] == "model", "mode"]) == set(contract.SCALING_MODES)
     assert exps.loc[exps["axis"] == "model", "exponent"].notna().all()
 
-    page = (results / "RESULTS.md").read_text()  # rule write_results_page: numbers with their provenance
-    assert "## Machine and software" in page and "| torch |" in page and "| onpolicy |" in page
-    assert "## The MATH track" in page and "## Experiment families" in page
-    # the deliverables manifest on a real run: every seed question has its section and a written
-    # answer; only the families the smoke config leaves out read "Not run"
+
+def test_results_page_answers_every_seed_question(smoke_run):
+    """rule write_results_page: numbers with their provenance; the deliverables manifest on a real run:
+    every seed question has its section and a written answer; only the families the smoke config
+    leaves out read "Not run"."""
     from rlpipe.analysis import deliverables
     from rlpipe.analysis.results_view import ResultsView
 
-    done = deliverables.answers(ResultsView.load(results))
+    page = (smoke_run.results / "RESULTS.md").read_text()
+    assert "## Machine and software" in page and "| torch |" in page and "| onpolicy |" in page
+    assert "## The MATH track" in page and "## Experiment families" in page
+    done = deliverables.answers(ResultsView.load(smoke_run.results))
     assert deliverables.problems(done, page) == []
     not_run = [" ".join(text) for _, text in done if any(t.startswith("Not run") for t in text)]
     assert all("results/families/" in t for t in not_run), not_run
 
-    run(tmp_path, "--report", "report.html")
-    report = (tmp_path / "report.html").read_text()
+
+def test_the_report_holds_every_figure_and_section(smoke_run):
+    report = (smoke_run.workdir / "report.html").read_text()
     for name in [*FIGURES, *contract.SUMMARY_REPORT_FILES.values(), contract.MATH_REPORT_FILES["eval_html"],
                  contract.MATH_REPORT_FILES["learning_png"],
                  contract.FAMILY_REPORT_FILES["curves"], contract.FAMILY_REPORT_FILES["health"],
                  contract.TOY_SORT_FILES["table_html"], contract.SCALING_REPORT_FILES["figure"],
                  contract.SCALING_REPORT_FILES["discussion"]]:
         assert name in report, f"{name} missing from the report"
+    assert "System Message" not in report and "Unknown target name" not in report
 
-    # nothing left to do: a second invocation schedules no job (no spurious params/code triggers)
-    out = run(tmp_path, "-n", "--cores", "2").stdout
-    assert "Nothing to be done" in out or "rule train_variant" not in out
 
-    # ---- a config edit reruns exactly what it affects, in the same invocation
-    smoke = yaml.safe_load((tmp_path / "config/smoke.yaml").read_text())
+def test_a_finished_run_plans_nothing_and_a_config_edit_reruns_exactly_what_it_affects(smoke_run, dry_run):
+    """A second invocation schedules no job (no spurious params/code triggers); reordered keys rerun
+    nothing; a learning-rate edit of the shared train section reruns the keyword track's runs and their
+    aggregation in the same invocation, nothing upstream, and not the example's track, whose own
+    learning rate overrides it; a forced run starts afresh."""
+    out = smoke_run.snakemake("-n", "--cores", "2").stdout
+    assert dry_run.jobs(out) == [], out[-3000:]
+    config = smoke_run.workdir / "config"
+    smoke = yaml.safe_load((config / "smoke.yaml").read_text())
 
-    def plan(config: dict, *args: str) -> list[dict]:
-        path = tmp_path / "config" / "edited.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
-               "--configfile", "config/edited.yaml", "-n", "--cores", "2", *args]
-        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=True)
-        return dry_run.jobs(proc.stdout)
+    def plan(edited: dict, *args: str) -> list[dict]:
+        (config / "edited.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
+        files = [f.replace("config/smoke.yaml", "config/edited.yaml") for f in smoke_run.configfiles]
+        return dry_run.jobs(smoke_run.snakemake("-n", "--cores", "2", *args, configfiles=files).stdout)
 
     reordered = dict(reversed(list(smoke.items())))  # every key in another order, values the same
     reordered["model"] = {**smoke["model"], "overrides": dict(reversed(list(smoke["model"]["overrides"].items())))}
     assert plan(reordered) == [], "reordering keys must rerun nothing"
-    edited = {**smoke, "train": {**smoke["train"], "learning_rate": 1e-3}}
-    jobs = plan(edited)
+    jobs = plan({**smoke, "train": {**smoke["train"], "learning_rate": 1e-3}})
     rules = {j["rule"] for j in jobs}
     assert {"train_variant", "aggregate_metrics"} <= rules  # in this one invocation ...
     assert not rules & {"build_corpus", "train_tokenizer", "pretrain_base"}  # ... and nothing upstream
     trains = [j for j in jobs if j["rule"] == "train_variant"]
-    assert {j["wildcards"]["variant"] for j in trains} == {"onpolicy", "k2", "disagg"}
+    assert {(j["wildcards"].get("tdir", ""), j["wildcards"]["variant"]) for j in trains} == {
+        ("", "onpolicy"), ("", "k2"), ("", "disagg")}
     assert all(j["resources"]["resume"] == "auto" for j in trains)  # a changed run: rlpipe decides
     forced = [j for j in plan(smoke, "results/runs/k2/metrics.parquet", "--forcerun", "train_variant")
               if j["rule"] == "train_variant"]
     assert [(j["wildcards"]["variant"], j["resources"]["resume"]) for j in forced] == [("k2", "never")]
-

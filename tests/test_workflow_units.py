@@ -12,7 +12,6 @@ import pytest
 import yaml
 from snakemake.exceptions import WorkflowError
 
-from rlpipe.analysis.contract import FAMILY_REPORT_DIR, RUN_FILES
 from rlpipe.cli import COMMANDS
 from rlpipe.config import (
     CORPUS_FILE,
@@ -24,6 +23,7 @@ from rlpipe.config import (
     parse_config,
     workflow_tracks,
 )
+from rlpipe.contract import FAMILY_REPORT_DIR, RUN_FILES
 from rlpipe.workflow import code_inputs, loading, params, targets
 from rlpipe.workflow.jobs import Jobs, pretrain_gpus
 from rlpipe.workflow.layout import Layout, trains_tokenizer, user_timed, uses_dataset

@@ -20,7 +20,7 @@ COMMANDS = {
     "build-math-data": ("rlpipe.tasks.math.arithmetic", "main"),
     "eval-base": ("rlpipe.tasks.keyword.eval", "main"),
     "eval": ("rlpipe.trainer.evaluate", "main"),
-    "train": ("rlpipe.trainer.run", "main"),
+    "train": ("rlpipe.cli", "train_main"),
     "aggregate": ("rlpipe.analysis.aggregate", "main"),
     "plot": ("rlpipe.analysis.plots", "main"),
     "math-report": ("rlpipe.analysis.math_report", "main"),
@@ -44,6 +44,20 @@ BENCHES = {"sampler": "rlpipe.bench.sampler", "update": "rlpipe.bench.update", "
 def schema_main(argv: list[str]) -> int:
     print(yaml.safe_dump(json_schema(), sort_keys=False), end="")
     return 0
+
+
+def train_main(argv: list[str]) -> int:
+    """``rlpipe train`` (``rlpipe.trainer.run``), then, after a finished run, its flat-reward diagnosis
+    (``rlpipe.analysis.flat_reward``) as the last log line: the diagnosis is analysis, which the
+    trainer does not import, so the command that runs both joins them here."""
+    train = importlib.import_module("rlpipe.trainer.run")
+    args = train.parser().parse_args(argv)  # bad arguments exit 2 here, as in the trainer's own parse
+    rc = train.main(argv)
+    if rc == 0:
+        flat = importlib.import_module("rlpipe.analysis.flat_reward")
+        print(flat.run_log_line(args.out, args.variant) or "validation reward: rose beyond its noise, or too few "
+              "validation points to tell", flush=True)
+    return rc
 
 
 def _usage() -> str:

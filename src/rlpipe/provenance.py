@@ -17,7 +17,7 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
-from rlpipe.analysis.contract import PROVENANCE_KEYS
+from rlpipe.contract import PROVENANCE_KEYS
 
 #: The packages whose versions decide a run's numbers (``versions`` in ``provenance()``).
 PACKAGES = ("torch", "transformers", "tokenizers", "ray", "snakemake", "numpy", "pydantic", "math-verify")

@@ -55,7 +55,7 @@ HEAD_TIMEOUT_S = 180.0
 #: how long the steps get to end after the command before srun is killed
 STOP_WAIT_S = 20.0
 #: cluster support on whatever the submitter's environment says (sbatch passes it on; with it off a node
-#: takes 127.0.0.1 and a worker refuses to join; rlpipe.trainer.run.loopback_only restores it after its
+#: takes 127.0.0.1 and a worker refuses to join; rlpipe.trainer.local_ray.loopback_only restores it after its
 #: own local instance starts, but a user's shell may still have it off)
 RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_worker_niceness": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
 
@@ -191,7 +191,7 @@ def node_main(state_dir: Path, head: bool, address: str | None) -> int:
     else:
         cmd.append(f"--address={address}")
     print(f"rlpipe.ray_slurm: {name}: {' '.join(cmd)}", flush=True)
-    # the head's dashboard and autoscaler exporters would take fixed ports (rlpipe.trainer.run says more)
+    # the head's dashboard and autoscaler exporters would take fixed ports (rlpipe.trainer.local_ray says more)
     os.execve(cmd[0], cmd, os.environ | RAY_ENV | {"DASHBOARD_METRIC_PORT": "0", "AUTOSCALER_METRIC_PORT": "0"})
     return 0  # not reached
 

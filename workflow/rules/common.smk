@@ -115,7 +115,7 @@ elif MAIN:
 # (SUMMARY_FILES, SUMMARY_REPORT_FILES) and the figures (FIGURES: kind -> Figure(category, title,
 # ext)) come from the run-output contract, which the trainer's writer, aggregation, the plots and
 # the tests share.
-from rlpipe.analysis.contract import (
+from rlpipe.contract import (
     CHECKPOINT_FILE,
     EVAL_FILES,
     FAMILY_REPORT_DIR,

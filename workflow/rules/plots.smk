@@ -1,4 +1,4 @@
-# One rule per figure (plot_<kind>), generated from rlpipe.analysis.contract.FIGURES (imported by
+# One rule per figure (plot_<kind>), generated from rlpipe.contract.FIGURES (imported by
 # common.smk). Each takes the plotting code as inputs (code_inputs: `rlpipe plot`'s module and the
 # analysis modules it loads), so editing it reruns the figures and nothing upstream. Captions:
 # workflow/report/<kind>.rst.

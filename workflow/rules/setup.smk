@@ -38,7 +38,7 @@ import datetime as _dt
 from collections import Counter as _Counter
 
 from rlpipe.analysis import run_timing
-from rlpipe.analysis.contract import RUN_CONDITIONS_KEYS
+from rlpipe.contract import RUN_CONDITIONS_KEYS
 from rlpipe.trainer import conditions as _conditions
 
 _RUN_START = _conditions.sample()

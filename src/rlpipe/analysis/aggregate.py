@@ -1,4 +1,4 @@
-"""Metrics aggregation: every run's outputs -> ``results/summary/`` (names: ``rlpipe.analysis.contract``).
+"""Metrics aggregation: every run's outputs -> ``results/summary/`` (names: ``rlpipe.contract``).
 
 ``rlpipe aggregate --runs results/runs --out results/summary [--variants ...] [--reference onpolicy]
 [--bench results/bench/weight_sync.json ...]`` writes
@@ -57,10 +57,14 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from rlpipe import io
-from rlpipe.analysis import contract, flat_reward, report_text
+from rlpipe import contract, io
+from rlpipe.analysis import flat_reward, report_text
 from rlpipe.analysis.bench_read import read_bench_any, read_bench_weight_sync, sync_label
-from rlpipe.analysis.contract import (
+from rlpipe.analysis.frames import col, last_valid
+from rlpipe.analysis.provenance import provenance_stats
+from rlpipe.analysis.summary_table import table_html
+from rlpipe.analysis.text_format import section
+from rlpipe.contract import (
     EVENT_COLUMNS,
     GEN_PHASES,
     PHASES,
@@ -72,10 +76,6 @@ from rlpipe.analysis.contract import (
     phase_seconds_column,
     phase_share_column,
 )
-from rlpipe.analysis.frames import col, last_valid
-from rlpipe.analysis.provenance import provenance_stats
-from rlpipe.analysis.summary_table import table_html
-from rlpipe.analysis.text_format import section
 
 # summary-table column -> the metrics column whose last value it reports
 KL_FINAL_COLUMNS = {

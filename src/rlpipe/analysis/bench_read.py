@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlpipe.analysis.contract import WEIGHT_SYNC_COLUMNS
 from rlpipe.analysis.rdt_text import MEMCPY_LABEL
+from rlpipe.contract import WEIGHT_SYNC_COLUMNS
 
 
 def sync_label(info: dict) -> str:

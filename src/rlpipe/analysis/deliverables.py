@@ -2,7 +2,7 @@
 
 ``DELIVERABLES`` maps each seed question (seed, problem, what is asked; ``also`` the same question
 in another seed, answered once) to its report section
-(``anchor``), its figure (a file under ``results/``, named through ``rlpipe.analysis.contract``; None
+(``anchor``), its figure (a file under ``results/``, named through ``rlpipe.contract``; None
 for a written-only question) and the function that writes its answer from the run's results
 (``answer(view) -> list[str]``, ``view`` a ``rlpipe.analysis.results_view.ResultsView``).
 ``render_markdown`` opens the results page with the manifest as a table of contents followed by
@@ -26,7 +26,8 @@ from importlib import resources
 
 import yaml
 
-from rlpipe.analysis import contract, shared_caveats
+from rlpipe import contract
+from rlpipe.analysis import shared_caveats
 from rlpipe.analysis.answers_math import train_loop_answer, zero_shot_answer, zero_shot_metrics_answer
 from rlpipe.analysis.answers_systems import (
     family,

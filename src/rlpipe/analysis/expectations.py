@@ -28,11 +28,11 @@ from itertools import pairwise
 
 import pandas as pd
 
-from rlpipe.analysis.contract import HEALTH_COLUMNS
 from rlpipe.analysis.family_data import SMOOTH_STEPS, VAL, Family
 from rlpipe.analysis.series import band, replicate_frame
 from rlpipe.analysis.stats import seeds_phrase
 from rlpipe.analysis.text_format import fnum
+from rlpipe.contract import HEALTH_COLUMNS
 
 MARGIN = 0.1  # a difference under 10% of the larger value does not show a direction
 PREFIX_SHOWN = "Expected effect, shown:"

@@ -2,7 +2,7 @@
 
 A family (``rlpipe.config.FamilyConfig``) is a set of variants of one GRPO run,
 each trained on ``replicates`` seeds. This module reads every replicate's run directory and writes
-``results/families/<family>/report/`` (``rlpipe.analysis.contract.FAMILY_REPORT_FILES``):
+``results/families/<family>/report/`` (``rlpipe.contract.FAMILY_REPORT_FILES``):
 
 - ``curves.png``: validation reward vs optimizer step and vs wall time, the mean over seeds with its
   95% band; with a sweep axis (``x``), the final reward against it.
@@ -50,8 +50,7 @@ matplotlib.use("Agg")  # no display on workers; must precede pyplot
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from rlpipe import io
-from rlpipe.analysis import contract
+from rlpipe import contract, io
 from rlpipe.analysis.aggregate import AggregateError
 from rlpipe.analysis.expectations import CADENCE_KEYS, expectation_sentences, flatten
 from rlpipe.analysis.family_answer import answer

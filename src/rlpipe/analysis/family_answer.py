@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import math
 
-from rlpipe.analysis.contract import HEALTH_COLUMNS
 from rlpipe.analysis.expectations import PREFIX_NOT_SHOWN, PREFIX_SHOWN
 from rlpipe.analysis.findings import FINDING, UNREPLICATED, Verdict
 from rlpipe.analysis.kl_text import KL_GROWTH
 from rlpipe.analysis.stats import interval_phrase
+from rlpipe.contract import HEALTH_COLUMNS
 
 SIGNAL_GAP = 1.5  # largest / smallest end value of a health signal before it is named
 SIGNALS = ("optim/grad_norm", "policy/entropy", "response/length_mean", "loss/clip_frac")

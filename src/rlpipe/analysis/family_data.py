@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.analysis.aggregate import RunData, load_run, run_row
 from rlpipe.analysis.findings import is_finding
 from rlpipe.analysis.frames import col, last_valid

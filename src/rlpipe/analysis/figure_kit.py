@@ -17,12 +17,11 @@ matplotlib.use("Agg")  # no display on workers; must precede pyplot
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from rlpipe import io
-from rlpipe.analysis import contract
-from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES
+from rlpipe import contract, io
 from rlpipe.analysis.findings import INDICATIVE
 from rlpipe.analysis.frames import col
 from rlpipe.analysis.summary_rows import contended
+from rlpipe.contract import FIGURES, SUMMARY_FILES
 
 STACK = (*contract.STACK_PHASES, contract.OTHER)
 STEP_PHASES = contract.STEP_STACK_PHASES
@@ -103,7 +102,7 @@ def save(fig, out: str | Path, rect: tuple | None = None) -> None:
 def register(kind: str) -> Callable[[PlotFn], PlotFn]:
     """Register ``fn(summary, out) -> notes`` as the function drawing ``kind`` (a contract figure)."""
     if kind not in FIGURES:
-        raise KeyError(f"figure kind {kind!r} is not in rlpipe.analysis.contract.FIGURES")
+        raise KeyError(f"figure kind {kind!r} is not in rlpipe.contract.FIGURES")
 
     def deco(fn: PlotFn) -> PlotFn:
         if kind in KINDS:

@@ -16,7 +16,7 @@ Contention applies to timings: a reward does not depend on how fast the machine 
 reward comparisons pass ``contended=False``. Every timing-derived ratio or exponent, in text or
 figure, benchmarks included, carries the load recorded when it was measured (``TimingLoad.clause``)
 and is marked ``INDICATIVE`` when contended, decided by the one rule the training runs use
-(``rlpipe.analysis.contract.decide_contended``). A training run measures other processes' CPU time
+(``rlpipe.contract.decide_contended``). A training run measures other processes' CPU time
 over its own interval; a benchmark JSON records only 1-minute load averages, so for it the cores
 others kept busy are estimated as the highest recorded load minus the bench's own cores
 (``timing_load``), and any run it holds that recorded its own ``conditions`` (the scaling bench's
@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlpipe.analysis.contract import decide_contended
 from rlpipe.analysis.stats import Difference, MeanCI, Ratio
+from rlpipe.contract import decide_contended
 
 MIN_REPLICATES = 2
 

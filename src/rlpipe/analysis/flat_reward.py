@@ -57,8 +57,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from rlpipe.analysis.contract import METRICS_FILE, RUN_CONFIG_FILE, RUN_INFO_FILE
 from rlpipe.analysis.frames import col
+from rlpipe.contract import METRICS_FILE, RUN_CONFIG_FILE, RUN_INFO_FILE
 
 #: signal thresholds (see the module docstring)
 THRESHOLDS = {

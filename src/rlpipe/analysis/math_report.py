@@ -46,7 +46,7 @@ from matplotlib.ticker import MaxNLocator
 from rlpipe import io
 from rlpipe.analysis.aggregate import AggregateError, load_run
 from rlpipe.analysis.answers_math import EXAMPLES
-from rlpipe.analysis.contract import (
+from rlpipe.contract import (
     EVAL_CATEGORIES,
     EVAL_COLUMNS,
     EVAL_FILES,

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from rlpipe.analysis import contract
-from rlpipe.analysis.contract import phase_seconds_column
+from rlpipe import contract
 from rlpipe.analysis.findings import single_runs
 from rlpipe.analysis.summary_rows import contended, contention_caveat, first_row, has_columns, missing, row_of
 from rlpipe.analysis.text_format import fsec, fx, nan, section
+from rlpipe.contract import phase_seconds_column
 
 CONTRADICTS = 1.0  # a measured speedup at or below this contradicts an estimated gain
 

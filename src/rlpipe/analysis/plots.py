@@ -1,7 +1,7 @@
 """Figures of the report, drawn from ``results/summary`` (``rlpipe.analysis.aggregate``'s output).
 
 ``rlpipe plot KIND --summary results/summary --out results/figures/KIND.png``; ``KINDS`` maps each
-kind of ``rlpipe.analysis.contract.FIGURES`` (exactly those, checked at import) to its function
+kind of ``rlpipe.contract.FIGURES`` (exactly those, checked at import) to its function
 ``f(summary, out) -> list[str]``, which writes the file and returns the "no data" notes it drew.
 Figure functions are registered with ``@figure(kind, ...)`` (``rlpipe.analysis.figure_kit``, which
 owns the prologue and the epilogue: new matplotlib figure, atomic PNG save, notes list); the function
@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from rlpipe import io
-from rlpipe.analysis.contract import FIGURES, SUMMARY_FILES
 from rlpipe.analysis.figure_kit import (
     KINDS,
     PHASE_COLORS,
@@ -56,6 +55,7 @@ from rlpipe.analysis.plots_systems import (
     plot_weight_sync,
 )
 from rlpipe.analysis.text_format import words
+from rlpipe.contract import FIGURES, SUMMARY_FILES
 
 __all__ = ["KINDS", "MARK_CONTENDED", "MARK_UNREPLICATED", "PHASE_COLORS", "Summary", "bar_marks", "colors",
            "line_per_variant", "load_summary", "main", "no_data", "plot_kl", "plot_phase_breakdown",

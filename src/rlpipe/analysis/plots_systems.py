@@ -14,8 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from rlpipe.analysis import contract
-from rlpipe.analysis.contract import SUMMARY_FILES, phase_seconds_column
+from rlpipe import contract
 from rlpipe.analysis.figure_kit import (
     MARK_CONTENDED,
     MARK_UNREPLICATED,
@@ -32,6 +31,7 @@ from rlpipe.analysis.figure_kit import (
 from rlpipe.analysis.findings import CONTENDED, INDICATIVE, single_runs
 from rlpipe.analysis.frames import col
 from rlpipe.analysis.summary_rows import contended, contention_caveat, row_of
+from rlpipe.contract import SUMMARY_FILES, phase_seconds_column
 
 # --------------------------------------------------------------------------- profiling
 

@@ -26,9 +26,8 @@ import math
 
 import pandas as pd
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.analysis.bench_text import bench_section, limits_section, trl_section
-from rlpipe.analysis.contract import phase_seconds_column, phase_share_column
 from rlpipe.analysis.findings import single_runs, timing_load
 from rlpipe.analysis.kl_text import kl_section
 from rlpipe.analysis.optimization_text import optimization_section
@@ -43,6 +42,7 @@ from rlpipe.analysis.summary_rows import (
     row_of,
 )
 from rlpipe.analysis.text_format import fnum, fpct, fsec, fx, nan, section
+from rlpipe.contract import phase_seconds_column, phase_share_column
 
 PHASE_WHY = {
     "generate": ("autoregressive sampling runs one forward pass per generated token, {tokens} sequential "

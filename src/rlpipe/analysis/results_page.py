@@ -34,7 +34,8 @@ from typing import Any
 
 import pandas as pd
 
-from rlpipe.analysis import contract, flat_reward, run_timing
+from rlpipe import contract
+from rlpipe.analysis import flat_reward, run_timing
 from rlpipe.analysis.deliverables import answers
 from rlpipe.analysis.deliverables import render_html as answers_html
 from rlpipe.analysis.deliverables import render_markdown as answers_markdown

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 
 
 def _json(path: Path):

@@ -41,7 +41,9 @@ import pandas as pd
 
 from rlpipe import io
 from rlpipe.analysis.aggregate import read_bench_weight_sync
-from rlpipe.analysis.contract import (
+from rlpipe.analysis.findings import INDICATIVE, TimingLoad, timing_load
+from rlpipe.analysis.plots import no_data, save
+from rlpipe.contract import (
     BENCH_PEAK_KEYS,
     SCALING_AXES,
     SCALING_PHASES,
@@ -50,8 +52,6 @@ from rlpipe.analysis.contract import (
     SCALING_X,
     scaling_phase_key,
 )
-from rlpipe.analysis.findings import INDICATIVE, TimingLoad, timing_load
-from rlpipe.analysis.plots import no_data, save
 
 AXIS_LABEL = {"model": "parameters", "batch": "responses per rollout batch", "length": "response tokens"}
 MODE_STYLE = {"colocated_sync": "-", "disaggregated": "--"}

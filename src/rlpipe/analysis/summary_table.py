@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 
 TABLE_COLUMNS = {  # column -> (header, format)
     "variant": ("variant", "{}"), "mode": ("mode", "{}"),

@@ -1,6 +1,6 @@
 """Seed 003's toy-sorting grid (``rlpipe.tasks.sorting.experiment``): its table and figure.
 
-Written under ``rlpipe toy-sort --out DIR`` (``rlpipe.analysis.contract.TOY_SORT_FILES``):
+Written under ``rlpipe toy-sort --out DIR`` (``rlpipe.contract.TOY_SORT_FILES``):
 
 - ``curves.png``: mean sampled reward per epoch, one panel per loss mode, one line per delta mode
   (the seed mean, with its 95% band);
@@ -21,8 +21,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from rlpipe import io
-from rlpipe.analysis.contract import TOY_SORT_DATA, TOY_SORT_FILES
 from rlpipe.analysis.stats import mean_ci, welch_difference
+from rlpipe.contract import TOY_SORT_DATA, TOY_SORT_FILES
 
 LOSS_PANELS = ("no_baseline", "reinforce_with_baseline", "grpo_no_clip", "grpo_clip")
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlpipe.analysis.contract import metric_time_column
+from rlpipe.contract import metric_time_column
 
 #: rlpipe's phases as the bench groups them: the two log-prob passes are one "logprobs" entry.
 RLPIPE_GROUPS = {"generate": ("generate",), "score": ("score",), "logprobs": ("ref_logprobs", "old_logprobs"),

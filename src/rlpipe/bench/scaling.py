@@ -48,7 +48,10 @@ import pandas as pd
 import torch
 
 from rlpipe import io
-from rlpipe.analysis.contract import (
+from rlpipe.bench import stamp
+from rlpipe.bench.flops import PEAK_NOTE, device_peak, fraction, gflops, grpo_step_flops, matmul_peak, peak_fields
+from rlpipe.config import ConfigError, load_config, to_dict
+from rlpipe.contract import (
     METRICS_FILE,
     SCALING_AXES,
     SCALING_MODES,
@@ -56,15 +59,12 @@ from rlpipe.analysis.contract import (
     metric_time_column,
     scaling_phase_key,
 )
-from rlpipe.bench import stamp
-from rlpipe.bench.flops import PEAK_NOTE, device_peak, fraction, gflops, grpo_step_flops, matmul_peak, peak_fields
-from rlpipe.config import ConfigError, load_config, to_dict
 from rlpipe.lm.checkpoint import load_checkpoint, save_checkpoint
 from rlpipe.lm.device import resolve_device
 from rlpipe.lm.model import TransformerLM
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.tasks import task_for
-from rlpipe.trainer import ray_reaper
+from rlpipe.trainer import local_ray, ray_reaper
 from rlpipe.trainer import run as train_run
 
 #: the phases with no matrix products of their own: a FLOP fraction would mean nothing there
@@ -232,7 +232,7 @@ def run_bench(config, base, dataset, modes, threads) -> dict:
     start = time.time()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        watchdog = train_run._init_ray(cfg, num_cpus=2 * threads + 1)  # stops Ray if we are killed
+        watchdog = local_ray.init_ray(cfg, num_cpus=2 * threads + 1)  # stops Ray if we are killed
         try:
             done: dict[tuple, dict] = {}  # the centre point is on every axis: run it once per mode
             for mode in modes:

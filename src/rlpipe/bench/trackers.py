@@ -31,11 +31,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from rlpipe.analysis.contract import METRICS_FILE, RUN_INFO_FILE
 from rlpipe.bench import emit
 from rlpipe.config import ConfigError, load_config, load_yaml
 from rlpipe.config.checks import check_trackers
-from rlpipe.trainer import ray_reaper
+from rlpipe.contract import METRICS_FILE, RUN_INFO_FILE
+from rlpipe.trainer import local_ray, ray_reaper
 from rlpipe.trainer import run as train_run
 
 
@@ -102,7 +102,7 @@ def run_bench(config: str, variant: str, base: str, dataset: str, trackers: list
     with tempfile.TemporaryDirectory(prefix="rlpipe-bench-trackers-") as d:
         tmp = Path(d)
         cfgs = {"none": _config(config, tmp, [], steps), "trackers": _config(config, tmp, trackers, steps)}
-        watchdog = train_run._init_ray(load_config(cfgs["none"]), num_cpus=threads + 1)
+        watchdog = local_ray.init_ray(load_config(cfgs["none"]), num_cpus=threads + 1)
         try:
             results = _pairs(cfgs, variant, base, dataset, pairs, threads, tmp)
         finally:

@@ -102,7 +102,6 @@ from pathlib import Path
 
 import yaml
 
-from rlpipe.analysis.contract import CHECKPOINT_FILE, METRICS_FILE, RUN_INFO_FILE
 from rlpipe.bench import stamp
 from rlpipe.bench.flops import PEAK_NOTE, device_peak, fraction, gflops, grpo_step_flops, matmul_peak
 from rlpipe.bench.phase_split import PhaseClock, rlpipe_phase_split
@@ -121,6 +120,7 @@ from rlpipe.bench.trl_settings import (
     validation_reward,
 )
 from rlpipe.config import apply_overrides, load_yaml
+from rlpipe.contract import CHECKPOINT_FILE, METRICS_FILE, RUN_INFO_FILE
 from rlpipe.io import write_json
 from rlpipe.lm import decode_package
 from rlpipe.lm.attention import route_hf_attention

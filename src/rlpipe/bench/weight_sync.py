@@ -81,7 +81,7 @@ from rlpipe.bench.flops import device_memcpy, fraction
 from rlpipe.config import WeightSyncConfig
 from rlpipe.lm.checkpoint import load_checkpoint
 from rlpipe.lm.model import ModelConfig, TransformerLM
-from rlpipe.trainer.run import local_ray_metrics_off, loopback_only
+from rlpipe.trainer.local_ray import local_ray_metrics_off, loopback_only
 from rlpipe.trainer.weight_sync import (
     BackendUnavailableError,
     ObjectStoreTransport,
@@ -445,7 +445,7 @@ def _start_ray(num_cpus: int, thp: bool) -> Any:
     # address="local": a new instance of its own, never a cluster that `ray start` left registered
     # (a dead one's registration would make ray.init attach, and refuse num_cpus)
     # Ray on Linux binds the host's routable address: loopback instead, and no metrics exporter on fixed
-    # ports (both as rlpipe.trainer.run starts its local instance)
+    # ports (both as rlpipe.trainer.local_ray starts a training run's instance)
     with loopback_only():
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env,
                  _node_ip_address="127.0.0.1", **local_ray_metrics_off())

@@ -3,7 +3,7 @@
 Timings on a shared machine depend on what else runs there (the same ``disagg``
 run gave 1.37x ``onpolicy`` on the idle 2-core machine and 0.93x with one or two other processes
 busy), so every run records, in ``run_info.json["conditions"]`` (keys:
-``rlpipe.analysis.contract.RUN_CONDITIONS_KEYS``):
+``rlpipe.contract.RUN_CONDITIONS_KEYS``):
 
 - ``load_avg_start`` / ``load_avg_end``: the 1-minute load average (``os.getloadavg``) when
   training starts and ends. Context only: it is an exponentially damped average over the last
@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlpipe.analysis.contract import (  # the one contention rule, shared with the benchmarks' text
+from rlpipe.contract import (  # the one contention rule, shared with the benchmarks' text
     OTHER_CPU_THRESHOLD,  # noqa: F401 - re-exported
     RUN_CONDITIONS_KEYS,
     decide_contended,

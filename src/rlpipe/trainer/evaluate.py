@@ -9,7 +9,7 @@ answer 0, (3) format 0 and answer 0)::
                 [--n N] [--max-tokens M] [--threads T] [--device D] [--seed S]
 
 writes ``OUT_DIR/examples.parquet`` and ``OUT_DIR/summary.json``; their names, columns, category
-names and keys are ``rlpipe.analysis.contract``'s ``EVAL_*`` block (``rlpipe math-report`` reads them).
+names and keys are ``rlpipe.contract``'s ``EVAL_*`` block (``rlpipe math-report`` reads them).
 
 Departures from the seed, and why:
 
@@ -50,14 +50,6 @@ import pandas as pd
 import torch
 
 from rlpipe import io
-from rlpipe.analysis.contract import (
-    EVAL_CATEGORIES,
-    EVAL_COLUMNS,
-    EVAL_FILES,
-    EVAL_FLOAT_COLUMNS,
-    EVAL_INT_COLUMNS,
-    EVAL_SUMMARY_KEYS,
-)
 from rlpipe.config import (
     MATH_TRACK,
     ConfigError,
@@ -65,6 +57,14 @@ from rlpipe.config import (
     TrainConfig,
     load_config,
     math_pipeline,
+)
+from rlpipe.contract import (
+    EVAL_CATEGORIES,
+    EVAL_COLUMNS,
+    EVAL_FILES,
+    EVAL_FLOAT_COLUMNS,
+    EVAL_INT_COLUMNS,
+    EVAL_SUMMARY_KEYS,
 )
 from rlpipe.lm.device import autocast, resolve_device, setup_process
 from rlpipe.lm.policy import Policy, load_policy

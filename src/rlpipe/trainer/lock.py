@@ -20,7 +20,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlpipe.analysis.contract import RUN_LOCK_FILE
+from rlpipe.contract import RUN_LOCK_FILE
 
 LOCK_FILE = RUN_LOCK_FILE
 

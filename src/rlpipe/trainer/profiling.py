@@ -4,7 +4,7 @@ Each actor owns a ``Profiler``; work is wrapped in ``with prof.phase("generate",
 Events carry absolute wall times (``time.time()``: comparable across processes on one host, and
 across NTP-synced hosts to a few ms); the run writer converts them to seconds since run start.
 The driver drains actors' events once per step, so nothing accumulates unboundedly. Phase names
-are ``rlpipe.analysis.contract.PHASES`` (re-exported here).
+are ``rlpipe.contract.PHASES`` (re-exported here).
 
 A run's summary of both goes into ``run_info.json``:
 - ``phase_split`` (``phase_split``): the median seconds per optimizer step of each timed phase,
@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
-from rlpipe.analysis.contract import OTHER, PHASES, STEP_STACK_PHASES, TIMED_PHASES, metric_time_column
+from rlpipe.contract import OTHER, PHASES, STEP_STACK_PHASES, TIMED_PHASES, metric_time_column
 from rlpipe.rl.records import PhaseEvent
 
 __all__ = ["PHASES", "GpuBusy", "Profiler", "phase_split", "seconds_by_phase"]

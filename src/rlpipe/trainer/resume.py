@@ -1,6 +1,6 @@
 """Resume or start afresh: the one place that decides (``rlpipe train --resume auto``).
 
-A run directory's ``checkpoints/`` (file names: ``rlpipe.analysis.contract``) holds ``last.pt``
+A run directory's ``checkpoints/`` (file names: ``rlpipe.contract``) holds ``last.pt``
 (the learner's resumable checkpoint, written every ``train.checkpoint_every`` steps),
 ``FINGERPRINT`` (a hash of everything that defines the run) and, once the run has finished,
 ``FINISHED``. The policy:
@@ -32,7 +32,7 @@ start reads no unchanged file again and a changed one always is: the fingerprint
 digests alone.
 
 Departure from the previous design: this decision used to live in the rule's shell code (and in
-part in ``RunContext.restore``); it moved here so that it has unit tests.
+part in ``RunContext.restore``, ``Checkpoints.restore``); it moved here so that it has unit tests.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlpipe.analysis.contract import CHECKPOINT_DIR, CHECKPOINT_FILE, FINGERPRINT_FILE, FINISHED_MARKER
 from rlpipe.config.identity import identity
+from rlpipe.contract import CHECKPOINT_DIR, CHECKPOINT_FILE, FINGERPRINT_FILE, FINISHED_MARKER
 from rlpipe.io import write_text
 from rlpipe.trainer.digest_cache import DigestCache
 

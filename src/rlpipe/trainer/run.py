@@ -26,24 +26,9 @@ a transient fault, so the user decides (the message says how: ``--resume never``
 deletes ``checkpoints/``). There is no older checkpoint to fall back to: a run keeps only
 ``last.pt`` (and the snapshot cut at its step).
 
-Network exposure of a local Ray instance (measured on Ray 2.60, ``_init_ray``): it listens on the
-loopback address only, so nothing of it answers from another machine. Ray turns a node address of
-``127.0.0.1`` into the machine's outward address (``services.resolve_ip_for_localhost``) unless
-its cluster support is off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the default on macOS and
-Windows, read when ``ray`` is imported: ``_init_ray`` sets it for the Ray processes it starts and
-in this process for the duration of ``ray.init``). With it, and no dashboard (unless
-``ray.include_dashboard``, then on 127.0.0.1), the GCS, the raylet, the object manager, the
-dashboard and runtime-env agents, the metrics exporters and every worker bind 127.0.0.1 (a test
-lists the listening sockets of a run's processes). Of Ray's three Prometheus exporters, which answer
-without the token, the node's is off (no metrics collection) and the other two, which Ray cannot
-switch off, listen on ephemeral ports instead of fixed ones (``LOCAL_RAY_SYSTEM_CONFIG``,
-``METRICS_PORT_VARIABLES``). Other users of the same machine can still reach
-loopback: what protects the servers from them is Ray's token authentication, on by default since
-2.5x (every RPC needs the session's token), so ``_init_ray`` refuses to start a local instance with
-``RAY_AUTH_MODE=disabled``. It always starts its own (``address="local"``): a plain ``ray.init()``
-would attach to a cluster that ``ray start`` registered on this machine. Beside it runs a watchdog
-(``rlpipe.trainer.ray_reaper``) that stops that instance's processes at once if this process is
-killed with no chance to call ``ray.shutdown``; Ray alone would leave them running for a while.
+A local Ray instance is started by ``rlpipe.trainer.local_ray`` (loopback only, token
+authentication, no metrics exporters on fixed ports, a watchdog that stops it if this process is
+killed); ``ray.address`` attaches to a cluster instead (see below).
 
 SIGTERM or SIGINT once Ray is up stops the run at the end of its round, after its checkpoint, within
 bounded time (``rlpipe.trainer.stop``); the exit status is then 128 + the signal's number. Over the
@@ -64,14 +49,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 
 from rlpipe import io
-from rlpipe.analysis import flat_reward
-from rlpipe.analysis.contract import CHECKPOINT_FILE
 from rlpipe.config import (
     ConfigError,
     load_config,
@@ -80,6 +62,7 @@ from rlpipe.config import (
     variant_gpus,
 )
 from rlpipe.config.checks import check_trackers
+from rlpipe.contract import CHECKPOINT_FILE
 from rlpipe.lm import decode_package
 from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint, read_extra
 from rlpipe.lm.device import resolve_device
@@ -91,13 +74,14 @@ from rlpipe.tasks import check_task
 from rlpipe.tasks.base import DatasetError
 from rlpipe.tasks.prompt_budget import base_context_length, check_prompt_lengths
 from rlpipe.tasks.registry import TaskLoadError
-from rlpipe.trainer import conditions, ray_reaper
+from rlpipe.trainer import conditions, local_ray, ray_reaper
 from rlpipe.trainer import resume as resume_policy
 from rlpipe.trainer.actors.learner import REQUIRED_EXTRA
 from rlpipe.trainer.drivers.colocated import run_colocated
-from rlpipe.trainer.drivers.common import ActorFailure, RunContext, TrainingDiverged
+from rlpipe.trainer.drivers.common import RunContext
 from rlpipe.trainer.drivers.disaggregated import run_disaggregated
 from rlpipe.trainer.drivers.placement import PlacementError
+from rlpipe.trainer.drivers.ray_calls import ActorFailure, TrainingDiverged
 from rlpipe.trainer.gpu_slots import acquire_gpus
 from rlpipe.trainer.lock import RunDirError, RunLockedError, run_lock
 from rlpipe.trainer.profiling import GpuBusy
@@ -175,86 +159,6 @@ def _check_resumable(out_dir: str) -> None:
         read_snapshot(out_dir, int(extra["step"]))
     except (CheckpointError, SnapshotError) as e:
         raise ResumeError(f"cannot resume {out_dir}: {e}; {fix}") from None
-
-
-#: A local instance collects no metrics: nothing reads them (rlpipe records its own), and the node's
-#: Prometheus exporter (the dashboard agent's) then does not start at all.
-LOCAL_RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False}
-#: Ray 2.60 has no switch for the two other exporters (the dashboard head's, which runs even with
-#: include_dashboard false, and the autoscaler monitor's): these variables, read by those processes
-#: when they start, move them from their fixed ports (44227, 44217) to ephemeral ones, so two runs on
-#: one machine do not collide and nothing answers at a well-known port; they stay on loopback.
-METRICS_PORT_VARIABLES = ("DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")
-
-
-def local_ray_metrics_off() -> dict:
-    """``ray.init`` keyword arguments for a local instance with the metrics exporters off or moved
-    (``LOCAL_RAY_SYSTEM_CONFIG``; sets ``METRICS_PORT_VARIABLES`` in this process's environment,
-    which the instance's processes inherit, unless the user set them)."""
-    for name in METRICS_PORT_VARIABLES:
-        os.environ.setdefault(name, "0")
-    return {"_system_config": dict(LOCAL_RAY_SYSTEM_CONFIG)}
-
-
-def _init_ray(cfg, num_cpus: float, num_gpus: int | None = None):
-    """Start a local Ray instance, or attach to ``ray.address``. For a local one, the watchdog that
-    stops it if this process is killed (``rlpipe.trainer.ray_reaper``); None when attached.
-    ``num_gpus``: the job's GPU slots, which the local instance is started with (None: Ray counts the
-    GPUs it finds, which on a scheduler's node may be none it can count)."""
-    import ray
-
-    # Ray starts worker processes at niceness 15 by default: on a shared machine any other process
-    # then preempts the training actors and every phase timing is inflated. Run them at normal
-    # priority (only affects a Ray instance started here).
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    quiet = "ignore::DeprecationWarning"
-    if cfg.ray.address:  # the cluster's workers do not inherit our environment: pass it along
-        ray.init(address=cfg.ray.address, runtime_env={"env_vars": {"PYTHONWARNINGS": quiet}}, log_to_driver=True)
-        return None
-    if os.environ.get("RAY_AUTH_MODE", "token") != "token":
-        # every user of this machine can reach the local servers on loopback (see the module
-        # docstring): the token is their lock. (Setting the variable here would not help: Ray reads
-        # it when it is imported.)
-        raise ConfigError(f"RAY_AUTH_MODE={os.environ['RAY_AUTH_MODE']}: rlpipe starts a local Ray instance only with "
-                          "token authentication (its servers are reachable by every user of this machine); "
-                          "unset RAY_AUTH_MODE")
-    # address="local": always a new instance of our own, never a cluster that `ray start` left
-    # registered in /tmp/ray (ray.init() without an address would try to attach to it)
-    # A local instance's workers inherit this process's environment. A runtime_env would do the same
-    # but its agent adds ~0.8 s to every actor start (measured side by side; ray.init unchanged),
-    # paid by each actor of the default pipeline's ~35 runs.
-    os.environ.setdefault("PYTHONWARNINGS", quiet)
-    with loopback_only():
-        gpu_kwargs = {} if num_gpus is None else {"num_gpus": num_gpus}
-        ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
-                 **gpu_kwargs,
-                 dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
-                 logging_level=logging.WARNING, configure_logging=True, **local_ray_metrics_off())
-    return ray_reaper.start(ray._private.worker.global_worker.node.get_session_dir_path())
-
-
-@contextlib.contextmanager
-def loopback_only():
-    """Ray's cluster support off while a local instance starts, so that its node address stays
-    127.0.0.1 and every server binds loopback (see the module docstring). The Ray processes read the
-    variable when they start; this process read it when it imported ``ray``, so its copy is set too.
-    Both are restored afterwards: once the node exists, Ray takes the address from it, and a process
-    this one starts later (an sbatch, a Ray cluster of its own) must not inherit "cluster support off"."""
-    from ray._private import ray_constants
-
-    name = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-    env_before = os.environ.get(name)
-    os.environ[name] = "0"
-    before = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = before
-        if env_before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = env_before
 
 
 def resolve_recompute(train_cfg, base: str):
@@ -346,7 +250,7 @@ def _run_with_ray(ctx: RunContext, cfg, gpus: int, actor_threads: int, disagg: b
         owns_ray = not ray.is_initialized()  # a caller (e.g. a test session) may have started one
         watchdog = None
         if owns_ray:  # a job given GPUs starts Ray with exactly those (its own count may find none)
-            watchdog = _init_ray(cfg, num_cpus=(2 * actor_threads + 1) if disagg else actor_threads,
+            watchdog = local_ray.init_ray(cfg, num_cpus=(2 * actor_threads + 1) if disagg else actor_threads,
                                  num_gpus=len(slots.devices) if slots else None)
         try:
             # what else the machine does while the run is timed (rlpipe.trainer.conditions): an
@@ -391,10 +295,10 @@ def _stopped(ctx: RunContext, err: BaseException) -> StopRequested:
     """The run's end after a stop signal, in words: where it stopped and what to rerun. An error on
     the way (an actor stopped by the same signal, sent to the whole process group) is named as such."""
     if isinstance(err, StopRequested):
-        return type(err)(f"{err}. {ctx.resume_advice()}", err.signum)
+        return type(err)(f"{err}. {ctx.checkpoints.advice()}", err.signum)
     first = (str(err).strip() or type(err).__name__).splitlines()[0]
-    return StopInterrupted(f"stopped by {signal_name(ctx.stop.signum)} after optimizer step {ctx.step}; the actors "
-                           f"stopped too ({first}). {ctx.resume_advice()}", ctx.stop.signum)
+    return StopInterrupted(f"stopped by {signal_name(ctx.stop.signum)} after optimizer step {ctx.log.step}; the actors "
+                           f"stopped too ({first}). {ctx.checkpoints.advice()}", ctx.stop.signum)
 
 
 def _kill_run_actors(variant: str) -> None:
@@ -420,7 +324,7 @@ def _gpu_slots(cfg, gpus: int):
     return acquire_gpus(gpus, lock_dir=Path(cfg.workflow.results_dir) / ".gpu_slots")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlpipe train", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
     p.add_argument("--variant", required=True)
@@ -434,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", nargs="?", const="always", default="never", choices=("auto", "never", "always"),
                    help="auto: continue <out>/checkpoints/last.pt iff it is an unfinished run of the same "
                         "settings, else start afresh; always (bare --resume): continue or fail; never (default)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rlpipe train``; the command line (``rlpipe.cli``) prints the run's flat-reward diagnosis after it."""
+    p = parser()
     a = p.parse_args(argv)
     try:
         info = run(a.config, a.variant, a.out, a.base, a.dataset, a.threads, a.resume, a.seed, a.ray_address)
@@ -446,7 +356,6 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as e:  # SIGTERM/SIGINT: 128 + the signal's number, as a shell reports it
         print(f"rlpipe train {a.variant}: {e}", file=sys.stderr, flush=True)
         return 128 + e.signum
-    print(f"variant {a.variant}: {info['total_optimizer_steps']} steps, {info['total_samples']} samples -> {a.out}")
-    print(flat_reward.run_log_line(a.out, a.variant) or "validation reward: rose beyond its noise, or too few "
-          "validation points to tell", flush=True)
+    print(f"variant {a.variant}: {info['total_optimizer_steps']} steps, {info['total_samples']} samples -> {a.out}",
+          flush=True)
     return 0

@@ -1,4 +1,4 @@
-"""Writes a run's outputs (``rlpipe.analysis.contract``; CONTRIBUTING.md "Run outputs"), atomically.
+"""Writes a run's outputs (``rlpipe.contract``; CONTRIBUTING.md "Run outputs"), atomically.
 
 Metrics, events and version logs are kept in memory and rewritten as whole parquet files at every
 flush (a few hundred rows: cheaper than appending, and a crash can never leave a torn file). A
@@ -43,8 +43,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlpipe import io
-from rlpipe.analysis import contract
+from rlpipe import contract, io
 from rlpipe.rl.records import PhaseEvent, VersionEvent
 from rlpipe.trainer.trackers import TrackerProcess
 

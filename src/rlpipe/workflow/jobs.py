@@ -16,8 +16,8 @@ from typing import Any
 from snakemake.io import ancient
 
 from rlpipe import slurm
-from rlpipe.analysis.contract import CHECKPOINT_FILE
 from rlpipe.config import Track
+from rlpipe.contract import CHECKPOINT_FILE
 from rlpipe.workflow.layout import Layout, uses_dataset
 from rlpipe.workflow.params import canonical, forced, ident
 from rlpipe.workflow.runs import TRACK_RUN, Runs

@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from rlpipe.analysis.contract import EVAL_FILES, RUN_FILES, family_run_dir, figure_file
 from rlpipe.config import CORPUS_FILE, KEYWORD_TRACK, MATH_TRACK, Track
+from rlpipe.contract import EVAL_FILES, RUN_FILES, family_run_dir, figure_file
 
 
 class Layout:

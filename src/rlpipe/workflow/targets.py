@@ -1,11 +1,12 @@
 """What the default target asks for, and what the results page reads, for the tracks and families
-this run has (the file names come from the run-output contract, rlpipe.analysis.contract)."""
+this run has (the file names come from the run-output contract, rlpipe.contract)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rlpipe.analysis.contract import (
+from rlpipe.config import KEYWORD_TRACK, MATH_TRACK, Track
+from rlpipe.contract import (
     FAMILY_REPORT_DIR,
     FAMILY_REPORT_FILES,
     FIGURES,
@@ -17,7 +18,6 @@ from rlpipe.analysis.contract import (
     TOY_SORT_FILES,
     figure_file,
 )
-from rlpipe.config import KEYWORD_TRACK, MATH_TRACK, Track
 from rlpipe.workflow.layout import Layout, user_timed
 from rlpipe.workflow.runs import Runs
 

@@ -48,7 +48,7 @@ def run_grid(seeds: list[int], num_epochs: int | None = None) -> tuple[pd.DataFr
 
 def main(argv: list[str] | None = None) -> int:
     """``rlpipe toy-sort --curves F --finals F``: the grid's data (the workflow names the files after
-    ``rlpipe.analysis.contract.TOY_SORT_DATA``); ``rlpipe toy-sort-report`` draws the table and the
+    ``rlpipe.contract.TOY_SORT_DATA``); ``rlpipe toy-sort-report`` draws the table and the
     figure from them."""
     ap = argparse.ArgumentParser(prog="rlpipe toy-sort", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7])

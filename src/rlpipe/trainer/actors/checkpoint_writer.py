@@ -9,8 +9,8 @@ written), then ``rlpipe.lm.checkpoint.save_checkpoint`` writes it on the writer 
 always (the previous ``last.pt`` stays until the new one is complete and renamed). One write at a
 time: a ``save`` first waits for the previous one. ``wait`` returns once the last write is on disk
 and raises its failure (a full disk, a non-finite value) as the error the save would have raised;
-the driver calls it before it counts a checkpoint as written (``RunContext.confirm_checkpoint``:
-before the run is marked finished, and before a stop). A process killed mid-write leaves the
+the driver calls it before it counts a checkpoint as written (``rlpipe.trainer.drivers.checkpoints``'s
+``Checkpoints.confirm``: before the run is marked finished, and before a stop). A process killed mid-write leaves the
 previous checkpoint and a temporary file that the next run deletes.
 """
 

@@ -286,9 +286,6 @@ class Learner:
         return {f"kl/ref_{e}": float(masked_kl(lp, ref, t.response_mask, e)) for e in ("log_ratio", "k3")}
 
     # -- weights and state ---------------------------------------------------------------------
-    def state_for_sync(self) -> dict[str, torch.Tensor]:
-        return self.model.state_dict()
-
     def save(self, path: str, extra: dict) -> None:
         if self.diverged:
             raise CheckpointError(f"refusing to write checkpoint {path}: training diverged at {self.diverged}; "

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlpipe.analysis.contract import DEVICE_CPU, DEVICE_GPU
+from rlpipe.contract import DEVICE_CPU, DEVICE_GPU
+from rlpipe.rl.records import train_batches
 from rlpipe.trainer.actors import reference
 from rlpipe.trainer.actors.workers import ColocatedWorker
-from rlpipe.trainer.drivers.common import RunContext, train_batches
+from rlpipe.trainer.drivers.common import RunContext
 from rlpipe.trainer.gpu_slots import actor_gpus
 
 
@@ -62,7 +63,7 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
     t = ctx.train
     k, spb = t.k, ctx.sizes.train_steps_per_rollout_batch
     share = actor_gpus(t.mode, gpus)
-    worker = ctx.actor(ColocatedWorker, gpus=share["colocated"], cpus=ctx.threads,
+    worker = ctx.ray.actor(ColocatedWorker, gpus=share["colocated"], cpus=ctx.threads,
                        checkpoint=ctx.base_checkpoint, train_cfg=t, dataset_dir=ctx.dataset_dir,
                        threads=ctx.threads, tokenizer=ctx.tokenizer)
     next_batch, step = ctx.restore(worker)
@@ -74,7 +75,7 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
                             initial_kl=step == 0 and reference.needed(t))  # no reference model: no KL to it
         step = _read_round(ctx, rnd, step, spb)
         ctx.end_round(first_step, step, round_start + k, worker, worker)
-    ctx.finalize_steps([ctx.get(worker.drain_logs.remote(), "drain logs")])
+    ctx.log.finalize([ctx.ray.get(worker.drain_logs.remote(), "drain logs")])
     ctx.collect_validation()
     return ctx.run_info(devices=max(1, min(gpus, 1)), device_type=DEVICE_GPU if gpus else DEVICE_CPU,
                         gpu_fraction=share)
@@ -85,12 +86,12 @@ def _read_round(ctx: RunContext, rnd: _Round, step: int, spb: int) -> int:
     batches = [ctx.wait_get(ref, f"rollout batch {b} (for step {b * spb + 1})", b * spb + 1, step)
                for b, ref in zip(rnd.batches, rnd.rollouts, strict=True)]
     if rnd.initial_kl is not None:
-        ctx.writer.update_row(0, ctx.get(rnd.initial_kl, "initial KL"))
+        ctx.writer.update_row(0, ctx.ray.get(rnd.initial_kl, "initial KL"))
     subs = [sub for b, batch in zip(rnd.batches, batches, strict=True)
             for sub in train_batches(batch, ctx.train, b)]  # the worker holds the same split
     for sub, ref in zip(subs, rnd.updates, strict=True):
         step += 1
-        ctx.log_update(step, ctx.get(ref, f"update step {step}"), sub)
-    ctx.log_sync(step, ctx.get(rnd.sync, f"weight sync after step {step}"))
-    ctx.finalize_steps([ctx.get(rnd.logs, "drain logs")])
+        ctx.log.update(step, ctx.ray.get(ref, f"update step {step}"), sub)
+    ctx.log.sync(step, ctx.ray.get(rnd.sync, f"weight sync after step {step}"))
+    ctx.log.finalize([ctx.ray.get(rnd.logs, "drain logs")])
     return step

@@ -65,15 +65,15 @@ disaggregated run on CPU. What can differ:
 
 from __future__ import annotations
 
-from rlpipe.analysis.contract import DEVICE_CPU, DEVICE_GPU
-from rlpipe.rl.records import RolloutBatch
+from rlpipe.contract import DEVICE_CPU, DEVICE_GPU
+from rlpipe.rl.records import RolloutBatch, train_batches
 from rlpipe.rl.replay import ReplayBuffer
 from rlpipe.rl.scoring import score_batch
 from rlpipe.tasks import task_for
 from rlpipe.trainer.actors import reference
 from rlpipe.trainer.actors.workers import GeneratorWorker, LearnerWorker, Scorer
 from rlpipe.trainer.drivers import placement
-from rlpipe.trainer.drivers.common import RunContext, train_batches
+from rlpipe.trainer.drivers.common import RunContext
 from rlpipe.trainer.gpu_slots import actor_gpus
 from rlpipe.trainer.profiling import Profiler
 from rlpipe.trainer.weight_sync import make_transport
@@ -86,21 +86,22 @@ def run_disaggregated(ctx: RunContext, gpus: int) -> dict:
     ts = t.weight_sync.transport
     share = actor_gpus(t.mode, gpus)  # one GPU each, or half of the one GPU each
     spots = _spots(ctx, [{"CPU": ctx.threads, "GPU": share[r]} for r in ("learner", "generator")])
-    learner = ctx.actor(LearnerWorker, gpus=share["learner"], cpus=ctx.threads, transport=ts, strategy=spots[0],
+    learner = ctx.ray.actor(LearnerWorker, gpus=share["learner"], cpus=ctx.threads, transport=ts, strategy=spots[0],
                         checkpoint=ctx.base_checkpoint, train_cfg=t, threads=ctx.threads, tokenizer=ctx.tokenizer)
-    generator = ctx.actor(GeneratorWorker, gpus=share["generator"], cpus=ctx.threads, transport=ts,
+    generator = ctx.ray.actor(GeneratorWorker, gpus=share["generator"], cpus=ctx.threads, transport=ts,
                           strategy=spots[1], checkpoint=ctx.base_checkpoint, train_cfg=t, dataset_dir=ctx.dataset_dir,
                           threads=ctx.threads, tokenizer=ctx.tokenizer)
     if spots[0] is not None:  # across nodes: say where each landed
-        where = ctx.actor_nodes()
+        where = ctx.ray.actor_nodes()
         print(f"rlpipe train {ctx.variant}: " + ", ".join(
             f"{role} on {n['node_name']} (Ray node {n['node_id'][:8]}, {n['address']})" for role, n in where.items()),
             flush=True)
-    scorer = ctx.actor(Scorer, gpus=0, cpus=0.5, train_cfg=t, dataset_dir=ctx.dataset_dir) if t.scorer_actor else None
+    scorer = (ctx.ray.actor(Scorer, gpus=0, cpus=0.5, train_cfg=t, dataset_dir=ctx.dataset_dir)
+              if t.scorer_actor else None)
     transport.setup(learner, [generator])
     next_batch, step = ctx.restore(learner)
     if step > 0:  # the generator restarts from the restored learner weights
-        ctx.log_sync(step, ctx.sync(transport, learner, [generator], step))
+        ctx.log.sync(step, ctx.ray.sync(transport, learner, [generator], step))
     else:
         ctx.begin(generator)
     loop = _Loop(ctx, learner, generator, scorer, transport, spb)
@@ -146,14 +147,14 @@ class _Loop:
             with self.prof.phase("score", step, batch.policy_version):
                 batch = score_batch(batch, self.task, self.ctx.train)
         if self.ctx.train.recompute_old_log_probs:  # the learner's old log-probs, before replay/splitting
-            batch = self.ctx.get(self.learner.prepare.remote(batch, step), f"old log-probs of rollout batch {b}")
+            batch = self.ctx.ray.get(self.learner.prepare.remote(batch, step), f"old log-probs of rollout batch {b}")
         return batch
 
     def run(self, next_batch: int, step: int) -> None:
         ctx, t = self.ctx, self.ctx.train
         batch = self.receive(self.submit(next_batch), next_batch, step)
         if step == 0 and reference.needed(t):
-            ctx.writer.update_row(0, ctx.get(self.learner.initial_kl.remote(batch), "initial KL"))
+            ctx.writer.update_row(0, ctx.ray.get(self.learner.initial_kl.remote(batch), "initial KL"))
         for b in range(next_batch, t.n_grpo_steps):
             first_step = step + 1
             pending = self.submit(b + 1) if b + 1 < t.n_grpo_steps else None
@@ -162,13 +163,13 @@ class _Loop:
                        for i, sub in enumerate(self.train_inputs(batch, b, step))]
             for sub, ref in updates:
                 step += 1
-                ctx.log_update(step, ctx.get(ref, f"update step {step}"), sub)
+                ctx.log.update(step, ctx.ray.get(ref, f"update step {step}"), sub)
                 self.log_replay(step)
             if pending is not None:
                 batch = self.receive(pending, b + 1, step)
             with self.prof.phase("weight_sync", step, step):
-                stats = ctx.sync(self.transport, self.learner, [self.generator], step)
-            ctx.log_sync(step, stats)
+                stats = ctx.ray.sync(self.transport, self.learner, [self.generator], step)
+            ctx.log.sync(step, stats)
             self.end_round(first_step, step, b + 1)
 
     def train_inputs(self, batch, b: int, version: int):
@@ -191,8 +192,8 @@ class _Loop:
     def end_round(self, first_step: int, step: int, next_batch: int) -> None:
         ctx = self.ctx
         actors = [self.learner, self.generator] + ([self.scorer] if self.scorer else [])
-        logs = [ctx.get(ref, "drain logs") for ref in [a.drain_logs.remote() for a in actors]]
-        ctx.finalize_steps(logs + [(self.prof.drain(), [])])
+        logs = [ctx.ray.get(ref, "drain logs") for ref in [a.drain_logs.remote() for a in actors]]
+        ctx.log.finalize(logs + [(self.prof.drain(), [])])
         ctx.end_round(first_step, step, next_batch, self.generator, self.learner)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 
 #: columns that index a row rather than measure it
 _NOT_SCALARS = frozenset({"step"})

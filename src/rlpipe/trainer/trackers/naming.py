@@ -1,7 +1,7 @@
 """A run's names in the trackers, from where the workflow puts it.
 
 The workflow's layout says which track or family a run belongs to (``rlpipe.config.Track.subdir``,
-``rlpipe.analysis.contract.family_run_dir``), relative to ``workflow.results_dir``:
+``rlpipe.contract.family_run_dir``), relative to ``workflow.results_dir``:
 
 ==========================================  =====================  ==============================
 run directory                               group                  name
@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.config import KEYWORD_TRACK, MATH_TRACK
 from rlpipe.trainer.trackers.base import RunSpec
 

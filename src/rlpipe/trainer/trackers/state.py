@@ -20,8 +20,7 @@ import secrets
 import threading
 from pathlib import Path
 
-from rlpipe import io
-from rlpipe.analysis import contract
+from rlpipe import contract, io
 
 STATE_FILE = "trackers.json"
 _KEY = re.compile(r"^[a-z0-9]{8,64}$")  # W&B run ids: letters and digits

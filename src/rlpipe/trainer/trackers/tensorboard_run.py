@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlpipe.analysis import contract
+from rlpipe import contract
 from rlpipe.trainer.trackers.base import RunSpec, metric_items
 
 

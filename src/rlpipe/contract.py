@@ -3,7 +3,8 @@
 A training run writes ``results/runs/<variant>/``; ``rlpipe aggregate`` reads those directories
 and writes ``results/summary/``; ``rlpipe plot`` draws ``results/figures/<kind>.<ext>`` from the
 summary; the Snakemake workflow declares all of them as outputs; the report text and the tests read
-them back. This module is the contract between those parties:
+them back. This module is the contract between those parties, on the bottom floor beside
+``rlpipe.io`` so that each of them imports it without importing another:
 
 - the trainer's writer (``rlpipe.trainer.run_writer``, phase names in ``rlpipe.trainer.profiling``),
 - aggregation (``rlpipe.analysis.aggregate``),
@@ -124,9 +125,6 @@ RUN_INFO_KEYS = ("variant", "mode", "devices", "device_type", "threads", "wall_t
 #: ``rlpipe train`` adds (``conditions``: the machine's load over the run, see below).
 RUN_INFO_OPTIONAL_KEYS = ("k", "replay", "config", "conditions", "provenance", "gpu_fraction", "phase_split",
                           "gpu_busy", "nodes")
-#: run_info ``nodes``: where each actor ran, by role (``colocated``, or ``learner`` and ``generator``, and
-#: ``scorer``): Ray's node id, the node's name (SLURM's where it runs under SLURM) and its address
-RUN_INFO_NODE_FIELDS = ("node_id", "node_name", "address")
 #: run_info ``phase_split``: median seconds per optimizer step of each timed phase, of the step's
 #: time no stacked phase covers (``other``) and of the step itself (``rlpipe.trainer.profiling``).
 PHASE_SPLIT_KEYS = (*TIMED_PHASES, OTHER, "step")

@@ -1,65 +1,18 @@
 """The embedded CPU-learnable math task: seeded multi-step integer arithmetic in MATH format.
 
-The task. A problem is a chain of 1-3 additions and subtractions of small integers, evaluated left
-to right, e.g. ``"Compute 7 + 12 - 5."`` (ground truth ``"14"``). Operands lie in
-``1..max_operand`` and every intermediate result in ``0..max_value`` (subtractions never go
-negative, sums never exceed ``max_value``), so the whole task lives on a few hundred number tokens.
-Its worked solution, in ``r1_zero`` form (the text after the prompt's ``"Assistant: <think>"``),
-writes one step per binary operation and then the answer::
-
-     7 + 12 = 19. 19 - 5 = 14. </think> <answer> 14 </answer>
-
-which ``rlpipe.tasks.math.reward.r1_zero_reward_fn`` grades 1 (it needs ``"</think> <answer>"``
-with one space and a later ``"</answer>"``; the answer between them is stripped by math-verify).
-``build_math_data`` writes ``train.jsonl`` / ``val.jsonl`` (MATH fields ``problem``, ``answer``,
-``solution``; the solution ends ``$\\boxed{14}$`` like MATH's) and ``corpus.txt``, the pretraining
-corpus: ``corpus_documents`` documents, each a problem followed by its worked solution, separated as
-``rlpipe.lm.documents`` reads them. Validation problems never occur in the corpus or in
-``train.jsonl`` (dedupe by problem text); training problems may occur in the corpus.
-
-Two kinds of corpus documents. A *full* document is the whole r1_zero prompt plus the worked
-solution, exactly what GRPO will sample from. A *drill* (``drill_fraction`` of the documents) keeps
-only the prompt's last two lines (``"User: Compute ...\\nAssistant: <think>"``) and the solution.
-The r1_zero preamble is ~85 of a full document's ~120 tokens and carries nothing to learn after the
-first few hundred steps; a drill is ~40 tokens, so the same pretraining budget shows the model
-several times more arithmetic steps. The drill's tokens from ``User`` on are the full document's
-(byte-level BPE splits ``>`` from the next word), so what a drill teaches transfers to the full
-prompt, and the full documents keep the preamble itself in-distribution.
-
-Why it is learnable on a CPU. The ``cpu-tiny`` model (0.96M parameters at the BPE's 451 tokens)
-pretrained for a few minutes learns the r1_zero format perfectly (every document has it) and small
-addition and subtraction facts fairly well: with ``tokenizer.vocab_size`` 512 the byte-level BPE
-runs out of merges at 451 tokens and keeps every number up to ~60 as one token (``" 17"``), so each
-step is one lookup ``a op b`` over a few hundred facts, and the chain-of-steps solution turns a
-3-operation problem into three such lookups plus copies. Responses are 15-30 tokens and prompts
-~100, so a GRPO step of 32 rollouts takes ~1.5 s on one thread.
-
-The deliberate slips (``slip_rate``), a departure from the data of the seeds. In a fraction of the
-corpus's solution steps the operator is miscopied from the problem (``12 + 5 = 17.`` for ``12 - 5``);
-the step itself is computed right and the later steps carry its result on, so the final answer is
-wrong (the problem is never changed, and a step is only miscopied if the chain stays in
-0..max_value). A base model pretrained on that corpus reproduces the slips at temperature 1.0: its
-zero-shot accuracy is about its own arithmetic competence times ``(1 - slip) ** steps``, which makes
-the starting point adjustable without changing model size or pretraining time, and gives GRPO a
-real, learnable fix: a slip is one discrete choice at one kind of position (copy the operator or
-not), the same in every problem, so rewarding slip-free chains generalises across problems.
-Measured alternative: with step results off by 1-2 instead (a blurred adder rather than a discrete
-mistake) GRPO did not raise validation reward in 50 steps (lr 5e-5; at 2e-4 it fell), since the
-fix is then per arithmetic fact. Without slips the base accuracy would be set only by how far
-pretraining got. Every written step is a true fact, so slips never teach wrong arithmetic.
-Measured in the default pipeline (560 pretraining steps of 128 tokens, 2026-11-23, shared 2-core
-CPU): zero-shot answer reward 0.48 (format 1.0, 512 val problems, temperature 1); 48 on-policy
-GRPO steps of 32 samples (84 s) raise it to 0.76. (An earlier measurement, on a model pretrained
-450 steps of 144 tokens: 0.43, and 0.74 after 150 steps, 0.90 / 0.76 / 0.59 on 1 / 2 / 3-operation
-problems.)
-Multi-step problems slip more often, so the task has graded difficulty, and the ceiling is the
-model's arithmetic competence, so the reward does not saturate at 1 within the default run.
+A problem is a chain of 1-3 additions and subtractions of small integers (``Problem``, drawn by
+``draw_problem``) with an ``r1_zero`` worked solution (``worked_response``). ``build_math_data``
+(``rlpipe build-math-data``) writes the MATH-format splits and the pretraining corpus
+(``iter_corpus``: full documents and short drills, ``corpus_document``), whose solution steps carry
+deliberate slips for GRPO to unlearn (``draw_slips``: why, and what it measured). Why the task is
+learnable on a CPU: ``Problem``.
 
 How it departs from seeds 001/004 (MATH + Qwen 2.5 Math 1.5B) and why: the seeds post-train a
 GPU-sized pretrained math model on competition problems; on a 2-core CPU no such model can run, and
 our own tiny model pretrained for minutes cannot solve a single MATH problem (reward 0: nothing for
 GRPO to reinforce). The arithmetic task keeps everything else of the math track unchanged: the
 MATH file format, the r1_zero prompt and stop string, the r1_zero grader, and the train/eval code.
+The corpus's deliberate slips are a departure from the seeds' data (``draw_slips``).
 """
 
 from __future__ import annotations
@@ -80,7 +33,19 @@ PROMPT = "r1_zero"
 
 @dataclass(frozen=True)
 class Problem:
-    """A chain ``first ops[0][0] ops[0][1] ops[1][0] ...`` evaluated left to right."""
+    """A chain ``first ops[0][0] ops[0][1] ops[1][0] ...`` evaluated left to right, e.g.
+    ``"Compute 7 + 12 - 5."`` (ground truth ``"14"``). Operands lie in ``1..max_operand`` and every
+    intermediate result in ``0..max_value`` (subtractions never go negative, sums never exceed
+    ``max_value``), so the whole task lives on a few hundred number tokens.
+
+    Why it is learnable on a CPU. The ``cpu-tiny`` model (0.96M parameters at the BPE's 451 tokens)
+    pretrained for a few minutes learns the r1_zero format perfectly (every document has it) and
+    small addition and subtraction facts fairly well: with ``tokenizer.vocab_size`` 512 the
+    byte-level BPE runs out of merges at 451 tokens and keeps every number up to ~60 as one token
+    (``" 17"``), so each step is one lookup ``a op b`` over a few hundred facts, and the
+    chain-of-steps solution turns a 3-operation problem into three such lookups plus copies.
+    Responses are 15-30 tokens and prompts ~100, so a GRPO step of 32 rollouts takes ~1.5 s on one
+    thread."""
 
     first: int
     ops: tuple[tuple[str, int], ...]  # (operator "+" or "-", operand)
@@ -130,7 +95,13 @@ def draw_problem(cfg: ArithmeticConfig, rng: random.Random) -> Problem:
 
 def worked_response(p: Problem, flips: tuple[bool, ...] | None = None) -> str:
     """The r1_zero continuation after ``"Assistant: <think>"``: one ``a op b = c.`` per step, then
-    the last result as the answer. ``flips`` (corpus slips only) miscopy some operators."""
+    the last result as the answer. ``flips`` (corpus slips only) miscopy some operators. E.g.::
+
+         7 + 12 = 19. 19 - 5 = 14. </think> <answer> 14 </answer>
+
+    which ``rlpipe.tasks.math.reward.r1_zero_reward_fn`` grades 1 (it needs ``"</think> <answer>"``
+    with one space and a later ``"</answer>"``; the answer between them is stripped by
+    math-verify)."""
     steps = chain_results(p, flips)
     text = " ".join(f"{a} {op} {b} = {r}." for a, op, b, r in steps)
     return f" {text} </think> <answer> {steps[-1][3]} </answer>"
@@ -144,7 +115,27 @@ def math_solution(p: Problem) -> str:
 
 def draw_slips(cfg: ArithmeticConfig, p: Problem, rng: random.Random) -> tuple[bool, ...]:
     """Per step, with probability ``slip_rate``: miscopy its operator, unless that would take a
-    result of the written chain out of 0..max_value (then the step is copied right)."""
+    result of the written chain out of 0..max_value (then the step is copied right).
+
+    The deliberate slips, a departure from the data of the seeds. A miscopied step
+    (``12 + 5 = 17.`` for ``12 - 5``) is computed right and the later steps carry its result on, so
+    the final answer is wrong (the problem is never changed). A base model pretrained on that
+    corpus reproduces the slips at temperature 1.0: its zero-shot accuracy is about its own
+    arithmetic competence times ``(1 - slip) ** steps``, which makes the starting point adjustable
+    without changing model size or pretraining time, and gives GRPO a real, learnable fix: a slip
+    is one discrete choice at one kind of position (copy the operator or not), the same in every
+    problem, so rewarding slip-free chains generalises across problems. Measured alternative: with
+    step results off by 1-2 instead (a blurred adder rather than a discrete mistake) GRPO did not
+    raise validation reward in 50 steps (lr 5e-5; at 2e-4 it fell), since the fix is then per
+    arithmetic fact. Without slips the base accuracy would be set only by how far pretraining got.
+    Every written step is a true fact, so slips never teach wrong arithmetic. Measured in the
+    default pipeline (560 pretraining steps of 128 tokens, 2026-11-23, shared 2-core CPU):
+    zero-shot answer reward 0.48 (format 1.0, 512 val problems, temperature 1); 48 on-policy GRPO
+    steps of 32 samples (84 s) raise it to 0.76. (An earlier measurement, on a model pretrained
+    450 steps of 144 tokens: 0.43, and 0.74 after 150 steps, 0.90 / 0.76 / 0.59 on 1 / 2 /
+    3-operation problems.) Multi-step problems slip more often, so the task has graded
+    difficulty, and the ceiling is the model's arithmetic competence, so the reward does not
+    saturate at 1 within the default run."""
     flips: list[bool] = []
     for i in range(len(p.ops)):
         tried = tuple(flips) + (True,) + (False,) * (len(p.ops) - i - 1)
@@ -155,7 +146,15 @@ def draw_slips(cfg: ArithmeticConfig, p: Problem, rng: random.Random) -> tuple[b
 
 def corpus_document(p: Problem, slips: tuple[bool, ...], drill: bool = False) -> str:
     """The r1_zero prompt and the worked solution; a drill keeps only the prompt's ``User:`` and
-    ``Assistant: <think>`` lines (same tokens from ``User`` on, a fifth of the length)."""
+    ``Assistant: <think>`` lines (same tokens from ``User`` on, a fifth of the length).
+
+    A *full* document is exactly what GRPO will sample from. A *drill* (``drill_fraction`` of the
+    corpus) exists because the r1_zero preamble is ~85 of a full document's ~120 tokens and
+    carries nothing to learn after the first few hundred steps; a drill is ~40 tokens, so the same
+    pretraining budget shows the model several times more arithmetic steps. The drill's tokens
+    from ``User`` on are the full document's (byte-level BPE splits ``>`` from the next word), so
+    what a drill teaches transfers to the full prompt, and the full documents keep the preamble
+    itself in-distribution."""
     prompt = format_math_prompt(PROMPT, p.text)
     if drill:
         prompt = prompt[prompt.rindex("\nUser: ") + 1:]
@@ -208,7 +207,13 @@ class MathDataStats:
 
 
 def build_math_data(cfg: ArithmeticConfig, out_dir: str | Path) -> MathDataStats:
-    """Write ``train.jsonl``, ``val.jsonl`` and ``corpus.txt`` to ``out_dir``, each atomically."""
+    """Write ``train.jsonl``, ``val.jsonl`` and ``corpus.txt`` to ``out_dir``, each atomically.
+
+    The splits have MATH's fields ``problem``, ``answer``, ``solution`` (the solution ends
+    ``$\\boxed{14}$`` like MATH's); the corpus has ``corpus_documents`` documents, each a problem
+    followed by its worked solution, separated as ``rlpipe.lm.documents`` reads them. Validation
+    problems never occur in the corpus or in ``train.jsonl`` (dedupe by problem text); training
+    problems may occur in the corpus."""
     out = Path(out_dir)
     val = unique_problems(cfg, cfg.num_val, "val", set())
     val_texts = {p.text for p in val}

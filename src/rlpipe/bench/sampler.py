@@ -1,49 +1,10 @@
 """``rlpipe bench sampler``: KV-cache sampler vs naive recomputation vs HF ``generate``.
 
-Prints ONE JSON line (and with ``--out`` also writes it atomically):
-
-- ``kv_tokens_per_s`` / ``naive_tokens_per_s`` / ``kv_over_naive``: ``rlpipe.lm.sampler.generate`` on a
-  randomly initialised ``TransformerLM`` (``--preset``, vocabulary from a BPE trained here on
-  synthetic text), with its KV cache and with ``use_kv_cache=False`` (the same sampling loop
-  re-running the whole sequence every step). Goal: ratio >= 5 for cpu-tiny on CPU.
-- ``hf_ours_tokens_per_s`` / ``hf_generate_tokens_per_s`` / ``ours_over_hf_generate``: our sampler
-  driving a randomly initialised HF ``Qwen2ForCausalLM`` of the same width/depth vs HF's own
-  ``generate`` on the same model and batch (sampling, top_k disabled). Goal: ratio >= 1.
-- ``kv_gflops`` / ``matmul_peak_gflops`` / ``kv_fraction_of_peak``: the KV-cache sampler's achieved
-  FLOP/s (prefill plus one forward per new token against its cached context, counted as in
-  ``rlpipe.bench.flops``) against the best square fp32 matmul rate measured in this process on the
-  same threads and the same ``--device``. Decoding multiplies (B, D) rows by (D, D) weights once per
-  token: small products plus per-token Python and sampling work, so a low fraction here says what
-  bounds generation.
-
-- ``compiled_tokens_per_s`` / ``compiled_over_eager`` / ``compiled_fraction_of_peak`` /
-  ``compile_s``: the same model and batch through the fixed-shape decode step compiled with
-  ``torch.compile`` (``generate(decode="compiled")``, ``rlpipe.lm.static_decode``) against the eager
-  KV-cache sampler, and the one-off compilation time (the first call's wall minus a steady call's).
-  ``--no-compiled`` skips it (no C++ compiler, or no time to compile).
-- ``aot_tokens_per_s`` / ``aot_over_eager`` / ``aot_fraction_of_peak`` / ``aot_build_s``: the same
-  step compiled ahead of time (``generate(decode="aot")``, ``rlpipe.lm.decode_package``) against the
-  eager sampler; ``aot_build_s`` is the package build when this machine had none (null: it was
-  cached). CPU only; ``--no-aot`` skips it.
-- ``cudagraph_tokens_per_s`` / ``cudagraph_over_eager`` / ``cudagraph_over_hf_generate`` /
-  ``cudagraph_fraction_of_peak`` / ``cudagraph_capture_s``, and the same with ``cudagraph_bf16_``:
-  the fixed-shape step replayed from a CUDA graph (``generate(decode="cudagraph")``,
-  ``rlpipe.lm.cuda_graph_decode``), in the model's fp32 and under bf16 autocast (``train.dtype:
-  bfloat16``, the GPU config), against the eager sampler in fp32 and HF ``generate``; the capture
-  time is the first call's wall minus a steady call's. ``cudagraph_logprob_gap`` /
-  ``cudagraph_bf16_logprob_gap``: the largest difference between the log-probs the graph decode
-  recorded and a full eager forward's over the same tokens in the same precision
-  (``teacher_forced_gap``): float rounding when the graph is right. CUDA only (``--device cuda``).
-- ``best_over_hf_generate``: the fastest of our decodes on our model against HF ``generate`` on
-  the HF model of the same shape (the same FLOPs per token).
-- ``kv_fraction_of_device_peak`` (and ``compiled_``/``aot_fraction_of_device_peak``): the same
-  FLOP/s against the device peak (``rlpipe.bench.flops.device_peak``: one large square matmul in
-  the model's dtype, 8192 on CUDA, 2048 on CPU), ``device_peak_tflops`` / ``device_peak_dtype``;
-  ``fraction_of_shape_peak`` / ``fraction_of_device_peak``: the fastest decode's two fractions,
-  ``peak_note`` says which is which. On a GPU the shape peak is launch-bound too, so only the
-  device fraction says how busy the chip is.
-- ``goals``: the targets (fraction of peak >= 0.25, >= 2x HF ``generate``) and whether this run met
-  them; the fraction-of-peak goal is stated for ``--batch 32``.
+Prints ONE JSON line (and with ``--out`` also writes it atomically): rlpipe's KV-cache sampler
+against the same loop without a cache and against HF ``generate`` on an HF model of the same shape,
+its compiled, ahead-of-time and CUDA-graph decodes against the eager one, each decode's fractions
+of the matmul peaks, and the goals (``GOAL_*``). What each key means: ``run_bench``; how to read
+the ratios and their limits: ``docs/benchmarks.md``.
 
 Every run samples ``--batch`` rows of ``--new-tokens`` tokens with no early stop
 (``min_tokens = max_tokens``) from left-padded prompts of 12..24 tokens (the keyword-inclusion
@@ -139,6 +100,50 @@ def _hf_generate_fn(model, prompts, new_tokens: int, pad_id: int, device):
 
 def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: str, compiled: bool = True,
               aot: bool = True) -> dict:
+    """The bench's JSON record:
+
+    - ``kv_tokens_per_s`` / ``naive_tokens_per_s`` / ``kv_over_naive``: ``rlpipe.lm.sampler.generate`` on a
+      randomly initialised ``TransformerLM`` (``--preset``, vocabulary from a BPE trained here on
+      synthetic text), with its KV cache and with ``use_kv_cache=False`` (the same sampling loop
+      re-running the whole sequence every step). Goal: ratio >= 5 for cpu-tiny on CPU.
+    - ``hf_ours_tokens_per_s`` / ``hf_generate_tokens_per_s`` / ``ours_over_hf_generate``: our sampler
+      driving a randomly initialised HF ``Qwen2ForCausalLM`` of the same width/depth vs HF's own
+      ``generate`` on the same model and batch (sampling, top_k disabled). Goal: ratio >= 1.
+    - ``kv_gflops`` / ``matmul_peak_gflops`` / ``kv_fraction_of_peak``: the KV-cache sampler's achieved
+      FLOP/s (prefill plus one forward per new token against its cached context, counted as in
+      ``rlpipe.bench.flops``) against the best square fp32 matmul rate measured in this process on the
+      same threads and the same ``--device``. Decoding multiplies (B, D) rows by (D, D) weights once per
+      token: small products plus per-token Python and sampling work, so a low fraction here says what
+      bounds generation.
+    - ``compiled_tokens_per_s`` / ``compiled_over_eager`` / ``compiled_fraction_of_peak`` /
+      ``compile_s``: the same model and batch through the fixed-shape decode step compiled with
+      ``torch.compile`` (``generate(decode="compiled")``, ``rlpipe.lm.static_decode``) against the eager
+      KV-cache sampler, and the one-off compilation time (the first call's wall minus a steady call's).
+      ``--no-compiled`` skips it (no C++ compiler, or no time to compile).
+    - ``aot_tokens_per_s`` / ``aot_over_eager`` / ``aot_fraction_of_peak`` / ``aot_build_s``: the same
+      step compiled ahead of time (``generate(decode="aot")``, ``rlpipe.lm.decode_package``) against the
+      eager sampler; ``aot_build_s`` is the package build when this machine had none (null: it was
+      cached). CPU only; ``--no-aot`` skips it.
+    - ``cudagraph_tokens_per_s`` / ``cudagraph_over_eager`` / ``cudagraph_over_hf_generate`` /
+      ``cudagraph_fraction_of_peak`` / ``cudagraph_capture_s``, and the same with ``cudagraph_bf16_``:
+      the fixed-shape step replayed from a CUDA graph (``generate(decode="cudagraph")``,
+      ``rlpipe.lm.cuda_graph_decode``), in the model's fp32 and under bf16 autocast (``train.dtype:
+      bfloat16``, the GPU config), against the eager sampler in fp32 and HF ``generate``; the capture
+      time is the first call's wall minus a steady call's. ``cudagraph_logprob_gap`` /
+      ``cudagraph_bf16_logprob_gap``: the largest difference between the log-probs the graph decode
+      recorded and a full eager forward's over the same tokens in the same precision
+      (``teacher_forced_gap``): float rounding when the graph is right. CUDA only (``--device cuda``).
+    - ``best_over_hf_generate``: the fastest of our decodes on our model against HF ``generate`` on
+      the HF model of the same shape (the same FLOPs per token).
+    - ``kv_fraction_of_device_peak`` (and ``compiled_``/``aot_fraction_of_device_peak``): the same
+      FLOP/s against the device peak (``rlpipe.bench.flops.device_peak``: one large square matmul in
+      the model's dtype, 8192 on CUDA, 2048 on CPU), ``device_peak_tflops`` / ``device_peak_dtype``;
+      ``fraction_of_shape_peak`` / ``fraction_of_device_peak``: the fastest decode's two fractions,
+      ``peak_note`` says which is which. On a GPU the shape peak is launch-bound too, so only the
+      device fraction says how busy the chip is.
+    - ``goals``: the targets (fraction of peak >= 0.25, >= 2x HF ``generate``) and whether this run met
+      them; the fraction-of-peak goal is stated for ``--batch 32``.
+    """
     dev = torch.device(device)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,44 +7,9 @@ its numbers and what to try. The trainer prints it at the end of a run (``rlpipe
 track's) and the summary table, and ``rlpipe results-page`` a sentence per flat run in
 ``RESULTS.md``. Pure pandas: no torch, no Ray.
 
-Flat: the rise (the mean validation reward over the last half of the validation points minus the
-first one, step 0's) is below twice its standard error. For a reward in [0, 1] with mean p, one
-sample's variance is at most p(1 - p), so a validation mean over ``val_size`` prompts has a standard
-error of at most sqrt(p(1 - p) / val_size); without ``val_size`` (or for a reward outside [0, 1])
-the noise is read off the curve itself (the points' scatter around a straight-line fit), which
-needs five validation points.
-
-The signals (each ``Cause`` carries a ``strength``: how far past its threshold the signal is, in e-folds,
-``log(value / threshold)`` or its inverse for a signal that is "too small"), ranked by how well each
-explains the numbers when several hold:
-
-- by strength, strongest first;
-- a root before its consequence whatever their strengths: saturation before zero-variance groups
-  (every group then has identical rewards) and a collapsed entropy before them (a policy that samples
-  one response per prompt gives identical rewards);
-- a still policy is discounted by what zero-variance groups explain: a fraction z of groups with
-  zero advantage shrinks the update by (1 - z), so its KL by at most (1 - z)^2, and ``lr_small``
-  keeps only the strength left after that (it is dropped when none is left);
-- ``kl_drift`` is the weakest when a run of the same family at a larger learning rate (a peer, see
-  ``results_section``) moved the policy further and its reward rose: the policy of this run then
-  moved *less* than one that learned, which is the too-small learning rate (``lr_small``, with the
-  peer's numbers and a strength of log(peer KL / this KL)), not a drift.
-
-==============  ==========================================  ===================================
-cause           signal (metrics column)                     threshold (``THRESHOLDS``)
-==============  ==========================================  ===================================
-saturated_0/1   mean training reward (reward/train_mean)    <= 0.05 or >= 0.95 (rewards in [0, 1])
-entropy         policy/entropy, last quarter / first        <= 0.25, or last <= 0.05 nats
-zero_std        mean reward/zero_std_frac                   >= 0.5 of the groups
-clip            mean loss/clip_frac                         >= 0.2 of the tokens
-lr_small        median kl/prev_k3 (KL between successive    <= 1e-5 per step and final
-                policies) and final kl/ref_k3               kl/ref_k3 <= 1e-3
-kl_drift        final kl/ref_k3                             >= 0.05 with no reward gain
-==============  ==========================================  ===================================
-
-The thresholds are our choices, not measured optima: each is a level at which the signal alone
-can stop GRPO from learning (half the groups giving no advantage halves the gradient; a KL of 1e-5
-nats per step is a log-prob change of about 0.3% per token), stated here so a reader can judge.
+Where to look: what "flat" means, ``val_rise``; the signals, their thresholds and why those,
+``causes``; how several signals are ranked, ``rank``; the learning-rate signals and a family's
+peers, ``_kl_causes``.
 """
 
 from __future__ import annotations
@@ -60,12 +25,12 @@ import yaml
 from rlpipe.analysis.frames import col
 from rlpipe.contract import METRICS_FILE, RUN_CONFIG_FILE, RUN_INFO_FILE
 
-#: signal thresholds (see the module docstring)
+#: signal thresholds (see ``causes``)
 THRESHOLDS = {
     "saturated_low": 0.05, "saturated_high": 0.95, "entropy_ratio": 0.25, "entropy_floor": 0.05,
     "zero_std_frac": 0.5, "clip_frac": 0.2, "prev_k3_small": 1e-5, "ref_k3_small": 1e-3, "ref_k3_drift": 0.05,
 }
-#: roots named before their consequences, whatever the strengths (module docstring)
+#: roots named before their consequences, whatever the strengths (``rank``)
 ROOTS = {"saturated_0": ("zero_std", "lr_small"), "saturated_1": ("zero_std", "lr_small"), "entropy": ("zero_std",)}
 #: a rise below this many standard errors of itself is "flat"
 NOISE_SIGMAS = 2.0
@@ -80,7 +45,7 @@ class Cause:
     name: str
     evidence: str
     advice: str
-    #: e-folds past its threshold (module docstring); the ranking's key
+    #: e-folds past its threshold (``rank``); the ranking's key
     strength: float = 0.0
 
 
@@ -144,7 +109,14 @@ def _quarter(s: pd.Series, last: bool) -> float:
 
 def val_rise(metrics: pd.DataFrame, val_size: int | None = None) -> tuple[float, float, float, float] | None:
     """(initial, final, rise, noise) of the validation reward, or None when it cannot be judged
-    (fewer than two validation points, or no ``val_size`` and fewer than ``CURVE_POINTS``)."""
+    (fewer than two validation points, or no ``val_size`` and fewer than ``CURVE_POINTS``).
+
+    Flat: the rise (the mean validation reward over the last half of the validation points minus the
+    first one, step 0's) is below ``NOISE_SIGMAS`` (twice) its standard error. For a reward in
+    [0, 1] with mean p, one sample's variance is at most p(1 - p), so a validation mean over
+    ``val_size`` prompts has a standard error of at most sqrt(p(1 - p) / val_size); without
+    ``val_size`` (or for a reward outside [0, 1]) the noise is read off the curve itself (the
+    points' scatter around a straight-line fit), which needs ``CURVE_POINTS`` (five) points."""
     val = col(metrics.sort_values("step") if "step" in metrics.columns else metrics, "reward/val_mean").dropna()
     if len(val) < 2:
         return None
@@ -223,7 +195,15 @@ _LR_ADVICE = "a larger train.learning_rate (3-10x), or more train.epochs_per_rol
 
 def _kl_causes(rows: pd.DataFrame, zero: float, peers: list[Peer], lr: float | None) -> list[Cause]:
     """The update's size: too small (alone, discounted by the zero-variance groups, or against a peer
-    at a larger learning rate that moved further and learned) or a drift without a gain."""
+    at a larger learning rate that moved further and learned) or a drift without a gain.
+
+    A still policy is discounted by what zero-variance groups explain: a fraction z of groups with
+    zero advantage shrinks the update by (1 - z), so its KL by at most (1 - z)^2, and ``lr_small``
+    keeps only the strength left after that (it is dropped when none is left). ``kl_drift`` is the
+    weakest when a run of the same family at a larger learning rate (a peer, see
+    ``results_section``) moved the policy further and its reward rose: the policy of this run then
+    moved *less* than one that learned, which is the too-small learning rate (``lr_small``, with
+    the peer's numbers and a strength of log(peer KL / this KL)), not a drift."""
     t, found = THRESHOLDS, []
     prev = col(rows, "kl/prev_k3").dropna()
     ref_final = final_ref_kl(rows)
@@ -256,7 +236,12 @@ def _kl_causes(rows: pd.DataFrame, zero: float, peers: list[Peer], lr: float | N
 
 
 def rank(found: list[Cause]) -> list[Cause]:
-    """Strongest first, a root before its consequences (module docstring)."""
+    """Strongest first, a root before its consequences. Each ``Cause`` carries a ``strength``: how
+    far past its threshold the signal is, in e-folds, ``log(value / threshold)`` or its inverse for
+    a signal that is "too small". A root comes before its consequence whatever their strengths
+    (``ROOTS``): saturation before zero-variance groups (every group then has identical rewards) and
+    a collapsed entropy before them (a policy that samples one response per prompt gives identical
+    rewards)."""
     ranked = sorted(found, key=lambda c: -c.strength)
     for root, consequences in ROOTS.items():
         at = [i for i, c in enumerate(ranked) if c.name == root]
@@ -267,7 +252,24 @@ def rank(found: list[Cause]) -> list[Cause]:
 
 
 def causes(metrics: pd.DataFrame, peers: list[Peer] = (), learning_rate: float | None = None) -> list[Cause]:
-    """Every signal of the module docstring's table that holds, ranked by how well it explains the run."""
+    """Every signal of the table below that holds, ranked by how well it explains the run (``rank``).
+
+    ==============  ==========================================  ===================================
+    cause           signal (metrics column)                     threshold (``THRESHOLDS``)
+    ==============  ==========================================  ===================================
+    saturated_0/1   mean training reward (reward/train_mean)    <= 0.05 or >= 0.95 (rewards in [0, 1])
+    entropy         policy/entropy, last quarter / first        <= 0.25, or last <= 0.05 nats
+    zero_std        mean reward/zero_std_frac                   >= 0.5 of the groups
+    clip            mean loss/clip_frac                         >= 0.2 of the tokens
+    lr_small        median kl/prev_k3 (KL between successive    <= 1e-5 per step and final
+                    policies) and final kl/ref_k3               kl/ref_k3 <= 1e-3
+    kl_drift        final kl/ref_k3                             >= 0.05 with no reward gain
+    ==============  ==========================================  ===================================
+
+    The thresholds are our choices, not measured optima: each is a level at which the signal alone
+    can stop GRPO from learning (half the groups giving no advantage halves the gradient; a KL of
+    1e-5 nats per step is a log-prob change of about 0.3% per token), stated here so a reader can
+    judge."""
     rows = _train_rows(metrics)
     found = _reward_causes(metrics, rows)
     zero = _mean(col(rows, "reward/zero_std_frac"))

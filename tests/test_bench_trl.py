@@ -19,6 +19,7 @@ import pytest
 
 from rlpipe import contract
 from rlpipe.bench import trl as bench
+from rlpipe.bench import trl_settings, trl_sides
 from rlpipe.config import TrainConfig, apply_overrides, from_dict, to_dict
 
 
@@ -43,7 +44,7 @@ def _fail(argv, capsys) -> str:
 def test_skip_when_trl_is_missing_writes_the_reason_and_trains_nothing(inputs, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now raises ImportError
     monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("trained although trl is missing"))
-    assert bench.import_trl() is None
+    assert trl_settings.import_trl() is None
     out = tmp_path / "trl.json"
     assert bench.main(["--checkpoint", inputs[0], "--dataset", inputs[1], "--out", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -56,7 +57,7 @@ def test_skip_when_trl_is_missing_writes_the_reason_and_trains_nothing(inputs, t
 def test_import_trl_returns_the_module_when_it_imports(monkeypatch):
     fake = type(sys)("trl")
     monkeypatch.setitem(sys.modules, "trl", fake)
-    assert bench.import_trl() is fake
+    assert trl_settings.import_trl() is fake
 
 
 def test_the_cli_knows_the_bench():
@@ -122,12 +123,12 @@ def test_group_size_one_is_refused_because_trl_needs_two(inputs, tmp_path, capsy
 # --------------------------------------------------------------------------- settings mapping
 
 
-def _settings() -> bench.BenchSettings:
+def _settings() -> trl_settings.BenchSettings:
     """Non-default values everywhere, so a mapping that ignores the config shows."""
     train = TrainConfig(group_size=3, rollout_batch_size=9, train_batch_size=9, sampling_max_tokens=17,
                         sampling_temperature=0.7, sampling_top_p=0.9, learning_rate=3e-4, betas=[0.8, 0.9],
                         weight_decay=0.01, max_grad_norm=0.5, cliprange=0.3, seed=5, val_size=7, val_seed=11)
-    return bench.settings_from_config(train, steps=5, prompts_per_step=6, threads=1)
+    return trl_settings.settings_from_config(train, steps=5, prompts_per_step=6, threads=1)
 
 
 def test_settings_come_from_the_train_section():
@@ -139,7 +140,7 @@ def test_settings_come_from_the_train_section():
 
 def test_grpo_config_and_rlpipe_overrides_agree():
     s = _settings()
-    kw, ov = bench.grpo_config_kwargs(s, "/tmp/x"), bench.rlpipe_train_overrides(s)
+    kw, ov = trl_settings.grpo_config_kwargs(s, "/tmp/x"), trl_settings.rlpipe_train_overrides(s)
     assert kw["num_generations"] == ov["group_size"] == 3
     assert kw["per_device_train_batch_size"] == ov["rollout_batch_size"] == ov["train_batch_size"] == 18
     assert kw["gradient_accumulation_steps"] == ov["gradient_accumulation_steps"] == 1
@@ -163,7 +164,8 @@ def test_grpo_config_and_rlpipe_overrides_agree():
 
 def test_rlpipe_overrides_are_a_valid_train_section():
     s = _settings()
-    train = from_dict(TrainConfig, apply_overrides(to_dict(TrainConfig()), bench.rlpipe_train_overrides(s)), "train")
+    overrides = trl_settings.rlpipe_train_overrides(s)
+    train = from_dict(TrainConfig, apply_overrides(to_dict(TrainConfig()), overrides), "train")
     sizes = train.derived()
     assert sizes.total_optimizer_steps == 5 and sizes.n_prompts_per_rollout_batch == 6
 
@@ -172,7 +174,7 @@ def test_rlpipe_overrides_are_a_valid_train_section():
 def test_grpo_config_accepts_the_kwargs_and_is_on_policy(tmp_path):
     trl = pytest.importorskip("trl")
     s = _settings()
-    cfg = trl.GRPOConfig(**bench.grpo_config_kwargs(s, str(tmp_path)))
+    cfg = trl.GRPOConfig(**trl_settings.grpo_config_kwargs(s, str(tmp_path)))
     assert cfg.generation_batch_size == s.samples_per_step and cfg.steps_per_generation == 1
     assert cfg.scale_rewards == "group" and cfg.report_to == []
     assert str(cfg.lr_scheduler_type.value) == "constant" and str(cfg.eval_strategy.value) == "no"
@@ -185,8 +187,8 @@ def test_grpo_config_accepts_the_kwargs_and_is_on_policy(tmp_path):
 def test_trl_gets_rlpipes_prompt_order(inputs):
     from rlpipe.tasks.keyword.task import KeywordInclusionTask
 
-    s = bench.BenchSettings(steps=3, prompts_per_step=4, seed=2)
-    rows = bench.prompt_sequence(inputs[1], s)
+    s = trl_settings.BenchSettings(steps=3, prompts_per_step=4, seed=2)
+    rows = trl_settings.prompt_sequence(inputs[1], s)
     task = KeywordInclusionTask(inputs[1])
     expected = [e.prompt for b in range(3) for e in task.prompts_for_batch(b, 4, 2)]
     assert [r["prompt"] for r in rows] == expected and len(rows) == 12
@@ -194,7 +196,7 @@ def test_trl_gets_rlpipes_prompt_order(inputs):
 
 
 def test_reward_wrapper_scores_keywords_and_counts_tokens():
-    r = bench.KeywordReward()
+    r = trl_sides.KeywordReward()
     out = r(prompts=["p", "p"], completions=["The Cats sat.", "a dog"], completion_ids=[[1, 2, 3], [4]],
             keywords=[["cat"], ["cat"]], trainer_state=None)
     assert out == [1.0, 0.0] and r.tokens == 4 and r.rewards == [1.0, 0.0]
@@ -312,7 +314,7 @@ def test_preset_checkpoint_keeps_the_tokenizer_and_vocabulary(inputs, tmp_path):
 
 
 def test_unknown_preset_is_named(inputs, tmp_path):
-    with pytest.raises(bench.BenchInputError, match="--preset: unknown model preset 'huge'"):
+    with pytest.raises(trl_settings.BenchInputError, match="--preset: unknown model preset 'huge'"):
         bench.preset_checkpoint(inputs[0], "huge", tmp_path / "x.pt")
 
 
@@ -340,16 +342,16 @@ def test_cuda_settings_put_both_sides_on_the_gpu(tmp_path):
 
     s = dataclasses.replace(_settings(), device="cuda")
     s.check()
-    kw, ov = bench.grpo_config_kwargs(s, "/tmp/x"), bench.rlpipe_train_overrides(s)
+    kw, ov = trl_settings.grpo_config_kwargs(s, "/tmp/x"), trl_settings.rlpipe_train_overrides(s)
     assert kw["use_cpu"] is False and not kw["bf16"] and ov["device"] == "cuda" and ov["dtype"] == "float32"
     path = tmp_path / "run.yaml"
-    bench._write_run_config(None, s, path)
+    trl_sides._write_run_config(None, s, path)
     cfg = load_config(path)  # a cuda run with its one GPU declared is a valid pipeline config
     assert cfg.train.device == "cuda" and cfg.workflow.gpus_per_colocated == 1
-    bench._write_run_config(None, _settings(), path)
+    trl_sides._write_run_config(None, _settings(), path)
     assert load_config(path).workflow.gpus_per_colocated == 0
     assert any("one GPU on both sides" in n for n in bench.notes(s, "checkpoint"))
-    with pytest.raises(bench.BenchInputError, match="device"):
+    with pytest.raises(trl_settings.BenchInputError, match="device"):
         dataclasses.replace(s, device="tpu").check()
 
 

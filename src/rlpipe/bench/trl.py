@@ -1,83 +1,23 @@
 """``rlpipe bench trl``: rlpipe's colocated on-policy GRPO side by side with TRL's ``GRPOTrainer``.
 
-One invocation trains the same model on the same task twice and writes the ratios rlpipe / TRL:
+One invocation trains the same model (``--checkpoint``, exported once to a HuggingFace
+``LlamaForCausalLM`` folder for TRL) on the same keyword task, with the same prompts in the same
+order and the same settings, on both sides in interleaved pairs (``run_bench``), and writes the
+ratios rlpipe / TRL (median per-step samples/s, samples/s, tokens/s: each the median over the pairs
+with its spread), both sides' validation reward at equal samples, where each step's time goes, and
+each side's fraction of the chip. ``--device cuda`` puts both sides on one GPU; ``--preset`` swaps
+in an untrained larger model (speed only).
 
-- the model: ``--checkpoint`` (our pretrained ``TransformerLM``) exported once to a HuggingFace
-  ``LlamaForCausalLM`` folder (``rlpipe.lm.hf_export.export_hf``); TRL trains that folder. rlpipe
-  trains, by ``--rlpipe-model``, the same weights in its own ``TransformerLM`` (``native``, the
-  default: the .pt the folder was exported from, logits equal within 1e-4; what ``rlpipe train``
-  runs for its own models) or the HF folder itself through transformers' Llama code (``hf``: the
-  same modelling code as TRL, which isolates what the pipeline alone gains). ``rlpipe.base`` in
-  the JSON says which.
-- the task: the keyword-inclusion dataset (``--dataset``: train.jsonl / val.jsonl) and its reward
-  ``keyword_inclusion_reward_fn``, wrapped as a TRL reward function (``KeywordReward``: TRL passes the
-  completions and the dataset's ``keywords`` column).
-- the prompts: TRL gets rlpipe's exact prompt sequence (``Task.prompts_for_batch`` for every rollout
-  batch, concatenated) with ``shuffle_dataset=False``, so optimizer step s of both sides trains on
-  the same P prompts, each sampled G times.
-- the settings: one ``BenchSettings`` (defaults from the pipeline config's ``train`` section; steps
-  and prompts per step from the command line) maps to both ``GRPOConfig`` kwargs
-  (``grpo_config_kwargs``) and rlpipe ``train`` overrides (``rlpipe_train_overrides``).
+Where to look:
 
-Measured: the wall time of training only. TRL: ``trainer.train()`` (model and tokenizer loading and
-``GRPOTrainer`` construction excluded; the dataloader/optimizer set-up inside ``train()`` included).
-rlpipe: ``rlpipe train`` in a subprocess, as the workflow runs it; its clock starts after Ray
-start-up, model loading and the step-0 validation, and the wall used here is the ``wall_time`` of
-its last optimizer step (so the final validation and checkpoint are excluded). samples/s =
-steps x P x G / wall; tokens/s = generated response tokens (EOS included, as both sides count it) /
-wall; the per-step median samples/s (TRL: a callback's step-end clock, rlpipe:
-``perf/samples_per_s``) is the ratio's robust form. Validation reward (initial and final, equal
-samples) comes from one code path for both: one sample per validation prompt with
-``rlpipe.lm.sampler.generate`` at the training temperature and the fixed ``val_seed``, scored with the
-keyword reward. The sides run in interleaved pairs (rlpipe, TRL, rlpipe, TRL, ..., ``--pairs``,
-default 3): each ratio is the median of the per-pair ratios, reported with its spread, and the load
-average is recorded before and after each side (the CPU may be shared: a ratio whose spread is wide,
-or taken on a loaded machine, is indicative only). Both sides also report where a step's time goes
-(``rlpipe.bench.phase_split``): rlpipe from its own phase columns, TRL by timing its ``generate``
-and reward calls.
-
-What cannot be made equal, and how it is handled (also written to the JSON's ``notes``):
-
-- advantage epsilon: rlpipe adds ``train.advantage_eps`` (1e-8, seed 000) to the group std, TRL a
-  hard-coded 1e-4; both divide by the Bessel-corrected group std (TRL ``scale_rewards="group"``).
-- loss normalisation: TRL ``loss_type="grpo"`` (token mean per sequence, then batch mean) is
-  rlpipe's ``masked_mean`` + batch mean; TRL's default ``dapo`` is not used.
-- importance ratio: on-policy TRL uses the detached current log-probs as old log-probs (ratio
-  exactly 1); rlpipe uses the sampler's behaviour log-probs (ratio 1 up to KV-cache rounding).
-  ``recompute_old_log_probs`` is off, so neither side runs an extra old-log-prob forward.
-- KL: TRL ``beta=0.0`` loads no reference model; rlpipe ``kl_coef=0`` and ``kl_monitor=false``.
-  rlpipe's post-update forward for KL(pi_t || pi_{t-1}), which TRL has no counterpart of, runs on
-  the first and last step only (``kl_monitor_every`` = steps), as a user who wants speed sets it.
-- generation: TRL samples with HF ``generate`` (its own RNG stream, HF cache); rlpipe with its
-  KV-cache sampler (per-step seeds). Same distribution (temperature, top-p, top_k off, EOS stop,
-  no min tokens), different samples, so rewards agree statistically, not sample for sample.
-- weight decay: HF's Trainer exempts biases and norm weights from it, rlpipe decays every tensor;
-  identical at the config's weight_decay of 0 (a non-zero value is noted).
-- overheads each side has and the other lacks: TRL computes token entropies in the training
-  forward and logs once at the end (``logging_steps=steps``); rlpipe pays Ray calls, per-step
-  metric rows and the weight copy learner -> generator after every step (colocated keeps two
-  copies; TRL generates with the training model itself).
-- threads: TRL runs in this process with ``torch.set_num_threads(threads)``; rlpipe's colocated
-  actor gets ``train.threads = --threads`` (its driver and Ray's daemons are extra processes).
-
-``--device cuda`` runs both sides on one GPU, fp32, in the same interleaved pairs: TRL through
-accelerate (``use_cpu=False``), rlpipe with ``train.device: cuda`` and one declared GPU
-(``workflow.gpus_per_colocated: 1``); the validation rewards are sampled on the GPU too. Without
-CUDA it is refused before any work, in one line naming ``--device``.
-
-Fractions of the chip: each side's useful FLOP/s (``useful_flops``: every prompt's prefill and
-decode of its G samples plus the training forward and backward, counted as in
-``rlpipe.bench.flops`` with the run's mean response length, since per-sample lengths are not
-kept) over the device peak (``fraction_of_device_peak``: one large square fp32 matmul on
-``--device``) and over the shape peak (``fraction_of_shape_peak``: fp32 matmuls of sides
-256-1024), measured in this process on the bench's threads; the top-level pair is rlpipe's side,
-``peak_note`` says which is which.
-
-``--preset NAME`` (e.g. ``assignment``: about 10x the default model's parameters at the same
-vocabulary) replaces the checkpoint's weights by an untrained ``TransformerLM`` of that preset with
-the checkpoint's tokenizer and vocabulary (``preset_checkpoint``), so the same comparison runs where
-compute outweighs per-call overhead. Its rewards stay near the initial ones (nothing pretrained it
-to the task): that run measures speed only.
+- ``rlpipe.bench.trl_sides``: each side's timed run (``run_trl``, ``run_rlpipe``) and what its
+  clock covers;
+- ``rlpipe.bench.trl_settings``: the settings both sides agree on (``BenchSettings``) and the one
+  evaluation path both are scored by;
+- ``rlpipe.bench.phase_split``: where a step's time goes on each side;
+- ``notes`` here: what cannot be made equal and how each is handled (the JSON's ``notes``);
+- ``chip_fractions`` and ``useful_flops``: the FLOPs counted and the peaks they are divided by;
+- ``docs/benchmarks.md``: how to read the ratios, and their limits.
 
 Departure from the seeds: the seeds define no comparison with TRL (it answers whether rlpipe is faster
 than the library users already know). The bench runs TRL's loss type ``grpo`` with the seed's
@@ -89,22 +29,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-import yaml
-
 from rlpipe.bench import stamp
 from rlpipe.bench.flops import PEAK_NOTE, device_peak, fraction, gflops, grpo_step_flops, matmul_peak
-from rlpipe.bench.phase_split import PhaseClock, rlpipe_phase_split
 from rlpipe.bench.trl_settings import (
     DEVICES,
     BenchInputError,
@@ -112,178 +46,19 @@ from rlpipe.bench.trl_settings import (
     _load,
     _policy_reward,
     check_inputs,
-    grpo_config_kwargs,
     import_trl,
     prompt_sequence,
-    rlpipe_train_overrides,
     settings_from_config,
-    validation_reward,
 )
-from rlpipe.config import apply_overrides, load_yaml
-from rlpipe.contract import CHECKPOINT_FILE, METRICS_FILE, RUN_INFO_FILE
+from rlpipe.bench.trl_sides import RLPIPE_MODELS, run_rlpipe, run_trl
 from rlpipe.io import write_json
 from rlpipe.lm import decode_package
-from rlpipe.lm.attention import route_hf_attention
 from rlpipe.lm.checkpoint import load_checkpoint, open_base_checkpoint, save_checkpoint
 from rlpipe.lm.hf_export import export_hf
 from rlpipe.lm.model import PRESETS, ModelConfig, TransformerLM
 from rlpipe.lm.tokenizer import load_tokenizer
-from rlpipe.tasks.keyword.reward import keyword_inclusion_reward_fn
 
 SKIP_REASON = "trl is not installed: pip install -e '.[bench]'"
-RLPIPE_VARIANT = "bench_trl"
-
-
-# --------------------------------------------------------------------------- TRL side
-
-
-class KeywordReward:
-    """The keyword-inclusion reward as a TRL reward function: TRL calls it with the completions,
-    their token ids and the dataset columns (``keywords``) as keyword arguments. It also counts the
-    generated tokens and samples (the tokens/s numerator) and keeps the rewards."""
-
-    __name__ = "keyword_inclusion"
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.rewards: list[float] = []
-
-    def __call__(self, prompts, completions, completion_ids, keywords, **kwargs) -> list[float]:
-
-        out = [float(keyword_inclusion_reward_fn(c, k)["reward"]) for c, k in zip(completions, keywords, strict=True)]
-        self.tokens += sum(len(ids) for ids in completion_ids)
-        self.rewards += out
-        return out
-
-
-def _check_prompt_tokens(tokenizer_hf, tokenizer_ours, rows: list[dict]) -> None:
-    """TRL tokenizes prompts with the exported HF tokenizer: it must give our token ids."""
-    for r in rows[:16]:
-        ours, theirs = tokenizer_ours.encode(r["prompt"]), tokenizer_hf(text=r["prompt"])["input_ids"]
-        if list(theirs) != list(ours):
-            raise RuntimeError(f"the exported HF tokenizer encodes {r['prompt']!r} as {theirs}, rlpipe as {ours}")
-
-
-def run_trl(hf_dir: str, dataset: str, s: BenchSettings, work: Path) -> dict:
-    """Train ``hf_dir`` with TRL's GRPOTrainer; time ``trainer.train()`` only."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoTokenizer, LlamaForCausalLM
-    from trl import GRPOConfig, GRPOTrainer
-
-
-    torch.set_num_threads(s.threads)
-    rows = prompt_sequence(dataset, s)
-    tok_hf = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
-    tok_ours = load_tokenizer(hf_dir)
-    _check_prompt_tokens(tok_hf, tok_ours, rows)
-    route_hf_attention()  # both sides' attention takes the same routing (rlpipe.lm.attention)
-    model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True).to(s.device)
-    reward, clock = KeywordReward(), PhaseClock()
-    model.generate = clock.wrap(model.generate, "generate")  # TRL generates with this very object on CPU
-    trainer = GRPOTrainer(model=model, reward_funcs=[clock.wrap(reward, "score")],
-                          args=GRPOConfig(**grpo_config_kwargs(s, str(work))), train_dataset=Dataset.from_list(rows),
-                          processing_class=tok_hf, callbacks=[clock.callback()])
-    load_before = _load()
-    t0 = time.perf_counter()
-    trainer.train()
-    if s.device != "cpu":
-        torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    load_after = _load()
-    if len(clock.steps) != s.steps:
-        raise RuntimeError(f"TRL ran {len(clock.steps)} optimizer steps, expected {s.steps}")
-    phases = clock.split()
-    if phases["generate"] <= 0:
-        raise RuntimeError("TRL's generation was not timed: GRPOTrainer no longer calls the model's generate")
-    samples = s.steps * s.samples_per_step
-    final = validation_reward(trainer.model.eval(), tok_ours, dataset, s)
-    return {"wall_s": round(wall, 3), "samples": samples, "tokens": reward.tokens,
-            "samples_per_s": round(samples / wall, 3), "tokens_per_s": round(reward.tokens / wall, 1),
-            "step_samples_per_s_median": round(statistics.median(s.samples_per_step / st["step"]
-                                                                 for st in clock.steps), 3),
-            "phases_s_per_step": phases,
-            "train_reward_mean": round(sum(reward.rewards) / len(reward.rewards), 4),
-            "val_reward_final": final, "load_avg_before": load_before, "load_avg_after": load_after,
-            "model": "LlamaForCausalLM (HF modeling, sdpa attention)", "generation": "HF generate"}
-
-
-# --------------------------------------------------------------------------- rlpipe side
-
-
-def _write_run_config(config: str | None, s: BenchSettings, path: Path) -> None:
-    """A pipeline config for ``rlpipe train``: ``--config``'s sections, ``train`` overridden with the
-    settings, one variant, the job's threads = the bench's threads."""
-
-    data = load_yaml(config) if config else {}
-    data["train"] = apply_overrides(data.get("train") or {}, rlpipe_train_overrides(s))
-    data["variants"] = {RLPIPE_VARIANT: {"mode": "colocated_sync"}}
-    data["workflow"] = dict(data.get("workflow") or {}, threads_per_variant=s.threads, run_tests=False)
-    if s.device != "cpu":  # the colocated job declares its one GPU (a cuda run with none is refused)
-        data["workflow"]["gpus_per_colocated"] = 1
-    data.pop("math", None)
-    data["workflow"].pop("tracks", None)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def _train(base: str, cfg_path: Path, dataset: str, out: Path, s: BenchSettings, log: Path) -> int:
-    cmd = [sys.executable, "-m", "rlpipe.cli", "train", "--config", str(cfg_path), "--variant", RLPIPE_VARIANT,
-           "--base", base, "--dataset", dataset, "--out", str(out), "--threads", str(s.threads), "--resume", "never"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(s.threads))
-    with open(log, "w") as f:
-        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, check=False).returncode
-
-
-RLPIPE_MODELS = {"native": "checkpoint", "hf": "hf_dir"}  # --rlpipe-model -> the base rlpipe trains
-
-
-def run_rlpipe(checkpoint: str, hf_dir: str, config: str | None, dataset: str, s: BenchSettings,
-               work: Path, model: str = "native") -> dict:
-    """``rlpipe train`` on ``checkpoint`` (``model`` native) or ``hf_dir`` (hf); throughput from its
-    metrics.parquet, final reward from its last.pt."""
-
-    cfg_path = work / "rlpipe_config.yaml"
-    _write_run_config(config, s, cfg_path)
-    load_before = _load()
-    used = RLPIPE_MODELS[model]
-    out, log = work / f"rlpipe_run_{model}", work / f"rlpipe_train_{model}.log"
-    rc = _train(checkpoint if used == "checkpoint" else hf_dir, cfg_path, dataset, out, s, log)
-    load_after = _load()
-    if rc != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
-        raise RuntimeError(f"rlpipe train failed (exit {rc}); log {log}:\n{tail}")
-    result = read_rlpipe_run(out, s)
-    result.update(base=used, base_path=hf_dir if used == "hf_dir" else checkpoint,
-                  load_avg_before=load_before, load_avg_after=load_after,
-                  val_reward_final=_policy_reward(str(out / CHECKPOINT_FILE), dataset, s))
-    return result
-
-
-def read_rlpipe_run(run_dir: Path, s: BenchSettings) -> dict:
-    """samples/s, tokens/s and per-step median from a run's metrics.parquet and run_info.json."""
-    import pandas as pd
-
-
-    m = pd.read_parquet(run_dir / METRICS_FILE).sort_values("step")
-    info = json.loads((run_dir / RUN_INFO_FILE).read_text())
-    steps = m[m["step"] >= 1]
-    if len(steps) != s.steps or int(info["total_samples"]) != s.steps * s.samples_per_step:
-        raise RuntimeError(f"{run_dir / METRICS_FILE}: {len(steps)} steps / {info['total_samples']} samples, "
-                           f"expected {s.steps} / {s.steps * s.samples_per_step}")
-    wall = float(steps["wall_time"].iloc[-1])  # last optimizer step; t0 is after the step-0 validation
-    dt = m["wall_time"].diff().iloc[1:]
-    tokens = int(round(float((steps["perf/tokens_per_s"] * dt.values).sum())))
-    samples = int(info["total_samples"])
-    val0 = m.loc[m["step"] == 0, "reward/val_mean"]
-    return {"wall_s": round(wall, 3), "samples": samples, "tokens": tokens,
-            "samples_per_s": round(samples / wall, 3), "tokens_per_s": round(tokens / wall, 1),
-            "step_samples_per_s_median": round(float(steps["perf/samples_per_s"].median()), 3),
-            "train_reward_mean": round(float(steps["reward/train_mean"].mean()), 4),
-            "val_reward_in_run_initial": round(float(val0.iloc[0]), 4) if len(val0) else None,
-            "val_reward_in_run_final": round(float(steps["reward/val_mean"].iloc[-1]), 4),
-            "phases_s_per_step": rlpipe_phase_split(m),
-            "run_wall_time_s": info.get("wall_time_s"), "conditions": info.get("conditions"),
-            "run_dir": str(run_dir), "generation": "rlpipe KV-cache sampler"}
 
 
 # --------------------------------------------------------------------------- the bench
@@ -291,7 +66,11 @@ def read_rlpipe_run(run_dir: Path, s: BenchSettings) -> dict:
 
 def preset_checkpoint(checkpoint: str, preset: str, out: Path, seed: int = 0) -> str:
     """An untrained ``TransformerLM`` of model preset ``preset`` with ``checkpoint``'s tokenizer and
-    vocabulary size, saved at ``out``; returns its path. An unknown preset raises BenchInputError."""
+    vocabulary size, saved at ``out``; returns its path. An unknown preset raises BenchInputError.
+
+    ``--preset assignment`` (about 10x the default model's parameters at the same vocabulary) runs
+    the comparison where compute outweighs per-call overhead; nothing pretrained it to the task, so
+    its rewards stay near the initial ones and the run measures speed only."""
     import torch
 
     if preset not in PRESETS:
@@ -338,7 +117,13 @@ def _ratio(a, b):
 
 
 def notes(s: BenchSettings, rlpipe_base: str) -> list[str]:
-    """The settings that could not be made equal and how each was handled (see module docstring)."""
+    """The settings that could not be made equal and how each was handled, one sentence each (the
+    JSON's ``notes``): advantage epsilon, loss normalisation, importance ratio, KL, generation,
+    prompts, what the wall time covers, overheads each side has and the other lacks (colocated
+    rlpipe keeps two copies of the weights and copies them after every step; TRL generates with the
+    training model itself), evaluation,
+    threads, pair order, optimizer details, and weight decay where it is not 0 (HF's Trainer
+    exempts biases and norm weights; at 0 the two are identical)."""
     model = ("the exported HF LlamaForCausalLM directory (same weights and modeling code as TRL; "
              "--rlpipe-model hf)" if rlpipe_base == "hf_dir" else
              "the rlpipe .pt checkpoint the HF directory was exported from, in rlpipe's own TransformerLM (same "
@@ -473,7 +258,11 @@ def side_fractions(flops: float, wall_s: float, shape_peak: float, chip: dict) -
 def chip_fractions(checkpoint: str, hf_dir: str, dataset: str, s: BenchSettings, rl: dict, tr: dict,
                    threads: int) -> dict:
     """Both sides' fractions of the shape and device peaks (into ``rl`` / ``tr``), measured here on
-    the bench's threads and device; the top level repeats rlpipe's with the peaks and the note."""
+    the bench's threads and device; the top level repeats rlpipe's with the peaks and the note.
+
+    Each side's useful FLOP/s is ``useful_flops`` over its wall. The device peak is one large square
+    fp32 matmul on the bench's device (``rlpipe.bench.flops.device_peak``), the shape peak the best of
+    two runs of fp32 matmuls of sides 256-1024 (``matmul_peak``)."""
     import torch
 
     cfg = load_checkpoint(checkpoint).model_config
@@ -568,6 +357,8 @@ def _cuda_available() -> bool:
 
 
 def main(argv=None) -> int:
+    """Check every input, then run the pairs (or write the skip record where TRL is not installed).
+    ``--device cuda`` without CUDA is refused in one line naming ``--device`` before any work."""
     ap = _parser()
     a = ap.parse_args(argv)
     if a.device == "cuda" and not _cuda_available():

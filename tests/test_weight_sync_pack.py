@@ -11,11 +11,13 @@ import torch
 from torch import nn
 
 from rlpipe.bench import weight_sync as bench
+from rlpipe.bench import weight_sync_peers as peers
 from rlpipe.trainer.weight_sync import (
     ShmPayload,
     WeightReceiver,
     WeightSender,
     WeightSyncError,
+    WeightSyncTimeout,
     copy_weights,
     flat_weights,
     shm_payload,
@@ -159,11 +161,11 @@ def test_read_only_buffers_load_without_a_copy_or_warning():
 def test_bench_synthetic_payload_sizes_and_repeats():
     for mb in (1, 4.2, 10):
         spec = {"kind": "synthetic", "mb": mb}
-        model = bench.build_model(spec)
+        model = peers.build_model(spec)
         shapes = [tuple(t.shape) for t in model.state_dict().values()]
         assert all(s[1] == 1024 and s[0] <= 1024 for s in shapes)
-        assert bench.payload_bytes(spec) == sum(t.numel() * 4 for t in model.state_dict().values())
-        assert abs(bench.payload_bytes(spec) - mb * 1e6) < 4096
+        assert peers.payload_bytes(spec) == sum(t.numel() * 4 for t in model.state_dict().values())
+        assert abs(peers.payload_bytes(spec) - mb * 1e6) < 4096
     assert [bench.timed_repeats(n, 5) for n in (1e6, 1e8, 1e9, 1e10)] == [5, 5, 3, 3]
     assert bench.timed_repeats(1e9, 1) == 1
     assert bench.memcpy_repeats(1e6) == 200 and bench.memcpy_repeats(1e9) == 10
@@ -229,7 +231,7 @@ class _FailingTransport:
     label = "rdt/cuda_ipc"
 
     def sync(self, sender, receivers, version, checksum=False):
-        raise bench.WeightSyncTimeout("weight sync rdt/cuda_ipc (version 0) did not finish within "
+        raise WeightSyncTimeout("weight sync rdt/cuda_ipc (version 0) did not finish within "
                                       "train.weight_sync.timeout_s=1 s")
 
 

@@ -1,62 +1,25 @@
 """``rlpipe bench weight-sync``: latency and GB/s of each weight-sync transport over a payload sweep.
 
-Payloads: the pipeline's model (a ``TransformerLM`` from ``--preset``, or ``--checkpoint``) and a
-sweep of synthetic fp32 state dicts, ``--sizes-mb`` (default 1, 10, 100 and 1000 MB, in matrices
-of at most 1024 x 1024). Per payload the bench starts a sender and a receiver actor (``--actor-
-threads`` torch threads each, like the trainer's actors), measures the in-run memcpy bound in the
-sender, then runs every transport round-robin: one warm-up sync, ``--repeats`` timed syncs
-(fewer for big payloads, at least 3), each ``SyncStats.seconds`` (the driver's wall time of export
-+ transfer + in-place load), ``--gap-s`` apart, and a last, untimed sync into a zeroed receiver
-whose checksum proves the receiver ended bit-identical to the sender.
+Payloads: the pipeline's model (``--preset`` or ``--checkpoint``) and a sweep of synthetic fp32
+state dicts (``--sizes-mb``, default 1, 10, 100 and 1000 MB). Per payload the bench starts a sender
+and a receiver actor, measures the in-run memcpy bound in the sender, then times every run
+(``transport@placement``) round-robin, ``--gap-s`` apart, and checks with a last, checksummed sync
+that each receiver ended bit-identical to its sender. The JSON (stdout, and ``--out`` atomically,
+rewritten after every payload, ``complete: false`` until the last) gives per run the median
+seconds, GB/s and two fractions of a copy peak; per payload the best object-store path, the best
+RDT backend and the winner; and the verdicts over the sweep.
 
-The memcpy bound is one ``copy_`` of the payload's byte count inside the sender actor (same
-threads as the transports' copies), between two buffers written beforehand (no page faults), after
-three untimed copies; median and min over many repeats (more for small payloads). The first
-version timed a cold destination in the driver and read 0.89 GB/s at 5 MB.
+Where to look:
 
-Runs are ``transport@placement``: ``cpu`` (both models on CPU), ``gpu`` (one GPU each; needs two)
-and ``gpu-shared`` (both on one GPU, ``num_gpus=0.5``); ``--placements`` picks some. ``local`` is the
-colocated worker's in-process copy (``copy_weights``: one fused ``_foreach_copy_``, device to
-device on a GPU), timed inside the sender actor between its model and a zeroed twin on the same
-device (no Ray in its seconds). CPU runs: ``object_store/channel`` (the
-trainer's default: ``ShmPayload`` views written into one reused Ray shared-memory channel buffer,
-``ChannelTransport``), ``object_store`` (the same payload returned as a fresh object-store object
-per sync, ``channel: false``; read zero-copy from shared memory), ``object_store/packed`` (the
-fresh-object payload packed per dtype, as for GPU models),
-``object_store/tensors`` (named torch tensors, the naive baseline), ``rdt/gloo`` and ``local``. GPU runs are
-added when Ray sees GPUs; a run that cannot work here is listed with its reason instead of a
-number.
-
-Why a gap between syncs (``--gap-s``, default 0.2 s, untimed): in training, syncs are an optimizer
-step apart. Back to back, Ray has not yet freed the previous payload when the next is exported,
-so the object store places it in fresh shared memory and RDT allocates a fresh pack, and both pay
-page faults a training run does not (measured at 100 MB on the 2-core dev machine: object store
-~140 ms back to back vs ~50 ms with a 0.2 s gap).
-
-``--thp`` sets ``THP_MEM_ALLOC_ENABLE=1`` in the Ray workers: torch then asks for transparent huge
-pages for large CPU allocations, which cuts the page faults of buffers allocated per sync -- above
-all the receive buffer Ray allocates for every RDT/gloo transfer (off by default: it is a process-
-wide memory policy, and the trainer does not set it).
-
-Two yardsticks per run (``peak_note``): ``fraction_of_memcpy`` (the shape peak: a copy of the
-payload's own byte count, above) and ``fraction_of_device_memcpy`` (the device peak: one large warm
-``copy_``, ``rlpipe.bench.flops.device_memcpy``, 1 GiB on a GPU, 256 MiB on CPU, measured in the
-sender actor: ``device_memcpy_cpu`` / ``device_memcpy_gpu`` per payload).
-
-A sync that fails (a ``WeightSyncError``: a timeout names ``train.weight_sync.timeout_s``, here
-``--timeout-s``) is recorded as that run's ``failed`` message, and the bench goes on with the other
-runs. With ``--out`` the JSON is rewritten after every payload (``complete: false`` until the
-last), so a run stopped from outside keeps the payloads it finished.
-
-The JSON (stdout, and ``--out`` atomically) gives per payload the memcpy bound and per run the
-median seconds, GB/s and both fractions; per payload and placement the best object-store path, the
-best RDT backend and the winner; at the top, ``cpu_winner`` per payload, ``goal``: does the best
-CPU transport reach 0.3 of memcpy at every payload of 100 MB or more?, ``gpu_goal``: do the
-same-GPU syncs (``local`` and ``rdt/cuda_ipc`` at ``gpu-shared``) reach 0.3 of the device memcpy at
-every payload of 100 MB or more?, and ``fraction_of_shape_peak`` / ``fraction_of_device_peak`` of
-the fastest run at the largest payload (``headline`` names it).
-
-Ray is started locally without the dashboard and bound to 127.0.0.1, and shut down at the end.
+- ``rlpipe.bench.weight_sync_peers``: the payloads and actors (``build_model``, ``BenchPeer``,
+  ``memcpy_bound``, ``local``'s in-actor copy);
+- ``CPU_RUNS`` / ``GPU_RUNS`` and ``_transport``: which transports run where;
+- ``_time_runs``: the timing (warm-up, repeats, the gap between syncs and why, failed syncs);
+- ``bench_payload`` and ``PEAK_NOTE``: the two yardsticks (``fraction_of_memcpy``,
+  ``fraction_of_device_memcpy``);
+- ``cpu_verdict``, ``gpu_verdict``, ``headline``: the verdicts at the top of the JSON;
+- ``_start_ray``: the local Ray instance (and ``--thp``);
+- ``docs/benchmarks.md``: how to read the numbers.
 """
 
 from __future__ import annotations
@@ -69,35 +32,35 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from rlpipe import io
 from rlpipe.bench import stamp
-from rlpipe.bench.flops import device_memcpy, fraction
+from rlpipe.bench.flops import fraction
+from rlpipe.bench.weight_sync_peers import BenchPeer, InActorLocal, payload_bytes
 from rlpipe.config import WeightSyncConfig
-from rlpipe.lm.checkpoint import load_checkpoint
-from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.trainer.local_ray import local_ray_metrics_off, loopback_only
 from rlpipe.trainer.weight_sync import (
     BackendUnavailableError,
     ObjectStoreTransport,
-    SyncStats,
     Transport,
-    WeightReceiver,
-    WeightSender,
     WeightSyncError,
-    WeightSyncTimeout,
-    copy_weights,
     make_transport,
     ray_actor_class,
-    weights_checksum,
 )
 
-# (transport label, placement); GPU runs are attempted only when Ray reports GPUs
+# (transport label, placement); GPU runs are attempted only when Ray reports GPUs. Placements: ``cpu``
+# (both models on CPU), ``gpu`` (one GPU each; needs two), ``gpu-shared`` (both on one GPU). On CPU:
+# ``object_store/channel`` (the trainer's default: ``ShmPayload`` views written into one reused Ray
+# shared-memory channel buffer, ``ChannelTransport``), ``object_store`` (the same payload returned as a
+# fresh object-store object per sync, ``channel: false``; read zero-copy from shared memory),
+# ``object_store/packed`` (the fresh-object payload packed per dtype, as for GPU models),
+# ``object_store/tensors`` (named torch tensors, the naive baseline), ``rdt/gloo``, and ``local`` (the
+# colocated worker's in-process ``copy_weights``: one fused ``_foreach_copy_``, device to device on a
+# GPU; timed inside the sender actor, no Ray in its seconds). A run that cannot work here is listed with
+# its reason instead of a number (``_skip_reason``).
 CPU_RUNS = [("object_store", "cpu"), ("object_store/channel", "cpu"), ("object_store/packed", "cpu"),
             ("object_store/tensors", "cpu"), ("rdt/gloo", "cpu"), ("local", "cpu")]
 GPU_RUNS = [("object_store/channel", "gpu"), ("object_store", "gpu"), ("rdt/nccl", "gpu"), ("rdt/nixl", "gpu"),
@@ -117,128 +80,13 @@ PEAK_NOTE = ("fraction_of_memcpy (and fraction_of_shape_peak): GB/s over the in-
 BASELINE_MAX_BYTES = 200e6
 
 
-def _synthetic_rows(mb: float) -> int:
-    return max(1, math.ceil(mb * 1e6 / (4 * 1024)))  # fp32 rows of 1024; at least ``mb`` (the goal's >= 100 MB)
-
-
-def payload_bytes(spec: dict[str, Any]) -> int:
-    if spec["kind"] == "synthetic":  # without building it in the driver
-        return 4 * 1024 * _synthetic_rows(spec["mb"])
-    return sum(t.numel() * t.element_size() for t in build_model(spec).state_dict().values())
-
-
-def build_model(spec: dict[str, Any], device: str = "cpu", fill: bool = True) -> nn.Module:
-    """The payload model for ``spec`` on ``device`` (built inside each actor, so nothing large crosses
-    here). A synthetic payload is allocated on ``device`` and filled there (seeded uniform values), or
-    with zeros when ``fill`` is False (a receiver, the local twin): 1 GB filled on the host took
-    seconds per model, on a GPU a few milliseconds."""
-    kind = spec["kind"]
-    if kind == "synthetic":
-        rows = _synthetic_rows(spec["mb"])
-        gen = torch.Generator(device=device).manual_seed(0) if fill else None
-        layers = []
-        for start in range(0, rows, 1024):  # 4 MiB matrices, the last one smaller
-            layer = nn.utils.skip_init(nn.Linear, 1024, min(1024, rows - start), bias=False, device=device)
-            with torch.no_grad():
-                layer.weight.uniform_(-1.0, 1.0, generator=gen) if fill else layer.weight.zero_()
-            layers.append(layer)
-        return nn.Sequential(*layers)
-    if kind == "checkpoint":
-        return load_checkpoint(spec["path"]).model.to(device)
-
-    torch.manual_seed(0)
-    return TransformerLM(ModelConfig.from_preset(spec["preset"])).to(device)
-
-
-def memcpy_bound(nbytes: int, repeats: int, device: str = "cpu") -> dict[str, float]:
-    """Median (and min) seconds and GB/s of one warm ``copy_`` of ``nbytes`` on ``device``: both
-    buffers written first, so no page is faulted while timing, and three untimed copies."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src).fill_(0)
-    times = []
-    for i in range(repeats + 3):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    return {"seconds": med, "min_s": min(times), "gbps": nbytes / med / 1e9, "repeats": repeats,
-            "threads": torch.get_num_threads()}
-
-
-def _zero(model: nn.Module) -> None:
-    with torch.no_grad():
-        for t in model.state_dict().values():
-            t.zero_()
-
-
-class BenchPeer(WeightSender, WeightReceiver):
-    """Sender or receiver; a receiver starts from zeros so that a sync has something to do."""
-
-    def __init__(self, spec: dict[str, Any], device: str, zero: bool, threads: int):
-        # like the trainer's actors (train.threads); several threads per actor on an oversubscribed
-        # CPU made each of many copy_ calls wait on descheduled OpenMP workers (10x slower here)
-        torch.set_num_threads(threads)
-        self.spec = spec
-        self.model = build_model(spec, device, fill=not zero)
-        self.device = device
-        self.zero = zero
-        self._twin: nn.Module | None = None
-        self.reset()
-
-    def reset(self) -> None:
-        """A receiver goes back to zeros before each run, so every run has to deliver the weights."""
-        if self.zero:
-            _zero(self.model)
-
-    def memcpy_bound(self, nbytes: int, repeats: int) -> dict[str, float]:
-        return memcpy_bound(nbytes, repeats, "cpu" if self.device == "cpu" else "cuda")
-
-    def device_memcpy(self) -> dict:
-        return device_memcpy("cpu" if self.device == "cpu" else "cuda")
-
-    def local_sync(self, version: int, checksum: bool = False) -> SyncStats:
-        """The colocated worker's in-process sync (``copy_weights``) from this actor's model into a
-        twin on the same device; zeroed first when ``checksum`` (the bench's verifying round)."""
-        if self._twin is None:
-            self._twin = build_model(self.spec, self.device, fill=False)
-            _zero(self._twin)  # a checkpoint or preset model is built with its weights
-        if checksum:
-            _zero(self._twin)
-        if self.device != "cpu":
-            torch.cuda.synchronize()  # nothing queued before the sync's clock starts
-        stats = copy_weights(self.model, self._twin, version)  # ends with a device synchronize
-        if checksum:
-            stats.checksums = [weights_checksum(self._twin)]
-        return stats
-
-
-class InActorLocal(Transport):
-    """``local`` in the bench: ``copy_weights`` inside the sender actor (``BenchPeer.local_sync``),
-    its seconds measured there; the driver's wait is bounded by ``timeout_s`` like every sync."""
-
-    name = "local"
-
-    def sync(self, sender: Any, receivers: Sequence[Any], version: int, checksum: bool = False) -> SyncStats:
-        import ray
-
-        try:
-            return ray.get(sender.local_sync.remote(version, checksum), timeout=self.timeout_s)
-        except ray.exceptions.GetTimeoutError as e:
-            raise WeightSyncTimeout(f"weight sync local (version {version}) did not finish within "
-                                    f"train.weight_sync.timeout_s={self.timeout_s:g} s") from e
-
-
 def timed_repeats(nbytes: int, repeats: int) -> int:
     """``--repeats`` up to 200 MB, fewer above (at least 3), to keep the sweep's time reasonable."""
     return min(repeats, max(3, math.ceil(repeats * 2e8 / max(nbytes, 1))))
 
 
 def memcpy_repeats(nbytes: int) -> int:
+    """Repeats of the memcpy bound: many (more for small payloads), so its median and min are steady."""
     return max(10, min(200, int(5e9 / max(nbytes, 1))))
 
 
@@ -307,7 +155,17 @@ def _time_runs(active: dict[str, tuple[Any, Any, Any]], repeats: int, gap_s: flo
     """Round-robin over the runs (so load from other processes hits all alike): one warm-up
     round, ``repeats`` timed rounds, and an untimed last round (hashing 1 GB takes seconds) in
     which each receiver is re-zeroed first and the sync returns its checksum, so every transport
-    must deliver the weights on its own."""
+    must deliver the weights on its own. A run's seconds are ``SyncStats.seconds``: the driver's
+    wall time of export + transfer + in-place load.
+
+    ``gap_s`` (``--gap-s``, default 0.2 s, untimed) before each sync: in training, syncs are an
+    optimizer step apart. Back to back, Ray has not yet freed the previous payload when the next is
+    exported, so the object store places it in fresh shared memory and RDT allocates a fresh pack,
+    and both pay page faults a training run does not (measured at 100 MB on the 2-core dev machine:
+    object store ~140 ms back to back vs ~50 ms with a 0.2 s gap).
+
+    A sync that fails (a ``WeightSyncError``: a timeout names ``train.weight_sync.timeout_s``, here
+    ``--timeout-s``) is recorded as that run's ``failed`` message, and the other runs go on."""
     import ray
 
     times: dict[str, list[float]] = {k: [] for k in active}
@@ -320,7 +178,7 @@ def _time_runs(active: dict[str, tuple[Any, Any, Any]], repeats: int, gap_s: flo
             final = i == repeats + 1
             if final:
                 ray.get(receiver.reset.remote())
-            time.sleep(gap_s)  # syncs are an optimizer step apart in training (module docstring)
+            time.sleep(gap_s)  # syncs are an optimizer step apart in training (docstring)
             try:
                 stats = transport.sync(sender, [receiver], version=i, checksum=final)
             except WeightSyncError as e:  # a timeout names train.weight_sync.timeout_s; the others go on
@@ -360,6 +218,12 @@ def best_of(timed: dict[str, Any], placement: str) -> dict[str, Any]:
 
 def bench_payload(spec: dict[str, Any], runs: list[tuple[str, str]], args: argparse.Namespace,
                   gpus: float) -> dict[str, Any]:
+    """One payload: its sender and receiver actors (``--actor-threads`` torch threads each, like the
+    trainer's actors), the copy peaks measured in the sender, every run timed (``timed_repeats``),
+    and per run two yardsticks (``PEAK_NOTE``): ``fraction_of_memcpy`` (the shape peak: a warm copy
+    of the payload's own byte count, ``memcpy_bound``) and ``fraction_of_device_memcpy`` (the device
+    peak: one large warm ``copy_``, ``rlpipe.bench.flops.device_memcpy``, 1 GiB on a GPU, 256 MiB on
+    CPU)."""
     import ray
 
     nbytes = payload_bytes(spec)
@@ -439,6 +303,11 @@ def headline(payloads: dict[str, Any]) -> dict[str, Any]:
 
 
 def _start_ray(num_cpus: int, thp: bool) -> Any:
+    """A local Ray instance of its own, without the dashboard, bound to 127.0.0.1 (``main`` shuts it
+    down). ``thp`` (``--thp``) sets ``THP_MEM_ALLOC_ENABLE=1`` in the Ray workers: torch then asks
+    for transparent huge pages for large CPU allocations, which cuts the page faults of buffers
+    allocated per sync -- above all the receive buffer Ray allocates for every RDT/gloo transfer
+    (off by default: it is a process-wide memory policy, and the trainer does not set it)."""
     import ray
 
     env = {"env_vars": {"THP_MEM_ALLOC_ENABLE": "1"}} if thp else None
@@ -474,11 +343,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="use this model checkpoint instead of --preset")
     p.add_argument("--sizes-mb", type=_sizes, default="1,10,100,1000",
                    help="synthetic payload sweep, comma-separated MB (default 1,10,100,1000)")
-    p.add_argument("--gap-s", type=float, default=0.2, help="untimed pause before each sync (see the docstring)")
+    p.add_argument("--gap-s", type=float, default=0.2,
+                   help="untimed pause before each sync (syncs are an optimizer step apart in training)")
     p.add_argument("--timeout-s", type=float, default=300.0,
                    help="per-sync timeout (train.weight_sync.timeout_s): a sync past it fails, named; the rest go on")
     p.add_argument("--actor-threads", type=int, default=1, help="torch threads in each bench actor")
-    p.add_argument("--thp", action="store_true", help="THP_MEM_ALLOC_ENABLE=1 in the Ray workers (docstring)")
+    p.add_argument("--thp", action="store_true", help="THP_MEM_ALLOC_ENABLE=1 in the Ray workers (see _start_ray)")
     p.add_argument("--out", default=None, help="also write the JSON here (atomically)")
     a = p.parse_args(argv)
     if a.repeats < 1:
@@ -540,7 +410,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _summarise(report: dict[str, Any]) -> None:
-    """The verdicts and the headline over the payloads measured so far."""
+    """The verdicts and the headline over the payloads measured so far: ``cpu_winner`` per payload;
+    ``goal``: does the best CPU transport reach 0.3 of memcpy at every payload of 100 MB or more?;
+    ``gpu_goal``: do the same-GPU syncs (``local`` and ``rdt/cuda_ipc`` at ``gpu-shared``) reach 0.3
+    of the device memcpy there?; and the fastest run's two fractions at the largest payload."""
     report["load_avg_end"] = list(os.getloadavg())  # other processes on the host skew the numbers
     report |= cpu_verdict(report["payloads"])
     report["gpu_goal"] = gpu_verdict(report["payloads"])

@@ -14,35 +14,8 @@
   section: each partial run, and each run whose validation reward did not rise beyond its noise
   with the signal that explains it (``rlpipe.analysis.flat_reward``).
 
-A partial run (its run_info says ``finished: false``, it has no run_info at all, or it recorded
-fewer optimizer steps than its config's ``train.n_grpo_steps``) is kept, flagged in the table
-(``partial``, ``steps_done``, ``steps_planned``), in the health section and on stderr: its numbers
-cover only the steps it ran.
-
-Definitions (the seeds name the quantities, not their formulas; these are our choices):
-
-- final / best validation reward: the last / largest non-NaN ``reward/val_mean``.
-- throughput: ``total_samples / wall_time_s`` from run_info (metrics as fallback). The speedup
-  versus the reference is the throughput ratio, which equals seed 000 Problem 7's
-  ``sync_time / async_time`` when both consumed the same samples (``equal_samples``).
-- device-hours: ``wall_time_s * devices / 3600`` (GPU-hours when ``device_type`` is
-  ``contract.DEVICE_GPU``, "gpu", as the drivers write it).
-- phase seconds: sums of the ``events`` durations per phase; ``wait`` (the driver blocked on a
-  rollout batch) overlaps the actors' phases, so it is reported but is not part of the phase stack
-  or the shares. Shares are of the stacked busy time; for colocated runs the rest of the wall time
-  is ``other`` (driver overhead); disaggregated runs overlap phases, so their stack can exceed the
-  wall time and ``other`` is NaN.
-- overlap bound (async runs): with T_gen = generate + score and T_train = ref_logprobs + update,
-  ``(T_gen + T_train) / max(T_gen, T_train)`` is the best speedup perfect overlap of the two sides
-  could give over running them back to back. ``overlap_achieved = (T_gen + T_train) / wall`` is what
-  the run got, and ``bound_fraction = speedup_vs_ref / overlap_bound`` compares the measured speedup
-  against the bound.
-- conditions: ``load_avg_max`` (larger of the 1-minute load averages at the start and end of
-  training), ``other_cpu_frac`` (share of the machine's CPU time other processes took during the
-  run) and ``contended`` (decided when the run was recorded, ``rlpipe.trainer.conditions``), from
-  run_info ``conditions``; NaN / False for runs that recorded none.
-- weight-sync latency: the median of the per-step ``sync/seconds`` (robust to the first sync's
-  warm-up), labelled ``transport[/backend]`` from run_info.
+A partial run is kept and flagged (``completeness``). The summary's quantities and how each is
+computed (the seeds name the quantities, not their formulas): ``summarize``.
 """
 
 from __future__ import annotations
@@ -162,7 +135,11 @@ def reward_stats(metrics: pd.DataFrame) -> dict:
 
 
 def completeness(run: RunData) -> dict:
-    """Steps the run recorded and planned, and whether it is partial (see the module docstring)."""
+    """Steps the run recorded and planned, and whether it is partial: its run_info says
+    ``finished: false``, it has no run_info at all, or it recorded fewer optimizer steps than its
+    config's ``train.n_grpo_steps``. A partial run is kept, flagged in the table (``partial``,
+    ``steps_done``, ``steps_planned``), in the health section and on stderr: its numbers cover only
+    the steps it ran."""
     steps = col(run.metrics, "step")
     done = run.info.get("total_optimizer_steps")
     done = int(done) if isinstance(done, int) else (int(steps.max()) if steps.notna().any() else 0)
@@ -325,7 +302,33 @@ def run_row(run: RunData) -> dict:
 
 
 def summarize(runs: list[RunData], reference: str = "onpolicy") -> pd.DataFrame:
-    """One row per run; speedups are relative to ``reference`` (NaN when it did not run)."""
+    """One row per run; speedups are relative to ``reference`` (NaN when it did not run).
+
+    Definitions (the seeds name the quantities, not their formulas; these are our choices):
+
+    - final / best validation reward: the last / largest non-NaN ``reward/val_mean``.
+    - throughput: ``total_samples / wall_time_s`` from run_info (metrics as fallback). The speedup
+      versus the reference is the throughput ratio, which equals seed 000 Problem 7's
+      ``sync_time / async_time`` when both consumed the same samples (``equal_samples``).
+    - device-hours: ``wall_time_s * devices / 3600`` (GPU-hours when ``device_type`` is
+      ``contract.DEVICE_GPU``, "gpu", as the drivers write it).
+    - phase seconds: sums of the ``events`` durations per phase; ``wait`` (the driver blocked on a
+      rollout batch) overlaps the actors' phases, so it is reported but is not part of the phase stack
+      or the shares. Shares are of the stacked busy time; for colocated runs the rest of the wall time
+      is ``other`` (driver overhead); disaggregated runs overlap phases, so their stack can exceed the
+      wall time and ``other`` is NaN.
+    - overlap bound (async runs): with T_gen = generate + score and T_train = ref_logprobs + update,
+      ``(T_gen + T_train) / max(T_gen, T_train)`` is the best speedup perfect overlap of the two sides
+      could give over running them back to back. ``overlap_achieved = (T_gen + T_train) / wall`` is what
+      the run got, and ``bound_fraction = speedup_vs_ref / overlap_bound`` compares the measured speedup
+      against the bound.
+    - conditions: ``load_avg_max`` (larger of the 1-minute load averages at the start and end of
+      training), ``other_cpu_frac`` (share of the machine's CPU time other processes took during the
+      run) and ``contended`` (decided when the run was recorded, ``rlpipe.trainer.conditions``), from
+      run_info ``conditions``; NaN / False for runs that recorded none.
+    - weight-sync latency: the median of the per-step ``sync/seconds`` (robust to the first sync's
+      warm-up), labelled ``transport[/backend]`` from run_info.
+    """
     table = pd.DataFrame([run_row(r) for r in runs])
     if table.empty:
         return table

@@ -1,5 +1,5 @@
 """``rlpipe gpu-check`` and its pieces, on CPU: the no-GPU path end to end, the part runner's
-limits, kills and failures, the lock differences, the Qwen-shaped config, the projection, the
+limits, kills and failures, the lock differences, the Qwen-shaped config, the
 busy-fraction arithmetic, every part's command line, the docs generator and the wheel bundle's
 selection and trimming."""
 
@@ -171,13 +171,24 @@ def test_the_parts_shares_fit_the_budget_and_the_goals_come_first(tmp_path):
     parts = gpu_check.build_parts(tmp_path, tmp_path / "c.yaml", gpus=1)
     assert [p.name for p in parts] == list(gpu_check.PART_ORDER)
     assert all(0 < p.min_s <= p.limit_s for p in parts), [(p.name, p.min_s, p.limit_s) for p in parts]
-    kept = parts[0].min_s + sum(p.min_s + part_runner.GRACE_S for p in parts[1:])
+    default = gpu_check.select(parts, None)  # what a check without --parts runs: all but the opt-in parts
+    assert [p.name for p in default] == [n for n in gpu_check.PART_ORDER if n not in gpu_check.OPT_IN]
+    kept = default[0].min_s + sum(p.min_s + part_runner.GRACE_S for p in default[1:])
     assert kept <= (1 - gpu_check.UNALLOCATED) * gpu_check.BUDGET_S, kept  # slack for an overrun
     assert gpu_check.UNALLOCATED >= 0.10
     order = gpu_check.PART_ORDER.index
-    goals = ["bench_sampler", "train_onpolicy", "train_k4", "train_disagg", "bench_weight_sync", "bench_trl"]
+    assert order("seed_step") == order("peaks") + 1  # the seed-scale goals first
+    goals = ["bench_sampler", "train_onpolicy", "train_k4", "train_disagg", "bench_weight_sync"]
     assert [order(n) for n in goals] == sorted(order(n) for n in goals)
-    assert max(order(n) for n in goals) < min(order(n) for n in ("qwen_step", "bench_update", "stop_train"))
+    assert order("seed_step") < min(map(order, goals))
+    assert max(order(n) for n in goals) < min(order(n) for n in ("bench_update", "stop_train"))
+
+
+def test_an_opt_in_part_runs_only_when_named(tmp_path):
+    parts = gpu_check.build_parts(tmp_path, tmp_path / "c.yaml", gpus=1)
+    assert "bench_trl" in gpu_check.OPT_IN
+    assert "bench_trl" not in [p.name for p in gpu_check.select(parts, None)]
+    assert "bench_trl" in [p.name for p in gpu_check.select(parts, ["bench_trl"])]
 
 
 @pytest.mark.parametrize("gpus", [1, 2])
@@ -230,49 +241,6 @@ def test_qwen_shaped_policy_has_about_1_5b_parameters_without_allocating():
     cfg = model.config
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
             cfg.intermediate_size, cfg.vocab_size) == (1536, 28, 12, 2, 8960, 151936)
-
-
-def _micro_qwen():
-    return qwen_step.qwen_config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-
-
-@pytest.mark.parametrize("masters", ["float32", "bfloat16"])
-def test_qwen_step_measures_the_pipelines_precision(masters):
-    """As the pipeline runs an HF policy under dtype bfloat16: a bf16 generator holding the learner's
-    weights rounded, and a learner with ``masters`` weights (fp32 by default) and AdamW state of the
-    same dtype, computing under bf16 autocast."""
-    learner, gen = qwen_step.build_pair(_micro_qwen(), "cpu", masters)
-    assert {p.dtype for p in learner.parameters()} == {qwen_step.DTYPES[masters]}
-    assert {p.dtype for p in gen.parameters()} == {torch.bfloat16}
-    assert gen.lm_head.weight is gen.model.embed_tokens.weight
-    assert all(torch.equal(g, learner.state_dict()[k].to(torch.bfloat16)) for k, g in gen.state_dict().items())
-    logits = []
-    hook = learner.lm_head.register_forward_hook(lambda m, i, o: logits.append(o.dtype))
-    qwen_step._update_phases(learner, torch.device("cpu"), rows=2, prompt=4, response=6, n_micro=1, vocab=64)
-    hook.remove()
-    assert logits and set(logits) == {torch.bfloat16}  # autocast, over the masters
-    assert {p.dtype for p in learner.parameters()} == {qwen_step.DTYPES[masters]}
-    r = qwen_step.measure(torch.device("cpu"), _micro_qwen(), gen_rows=2, gen_tokens=3, prompt_tokens=4,
-                          response_tokens=6, n_micro=1, master_weights=masters)
-    m = r["measured"]
-    assert (m["dtype"], m["master_weights"], m["generator_dtype"]) == ("bfloat16", masters, "bfloat16")
-    line = gpu_report._qwen_lines(r)[0]
-    assert f"parameters in bfloat16 (learner: {masters} master weights);" in line
-    assert (f"all measured work at {gpu_report._num(r['fraction_of_device_peak'])} of the device peak "
-            f"({r['device_peak_dtype']}) and {gpu_report._num(r['fraction_of_shape_peak'])} of the shape peak") in line
-
-
-def test_projection_arithmetic():
-    measured = {"gen_s": 2.0, "gen_rows": 32, "gen_tokens": 256, "micro_rows": 2, "logprob_s_per_micro": 0.1,
-                "update_s_per_micro": 0.3, "optimizer_s": 0.5}
-    p = qwen_step.project(measured, rollouts=256, response_tokens=1024)
-    assert p["micro_batches"] == 128
-    assert p["generate_s_by_tokens"] == 64.0   # 2 s x (256 x 1024) / (32 x 256)
-    assert p["generate_s_by_steps"] == 8.0     # 2 s x 1024 / 256
-    assert p["logprob_s"] == 12.8 and p["update_s"] == 38.9  # 128 x 0.3 + 0.5
-    assert p["step_s_upper"] == 115.7 and p["step_s_lower"] == 59.7
-    assert "projection" in p["note"]
 
 
 def test_busy_fraction_of_samples():

@@ -16,6 +16,10 @@ parts, in order (``PART_ORDER``), the issue's goals first:
   (``gpu_probe machine``). Without a CUDA device the check stops here: ``"gpu": null``, status
   ``no GPU``, exit 0.
 - ``peaks``: bf16, fp32 and TF32 matmul at 8192^3, device-to-device copy (``gpu_probe peaks``).
+- ``seed_step``: seed-scale GRPO steps of a Qwen2.5-Math-1.5B-shaped policy, measured: the
+  pipeline's generator and learner at seed 001's settings, responses of drawn lengths (mean 400) and
+  of the full 1024 tokens; the generation engine against HF ``generate``; the zero-shot evaluation's
+  time projected from two measured chunks (``rlpipe.bench.seed_step``).
 - ``bench_sampler``: ``rlpipe bench sampler`` at the assignment preset, batch 64: the CUDA-graph
   decode against the eager one and HF ``generate`` (the torch.compile decode is left out: its
   compile alone took 14 s).
@@ -25,14 +29,16 @@ parts, in order (``PART_ORDER``), the issue's goals first:
 - ``train_onpolicy``, ``train_k4``, ``train_disagg``: ``rlpipe train`` of each mode at the
   assignment scale, shortened to ``CHECK_OVERRIDES``' steps, with the GPU busy fraction sampled
   through NVML every 100 ms (``rlpipe.bench.gpu_busy``; every part but ``machine`` is sampled).
-- ``bench_weight_sync``, ``bench_trl``: the benches' CLIs on the GPU (TRL from the wheel bundle,
-  ``rlpipe gpu-bundle``). A bench that has no ``--device`` flag yet is recorded as ``unsupported``.
-- ``qwen_step``: one GRPO step of a Qwen2.5-Math-1.5B-shaped policy, projected to seed 001's
-  scale (``rlpipe.bench.qwen_step``).
+- ``bench_weight_sync``: the bench's CLI on the GPU. A bench that has no ``--device`` flag yet is
+  recorded as ``unsupported``.
 - ``bench_update``: ``rlpipe bench update`` on the GPU.
 - ``stop_train``: SIGTERM to an ``rlpipe train`` of ``STOP_VARIANT`` inside its loop; seconds to
   exit, exit status, Ray processes left after 30 s, the checkpoint read back
   (``rlpipe.bench.stop_check``).
+
+Parts in ``OPT_IN`` run only when named (``--parts``): ``bench_trl``, ``rlpipe bench trl`` (rlpipe
+against TRL's ``GRPOTrainer`` at the assignment scale, TRL from the wheel bundle, ``rlpipe gpu-bundle``),
+which gave its share of the budget to ``seed_step``.
 
 Nothing is downloaded: every part runs offline.
 """
@@ -90,16 +96,25 @@ PART_OVERHEAD_S = 15.0
 #: part -> (estimate, limit), seconds. The estimate is the share of the budget kept for the part
 #: while earlier parts run (``part_runner.part_limit``); the limit is its hard kill. The estimates
 #: are the first GPU run's times (one H100; each part's own process start, torch and CUDA start-up
-#: and, where it trains, a local Ray instance included), rounded up. Ordered so that the
-#: issue's goals are measured first: the decode (cudagraph vs eager vs HF), the loop's s/step and
-#: busy fraction, weight sync, TRL; then the Qwen step, the update bench and the stop check. The
-#: estimates and their kills' grace leave ``UNALLOCATED`` of ``BUDGET_S`` free, and every part's own
-#: timeouts (``own_timeouts_s``) sit inside its limit (a test checks both).
+#: and, where it trains, a local Ray instance included), rounded up; ``seed_step``'s is reasoned
+#: from the H200 run's phases (below). Ordered so that the issue's goals are measured first: the
+#: seed-scale step; then the assignment scale's decode (cudagraph vs eager vs HF), the loop's s/step
+#: and busy fraction, weight sync; then the update bench and the stop check. The estimates of the
+#: parts that run by default and their kills' grace leave ``UNALLOCATED`` of ``BUDGET_S`` free, and
+#: every part's own timeouts (``own_timeouts_s``) sit inside its limit (a test checks both).
 PART_TIME_S = {
     "machine": (8, 60),            # torch import, CUDA init, every package's metadata, nvidia-smi
     "peaks": (8, 40),              # 3 x 8192^3 matmuls and 1 GiB copies, ~1 s of GPU work; start-up
-    "bench_sampler": (32, 75),     # BPE + 2 models, batch 64 x 60 tokens: eager, naive, cudagraph
-                                   # fp32 + bf16 (capture), HF ours + generate, 3 repeats each; no compile
+    "seed_step": (115, 240),       # start-up and the random 1.5B policy written and loaded twice (~20 s);
+                                   # a warm-up step (rows capped at 8 tokens: graph capture, ~10 s); per
+                                   # step the learner's 256 rows at ~1350 tokens, ~40 s at the H200's
+                                   # measured 0.05 s log-probs + 0.22 s forward/backward per micro-batch,
+                                   # and generation, ~5 s at the mean 400, ~10 s at 1024 (the engine's goal
+                                   # rate); HF generate 32 x 64 tokens (~5 s); two eval chunks (~10 s).
+                                   # Its room in the budget's slack takes it to ~165 s; the full-length
+                                   # step comes last, and the JSON is written after each measurement
+    "bench_sampler": (26, 75),     # BPE + 2 models, batch 64 x 60 tokens: eager, naive, cudagraph
+                                   # fp32 + bf16 (capture), HF ours + generate, 2 repeats each; no compile
     "data": (6, 30),
     "tokenizer": (5, 30),
     "pretrain": (24, 60),
@@ -112,13 +127,14 @@ PART_TIME_S = {
                                      # timed + 1 verified) syncs; the verifying round hashes each copy.
                                      # With a 100 MB payload too it took 80 s on the second H100 run
     "bench_trl": (54, 120),        # export; rlpipe 8 steps (Ray, 2 validations); TRL import, 8 steps of
-                                   # HF generate (64 x 60 tokens)
-    "qwen_step": (43, 100),        # 1.5B model x 2 built on the GPU; HF generate 32 x 256 tokens;
-                                   # 3 x (log-prob + forward/backward) at 1152 tokens; AdamW; peaks again
+                                   # HF generate (64 x 60 tokens); opt-in (OPT_IN)
     "bench_update": (12, 45),      # assignment model, 3 repeats of one update
     "stop_train": (39, 120),       # Ray + load + 4 steps to the first checkpoint, then the stop (goal
                                    # under 30 s) and the checkpoint read back; limit: own_timeouts_s
 }
+#: parts that run only when ``--parts`` names them, and why
+OPT_IN = {"bench_trl": "rlpipe against TRL at the assignment scale, measured on the first GPUs; its share of the "
+                       "budget went to seed_step"}
 PART_ORDER = tuple(PART_TIME_S)
 #: the project's root when rlpipe runs from a checkout (src/rlpipe/bench/ -> the folder above src/)
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -196,8 +212,10 @@ def build_parts(out: Path, config: Path, gpus: int, dtype: str = "float32") -> l
     parts = [
         part("machine", [*probe, "machine", "--out", res("machine")]),
         part("peaks", [*probe, "peaks", "--out", res("peaks")]),
+        part("seed_step", [sys.executable, "-m", "rlpipe.bench.seed_step", "--out", res("seed_step"), "--math-config",
+                           str(Path("config") / "math.yaml"), "--work-dir", str(w)]),
         part("bench_sampler", _rl("bench", "sampler", "--device", "cuda", "--preset", "assignment", "--batch", "64",
-                                  "--new-tokens", "60", "--repeats", "3", "--no-aot", "--no-compiled", "--out",
+                                  "--new-tokens", "60", "--repeats", "2", "--no-aot", "--no-compiled", "--out",
                                   res("bench_sampler"))),
         part("data", _rl("build-corpus", "--config", c, "--out", str(corpus)), result=False),
         part("tokenizer", _rl("train-tokenizer", "--config", c, "--corpus", str(corpus), "--out", str(tok)),
@@ -217,7 +235,6 @@ def build_parts(out: Path, config: Path, gpus: int, dtype: str = "float32") -> l
                               "--config", c, "--decode", "config", "--steps", "8", "--pairs", "1", "--threads",
                               threads, "--work-dir", str(w / "trl"), "--out", res("bench_trl")),
              needs=("pretrain", "dataset")),
-        part("qwen_step", [sys.executable, "-m", "rlpipe.bench.qwen_step", "--out", res("qwen_step")]),
         part("bench_update", _rl("bench", "update", "--device", "cuda", "--dtype", dtype, "--checkpoint", str(base),
                                  "--repeats", "3", "--out", res("bench_update")), needs=("pretrain",)),
         part("stop_train", [sys.executable, "-m", "rlpipe.bench.stop_check", "--config", c, "--variant", STOP_VARIANT,
@@ -230,9 +247,10 @@ def build_parts(out: Path, config: Path, gpus: int, dtype: str = "float32") -> l
 
 
 def select(parts: list[Part], wanted: list[str] | None) -> list[Part]:
-    """``machine``, the ``wanted`` parts and every part they need, in ``PART_ORDER``."""
+    """``machine``, the ``wanted`` parts and every part they need, in ``PART_ORDER``; without
+    ``wanted``, every part but the ``OPT_IN`` ones."""
     if not wanted:
-        return parts
+        return [p for p in parts if p.name not in OPT_IN]
     by_name = {p.name: p for p in parts}
     keep, todo = {"machine"}, list(wanted)
     while todo:
@@ -338,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/gpu-check", help="folder for gpu_check.json, summary.md, work/, logs/")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole check's time limit in seconds")
     ap.add_argument("--parts", nargs="+", default=None, metavar="NAME",
-                    help="run only these parts (and the parts they need): " + ", ".join(PART_ORDER))
+                    help="run only these parts (and the parts they need): " + ", ".join(PART_ORDER)
+                    + f"; {', '.join(OPT_IN)} only when named")
     ap.add_argument("--config-dir", default="config", help="the folder holding config.yaml and gpu.yaml")
     a = ap.parse_args(argv)
     if a.budget_s < 10:

@@ -131,6 +131,45 @@ def _qwen_lines(r: Any) -> list[str]:
             f"{_num(p['step_s_lower'])} to {_num(p['step_s_upper'])} s (generation by decode steps to by token count)"]
 
 
+def _step_line(label: str, r: dict) -> str:
+    ph, frac = r.get("phases_s") or {}, r.get("fraction_of_device_peak") or {}
+    split = ", ".join(f"{k} {_num(v)}" for k, v in ph.items())
+    fr = ", ".join(f"{k} {_num(v)}" for k, v in frac.items())
+    mem = f"; peak memory {_num(r['peak_memory_gib'])} GiB" if "peak_memory_gib" in r else ""
+    return (f"- {label}: **{_num(r.get('step_s'))} s/step** ({split} s); {_num(r.get('generated_tokens'))} tokens "
+            f"generated (mean {_num(r.get('response_mean'))}, longest {_num(r.get('response_max'))}) at "
+            f"{_num(r.get('tokens_per_s'))} tokens/s; fraction of the device peak: {fr}{mem}")
+
+
+def _seed_lines(r: Any) -> list[str]:
+    """The seed-scale step's record (``rlpipe.bench.seed_step``): each step, the engine against HF
+    ``generate``, the evaluation's projection and the goals; what a killed part left, as far as it got."""
+    if not isinstance(r, dict) or "settings" not in r:
+        return []
+    st = r["settings"]
+    lines = [f"- {r.get('shape')} shape on {r.get('device')}: {st['rollouts']} rollouts in groups of "
+             f"{st['group_size']}, up to {st['max_tokens']} response tokens, micro-batches of "
+             f"{st['micro_batch_rows']}, {st['dtype']} over {st['master_weights']} master weights, decode "
+             f"{st['decode']}" + ("" if r.get("status") == "done" else f"; the part stopped at: {r.get('status')}")]
+    for key, label in (("steps_at_mean", f"responses of drawn lengths (mean {st['mean_tokens']})"),
+                       ("steps_at_max", f"every response {st['max_tokens']} tokens")):
+        lines += [_step_line(label, rec) for rec in r.get(key) or []]
+    e = r.get("engine_vs_hf")
+    if isinstance(e, dict):
+        lines.append(f"- generation engine ({e['decode']}) against HF `generate`, {e['rows']} rows x {e['new_tokens']} "
+                     f"tokens: {_num(e['engine_tokens_per_s'])} against {_num(e['hf_generate_tokens_per_s'])} "
+                     f"tokens/s, {_num(e['engine_over_hf_generate'])}x")
+    v = r.get("eval")
+    if isinstance(v, dict):
+        lines.append(f"- zero-shot evaluation, {_num(v['prompts'])} prompts x up to {v['max_tokens']} tokens: "
+                     f"{_num(v['projected_s'])} s, projected (not measured) from two chunks of {v['chunk']} "
+                     f"({', '.join(_num(x) for x in v['measured_chunk_s'])} s)")
+    for name, g in (r.get("goals") or {}).items():
+        met = {True: "met", False: "missed", None: "not applicable here"}[g.get("met")]
+        lines.append(f"- goal, {g.get('what', name)} {g.get('goal')}: {_num(g.get('value'))}, **{met}**")
+    return lines
+
+
 def _stop_lines(r: Any) -> list[str]:
     """The stop check's record (``rlpipe.bench.stop_check``) against its goal."""
     if not isinstance(r, dict):
@@ -162,6 +201,8 @@ def render_result(res: dict, title: str | None = None) -> str:
     if parts:
         lines += _parts_table(parts) + [""]
     sections = [("Device limits", _peaks_lines((parts.get("peaks") or {}).get("result"))),
+                ("Seed-scale GRPO steps, Qwen2.5-Math-1.5B shape (random weights)",
+                 _seed_lines((parts.get("seed_step") or {}).get("result"))),
                 ("Training runs (assignment scale, shortened)", _train_lines(parts)),
                 ("Qwen2.5-Math-1.5B-shaped GRPO step (random weights)",
                  _qwen_lines((parts.get("qwen_step") or {}).get("result"))),

@@ -17,9 +17,10 @@ import torch
 from rlpipe.config import ConfigError
 from rlpipe.config.train import TrainConfig
 from rlpipe.lm import cuda_graph_decode as cgd
+from rlpipe.lm.decode_loop import ACTIVE_CHECK_EVERY
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.policy import load_policy
-from rlpipe.lm.sampler import ACTIVE_CHECK_EVERY, SamplingParams, _left_pad, generate
+from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
 from rlpipe.lm.static_decode import StaticDecodeAdapter
 
 # Largest |recorded - teacher-forced| log-prob of the cudagraph decode's samples (the eager static
@@ -176,7 +177,7 @@ def test_capture_under_bf16_autocast_records_the_weight_casts(monkeypatch):
         runner.run = lambda: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
                                           torch.is_autocast_cache_enabled())) or real_run()
         with torch.inference_mode():
-            runner._capture(None, cgd._autocast_dtype(torch.device("cpu")))
+            runner._capture(None, cgd.autocast_dtype(torch.device("cpu")))
         assert torch.is_autocast_cache_enabled()
     assert seen == [(True, torch.bfloat16, False)] * (cgd.WARMUP_STEPS + 1)
 
@@ -222,7 +223,7 @@ def test_static_decode_stops_soon_after_every_row_finished_without_a_host_read_p
     last = max(len(r) for r in lazy.response_ids)
     assert set(lazy.finish_reason) == {"eos"} and last < params.max_tokens  # the early stop is exercised
     assert len(steps) + 1 == min(math.ceil(last / ACTIVE_CHECK_EVERY) * ACTIVE_CHECK_EVERY, params.max_tokens)
-    monkeypatch.setattr("rlpipe.lm.sampler.ACTIVE_CHECK_EVERY", 1)
+    monkeypatch.setattr("rlpipe.lm.decode_loop.ACTIVE_CHECK_EVERY", 1)
     steps.clear()
     eager_look = generate(policy.model, policy.tokenizer, prompts, params, decode="static")
     assert len(steps) + 1 == last

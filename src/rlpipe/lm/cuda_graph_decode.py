@@ -73,8 +73,29 @@ def resolve_decode(decode: str, device: torch.device) -> str:
     return decode
 
 
-def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype in force on ``device``'s type, or None."""
     return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+
+
+def capture(fn, pool, amp: torch.dtype | None, device: torch.device) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    """Warm ``fn`` up on a side stream (cuBLAS workspaces and lazy initialisation stay outside the
+    graph), then record one call of it into a CUDA graph in ``pool``; returns the graph and the
+    output tensor its replays overwrite. Under autocast (``amp``) the weight-cast cache is off, so
+    the graph reads the current weights on every replay."""
+    def cast():  # a fresh context each time; the caller's autocast, without its weight cache
+        return contextlib.nullcontext() if amp is None else torch.autocast(device.type, dtype=amp, cache_enabled=False)
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side), cast():
+        for _ in range(WARMUP_STEPS):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE), cast():
+        out = fn()
+    return graph, out
 
 
 class StaticBuffers:
@@ -123,26 +144,10 @@ class StaticBuffers:
         self.pos.copy_(pos)
         return self.replay()  # (N, V)
 
-    def _capture(self, pool, autocast_dtype: torch.dtype | None) -> None:
-        """Warm up on a side stream, then record ``run`` into a CUDA graph (CUDA only). The buffers'
-        contents are garbage afterwards; ``load`` rewrites all of them before any real step."""
-        device = self.keys.device
-
-        def cast():  # a fresh context each time; the caller's autocast, without its weight cache
-            if autocast_dtype is None:
-                return contextlib.nullcontext()
-            return torch.autocast(device.type, dtype=autocast_dtype, cache_enabled=False)
-
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side), cast():
-            for _ in range(WARMUP_STEPS):
-                self.run()
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE), cast():
-            self.logits = self.run()
-        self.graph = graph
+    def _capture(self, pool, amp: torch.dtype | None) -> None:
+        """Record ``run`` into a CUDA graph (CUDA only). The buffers' contents are garbage afterwards;
+        ``load`` rewrites all of them before any real step."""
+        self.graph, self.logits = capture(self.run, pool, amp, self.keys.device)
         self.replay = self._replay
 
     def _replay(self) -> Tensor:
@@ -171,7 +176,7 @@ def runner_for(model: TransformerLM, cache: KVCache, keys: Tensor) -> StaticBuff
     graphs = _RUNNERS.get(model)
     if graphs is None or graphs.fingerprint != _fingerprint(model):
         graphs = _RUNNERS[model] = _ModelGraphs(model)
-    amp = _autocast_dtype(device)
+    amp = autocast_dtype(device)
     key = (tuple(keys.shape), cache.k[0].dtype, amp, str(device))
     runner = graphs.runners.get(key)
     if runner is None:

@@ -40,20 +40,24 @@ logits, which moves a draw only if it lands within ~1e-6 of a CDF step); the glo
 when a seed is given. ``seed=None`` draws one seed from torch's global RNG, so ``torch.manual_seed``
 still makes unseeded runs repeatable.
 
+Adapters (how each kind of model prefills and steps) are in ``rlpipe.lm.adapters``; the loop that
+samples, finishes and compacts rows in ``rlpipe.lm.decode_loop``; the HF engine in
+``rlpipe.lm.hf_decode``.
+
 Stop strings (vLLM semantics): checked once at least ``min_tokens`` tokens exist, only for rows
 whose new token could end a stop string (its text contains a stop string's last character or an
-incomplete UTF-8 byte), by decoding just the row's tail. ``response_ids``/``logprobs`` keep every
-token up to and including the one that completed the stop string; ``response_text`` is cut before
-the stop string (or after it with ``include_stop_str_in_output``). An EOS token, when sampled, is
-the last entry of ``response_ids``/``logprobs`` but is not part of ``response_text``. Tail decoding
-assumes a context-free detokeniser (byte-level BPE: ours, GPT-2, Qwen).
+incomplete UTF-8 byte), by decoding just the row's tail (at the loop's periodic look, not per token).
+``response_ids``/``logprobs`` keep every token up to and including the one that completed the
+stop string; ``response_text`` is cut before the stop string (or after it with
+``include_stop_str_in_output``). An EOS token, when sampled, is the last entry of
+``response_ids``/``logprobs`` but is not part of ``response_text``. Tail decoding assumes a context-free
+detokeniser (byte-level BPE: ours, GPT-2, Qwen).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import weakref
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
@@ -61,14 +65,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from rlpipe.lm import decode_package
-from rlpipe.lm.cuda_graph_decode import CudaGraphDecodeAdapter, resolve_decode
-from rlpipe.lm.model import TransformerLM
-from rlpipe.lm.static_decode import StaticDecodeAdapter
+from rlpipe.lm.adapters import DECODES, make_adapter, resolve
+from rlpipe.lm.decode_loop import _EOS, _STOP, FINISH_REASONS, LoopState, decode_all, decode_loop
 
-FINISH_REASONS = ("length", "eos", "stop")  # code 0, 1, 2 in the decode loop
-ACTIVE_CHECK_EVERY = 8  # static-shape decodes: steps between host reads of the active-row count
-_LENGTH, _EOS, _STOP = 0, 1, 2
+__all__ = ["DECODES", "FINISH_REASONS", "Generation", "SamplingParams", "generate"]
 
 
 @dataclass(frozen=True)
@@ -141,135 +141,6 @@ class Generation:
         return out
 
 
-# ----------------------------------------------------------------------------------- adapters
-
-
-class _OwnAdapter:
-    """``TransformerLM`` with our preallocated ``KVCache``."""
-
-    def __init__(self, model: TransformerLM):
-        self.model, self.max_length = model, model.config.context_length
-
-    def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, total: int, n: int) -> Tensor:
-        self.padded = not bool(mask.all())
-        self.cache = self.model.new_kv_cache(total)
-        key_mask = mask if self.padded else None
-        logits = self.model(ids, positions=pos, attention_mask=key_mask, kv_cache=self.cache, logits_to_keep=1)
-        logits = logits[:, -1]  # (B, V)
-        self.cache.repeat_interleave(n)
-        if self.padded:  # keys: prompt mask, then every generated position is a real token
-            self.keys = torch.ones(ids.shape[0] * n, total, dtype=torch.bool, device=ids.device)
-            self.keys[:, : ids.shape[1]] = mask.repeat_interleave(n, dim=0)
-        return logits.repeat_interleave(n, dim=0)  # (N, V)
-
-    def step(self, tok: Tensor, pos: Tensor) -> Tensor:
-        L = self.cache.length
-        if not self.padded:  # every row sits at the same position: the default positions are right
-            return self.model(tok[:, None], kv_cache=self.cache)[:, -1]
-        return self.model(
-            tok[:, None], positions=pos[:, None], attention_mask=self.keys[:, : L + 1], kv_cache=self.cache
-        )[:, -1]  # (N, V)
-
-    def select(self, idx: Tensor) -> None:
-        self.cache.select_rows(idx)
-        if self.padded:
-            self.keys = self.keys.index_select(0, idx)
-
-
-class _HFAdapter:
-    """A transformers ``*ForCausalLM`` with its own ``past_key_values``."""
-
-    def __init__(self, model):
-        self.model = model
-        self.max_length = getattr(model.config, "max_position_embeddings", None)
-
-    def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, total: int, n: int) -> Tensor:
-        from transformers import DynamicCache
-
-        out = self.model(
-            input_ids=ids, attention_mask=mask.long(), position_ids=pos,
-            past_key_values=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1,
-        )
-        self.cache, self.L = out.past_key_values, ids.shape[1]
-        self.cache.batch_repeat_interleave(n)
-        self.attn = torch.ones(ids.shape[0] * n, total, dtype=torch.long, device=ids.device)
-        self.attn[:, : ids.shape[1]] = mask.repeat_interleave(n, dim=0)
-        return out.logits[:, -1].repeat_interleave(n, dim=0)  # (N, V)
-
-    def step(self, tok: Tensor, pos: Tensor) -> Tensor:
-        self.L += 1
-        out = self.model(
-            input_ids=tok[:, None], attention_mask=self.attn[:, : self.L], position_ids=pos[:, None],
-            past_key_values=self.cache, use_cache=True,
-        )
-        return out.logits[:, -1]  # (N, V)
-
-    def select(self, idx: Tensor) -> None:
-        self.cache.batch_select_indices(idx)
-        self.attn = self.attn.index_select(0, idx)
-
-
-class _NaiveAdapter:
-    """No cache: every step re-runs the whole (left-padded) sequence. Reference and baseline."""
-
-    def __init__(self, model):
-        self.model = model
-        self.own = isinstance(model, TransformerLM)
-        self.max_length = _make_adapter(model, True).max_length
-
-    def _last_logits(self) -> Tensor:
-        ids, pos, mask = (t[:, : self.L] for t in (self.seq, self.pos, self.keys))
-        if self.own:
-            return self.model(ids, positions=pos, attention_mask=mask, logits_to_keep=1)[:, -1]
-        out = self.model(
-            input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False, logits_to_keep=1
-        )
-        return out.logits[:, -1]
-
-    def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, total: int, n: int) -> Tensor:
-        N, P = ids.shape[0] * n, ids.shape[1]
-        self.seq = ids.new_zeros(N, total)
-        self.pos = ids.new_zeros(N, total)
-        self.keys = torch.ones(N, total, dtype=torch.bool, device=ids.device)
-        for buf, val in ((self.seq, ids), (self.pos, pos), (self.keys, mask)):
-            buf[:, :P] = val.repeat_interleave(n, dim=0)
-        self.L = P
-        return self._last_logits()  # (N, V)
-
-    def step(self, tok: Tensor, pos: Tensor) -> Tensor:
-        self.seq[:, self.L], self.pos[:, self.L] = tok, pos
-        self.L += 1
-        return self._last_logits()
-
-    def select(self, idx: Tensor) -> None:
-        self.seq, self.pos, self.keys = (t.index_select(0, idx) for t in (self.seq, self.pos, self.keys))
-
-
-# generate(decode=...): rlpipe.lm.static_decode, decode_package, cuda_graph_decode ("auto": cudagraph on CUDA)
-DECODES = ("auto", "eager", "static", "compiled", "aot", "cudagraph")
-
-
-def _make_adapter(model, use_kv_cache: bool, decode: str = "eager"):
-    base = getattr(model, "_orig_mod", model)
-    if decode not in DECODES:
-        raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
-    if not use_kv_cache:
-        return _NaiveAdapter(model)
-    if isinstance(base, TransformerLM):
-        if decode == "aot":
-            return StaticDecodeAdapter(base, step_fn=decode_package.load(base).step)
-        if decode == "cudagraph":
-            return CudaGraphDecodeAdapter(base)
-        if decode != "eager":
-            return StaticDecodeAdapter(base, compiled=decode == "compiled")
-        return _OwnAdapter(model)
-    if hasattr(base, "config") and hasattr(base, "get_output_embeddings"):
-        return _HFAdapter(model)
-    raise TypeError(
-        f"generate() drives a TransformerLM or a transformers CausalLM, got {type(model).__name__}"
-    )
-
-
 # ------------------------------------------------------------------------------ preparation
 
 
@@ -333,30 +204,6 @@ def _uniforms(seeds: list[int], steps: int, device) -> Tensor:
     return (1.0 - torch.stack(rows)).to(device)  # (N, steps)
 
 
-def _decode_all(tokenizer, batch: list[list[int]]) -> list[str]:
-    if hasattr(tokenizer, "decode_batch"):
-        return tokenizer.decode_batch(batch)
-    return [tokenizer.decode(ids) for ids in batch]
-
-
-_STOP_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _stop_candidates(tokenizer, stops: tuple[str, ...], V: int, device) -> Tensor:
-    """(V,) bool: token v could complete a stop string (contains a stop's last char, or partial UTF-8)."""
-    key = (stops, V, str(device))
-    try:
-        cache = _STOP_TABLES.setdefault(tokenizer, {})
-    except TypeError:  # tokenizer not weak-referenceable: build the table every call
-        cache = {}
-    if key not in cache:
-        batch = [[v] for v in range(V)]
-        texts = _decode_all(tokenizer, batch)
-        ends = {s[-1] for s in stops} | {"\ufffd"}
-        cache[key] = torch.tensor([any(c in t for c in ends) for t in texts], dtype=torch.bool, device=device)
-    return cache[key]
-
-
 @contextlib.contextmanager
 def _eval_mode(model):
     was_training = model.training
@@ -367,119 +214,7 @@ def _eval_mode(model):
         model.train(was_training)
 
 
-# --------------------------------------------------------------------------------- sampling
-
-
-def _sample(logits: Tensor, u: Tensor, temperature: float, top_p: float) -> tuple[Tensor, Tensor]:
-    """One token per row by CDF inversion at ``u`` (N,) in (0, 1]; returns (tokens (N,), logprobs (N,))."""
-    if temperature == 0:
-        tok = logits.argmax(dim=-1)  # (N,)
-        return tok, torch.log_softmax(logits, dim=-1).gather(1, tok[:, None])[:, 0]
-    if temperature != 1:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)  # (N, V)
-    if top_p >= 1:
-        cdf = logp.exp().cumsum_(dim=-1)  # (N, V)
-        tok = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:]).clamp_(max=logits.shape[-1] - 1)[:, 0]
-        return tok, logp.gather(1, tok[:, None])[:, 0]
-    probs, order = logp.exp().sort(dim=-1, descending=True, stable=True)  # (N, V)
-    keep = probs.cumsum(dim=-1) - probs < top_p  # nucleus: tokens whose preceding mass < top_p
-    cdf = (probs * keep).cumsum_(dim=-1)  # (N, V)
-    idx = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:]).clamp_(max=logits.shape[-1] - 1)  # (N, 1)
-    tok = order.gather(1, idx)[:, 0]
-    return tok, logp.gather(1, tok[:, None])[:, 0] - cdf[:, -1].log()
-
-
-@dataclass
-class _LoopState:
-    """Decode-loop buffers. Global (N, M) outputs; ``rows`` maps current batch rows to global rows."""
-
-    tokens: Tensor  # (N, M) long
-    logps: Tensor  # (N, M) float32
-    ends: Tensor  # (N,) long: response length
-    reasons: Tensor  # (N,) long: index into FINISH_REASONS
-    rows: Tensor  # (n_cur,) long
-    u: Tensor  # (n_cur, M) uniforms
-    pos: Tensor  # (n_cur,) long: RoPE position of the next fed token
-    active: Tensor  # (n_cur,) bool
-    ends_cur: Tensor  # (n_cur,) long
-    reasons_cur: Tensor  # (n_cur,) long
-
-    def flush(self) -> None:
-        self.ends[self.rows] = self.ends_cur
-        self.reasons[self.rows] = self.reasons_cur
-
-    def compact(self, adapter, tok: Tensor) -> Tensor:
-        self.flush()
-        keep = self.active.nonzero()[:, 0]
-        adapter.select(keep)
-        for name in ("rows", "u", "pos", "active", "ends_cur", "reasons_cur"):
-            setattr(self, name, getattr(self, name).index_select(0, keep))
-        return tok.index_select(0, keep)
-
-
-def _check_stops(
-    st: _LoopState, tok: Tensor, step: int, cand_table: Tensor, tokenizer, stops: tuple[str, ...], window: int
-) -> None:
-    """Finish rows whose newest token completed a stop string; decode only candidate rows' tails."""
-    cand = (st.active & cand_table[tok]).nonzero()[:, 0].tolist()
-    if not cand:
-        return
-    lo = max(0, step + 1 - window)
-    tails = st.tokens[st.rows[cand], lo : step + 1].tolist()
-    texts = _decode_all(tokenizer, tails)
-    hit = [r for r, text in zip(cand, texts, strict=True) if any(s in text for s in stops)]
-    if hit:
-        idx = torch.tensor(hit, device=tok.device)
-        st.active[idx] = False
-        st.ends_cur[idx] = step + 1
-        st.reasons_cur[idx] = _STOP
-
-
-def _decode_loop(
-    adapter, logits: Tensor, st: _LoopState, params: SamplingParams, tokenizer, eos: int
-) -> None:
-    """Sample up to ``max_tokens`` tokens for every row into ``st`` (in place)."""
-    M, stops = params.max_tokens, params.stop
-    if stops:
-        cand_table = _stop_candidates(tokenizer, stops, logits.shape[-1], logits.device)
-        window = max(len(s.encode("utf-8")) for s in stops) + 1
-    full = True  # rows == arange(N): plain slicing instead of index_put
-    compacts = getattr(adapter, "compacts", True)
-    # Reading the active count makes the host wait for the device. A compacting decode needs it every
-    # step; a static one only to stop early, so it looks every ACTIVE_CHECK_EVERY steps (finished rows
-    # decode on and are cut at their ends, so the extra steps change no output).
-    check_every = 1 if compacts else ACTIVE_CHECK_EVERY
-    tok = None
-    for step in range(M):
-        if step:
-            logits = adapter.step(tok, st.pos)
-            st.pos += 1
-        logits = logits.float()  # (n_cur, V)
-        if step < params.min_tokens:
-            logits[:, eos] = float("-inf")
-        tok, lp = _sample(logits, st.u[:, step], params.temperature, params.top_p)
-        if full:
-            st.tokens[:, step], st.logps[:, step] = tok, lp
-        else:
-            st.tokens[st.rows, step], st.logps[st.rows, step] = tok, lp
-        newly = st.active & (tok == eos)
-        st.ends_cur.masked_fill_(newly, step + 1)
-        st.reasons_cur.masked_fill_(newly, _EOS)
-        st.active &= ~newly
-        if stops and step + 1 >= params.min_tokens:
-            _check_stops(st, tok, step, cand_table, tokenizer, stops, window)
-        if (step + 1) % check_every:
-            continue
-        n_active = int(st.active.sum())
-        if n_active == 0:
-            break
-        if step + 1 < M and n_active <= st.active.shape[0] // 2 and compacts:
-            tok, full = st.compact(adapter, tok), False
-    st.flush()
-
-
-def _finish(prompt_ids, st: _LoopState, params: SamplingParams, tokenizer) -> Generation:
+def _finish(prompt_ids, st: LoopState, params: SamplingParams, tokenizer) -> Generation:
     """Cut each row at its end, decode texts, apply stop-string truncation. Runs outside
     inference_mode so the returned tensors are ordinary (usable in autograd as old log-probs)."""
     ends, reasons = st.ends.tolist(), st.reasons.tolist()
@@ -487,7 +222,7 @@ def _finish(prompt_ids, st: _LoopState, params: SamplingParams, tokenizer) -> Ge
     n = params.n
     resp = [tokens[r, : ends[r]].tolist() for r in range(len(ends))]
     text_ids = [ids[:-1] if reasons[r] == _EOS else ids for r, ids in enumerate(resp)]
-    texts = _decode_all(tokenizer, text_ids)
+    texts = decode_all(tokenizer, text_ids)
     texts = [_cut_at_stop(t, params) if reasons[r] == _STOP else t for r, t in enumerate(texts)]
     return Generation(
         prompt_ids=[list(prompt_ids[r // n]) for r in range(len(ends))],
@@ -511,21 +246,38 @@ def _cut_at_stop(text: str, params: SamplingParams) -> str:
     return text[: best[0]] if params.include_stop_str_in_output else text[: best[2]]
 
 
+def _row_caps(row_max_tokens, N: int, M: int, device) -> Tensor:
+    """(N,) long: each row's own token cap, checked against N rows and ``max_tokens``."""
+    if row_max_tokens is None:
+        return torch.full((N,), M, dtype=torch.long, device=device)
+    caps = [int(c) for c in row_max_tokens]
+    if len(caps) != N:
+        raise ValueError(f"row_max_tokens has {len(caps)} entries; generate() samples {N} rows (prompts x n)")
+    bad = [c for c in caps if not 1 <= c <= M]
+    if bad:
+        raise ValueError(f"row_max_tokens must lie in [1, max_tokens={M}], got {bad[0]}")
+    return torch.tensor(caps, dtype=torch.long, device=device)
+
+
 def generate(
     model, tokenizer, prompts, params: SamplingParams, device=None, *, use_kv_cache: bool = True,
-    decode: str = "eager",
+    decode: str = "auto", row_max_tokens=None,
 ) -> Generation:
     """Sample ``params.n`` responses for each prompt (a string or a list of token ids).
 
     Returns a ``Generation`` with N = len(prompts) * n rows, prompt-major. ``device`` defaults to
     the model's device. ``use_kv_cache=False`` runs the naive full-recomputation decoder.
-    ``decode`` (our ``TransformerLM`` only; HF models always decode eagerly): ``"eager"`` grows the
-    cache and compacts finished rows; ``"static"``, ``"compiled"``, ``"aot"`` and ``"cudagraph"`` run
-    the fixed-shape step of ``rlpipe.lm.static_decode``: eagerly, through ``torch.compile``, from the
-    AOTInductor package of ``rlpipe.lm.decode_package`` (built on first use when this machine has
-    none), or replayed from a CUDA graph captured once per batch shape (``rlpipe.lm.cuda_graph_decode``;
-    without CUDA it warns and runs the same buffers eagerly); ``"auto"`` is ``"cudagraph"`` on a CUDA
-    device and ``"eager"`` elsewhere.
+    ``decode`` picks the adapter (``rlpipe.lm.adapters``): ``"eager"`` grows the cache and compacts
+    finished rows; for our ``TransformerLM``, ``"static"``, ``"compiled"``, ``"aot"`` and
+    ``"cudagraph"`` run the fixed-shape step of ``rlpipe.lm.static_decode``: eagerly, through
+    ``torch.compile``, from the AOTInductor package of ``rlpipe.lm.decode_package`` (built on first
+    use when this machine has none), or replayed from a CUDA graph captured once per batch shape
+    (``rlpipe.lm.cuda_graph_decode``; without CUDA it warns and runs the same buffers eagerly); for
+    an HF Qwen2 or Llama policy, ``"static"`` and ``"cudagraph"`` run the engine of
+    ``rlpipe.lm.hf_decode`` (eagerly, or from CUDA graphs per batch bucket). ``"auto"`` (the default)
+    is ``"cudagraph"`` on a CUDA device where the model has it and ``"eager"`` elsewhere.
+    ``row_max_tokens``: N per-row caps (each at most ``max_tokens``); a row reaching its cap finishes
+    with reason ``length``, as vLLM's per-request ``max_tokens``.
     """
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -533,8 +285,9 @@ def generate(
     if not prompt_ids:
         return Generation([], [], [], [], [], params)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    adapter = _make_adapter(model, use_kv_cache, resolve_decode(decode, device))
-    P, M = max(len(p) for p in prompt_ids), params.max_tokens
+    N, P, M = len(prompt_ids) * params.n, max(len(p) for p in prompt_ids), params.max_tokens
+    caps = _row_caps(row_max_tokens, N, M, device)
+    adapter = make_adapter(model, use_kv_cache, resolve(decode, model, device))
     total = P + M - 1  # the last sampled token is never fed back
     if adapter.max_length is not None and total > adapter.max_length:
         raise ValueError(
@@ -542,21 +295,22 @@ def generate(
             f"length {adapter.max_length}; shorten the prompts or lower max_tokens"
         )
     seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-    N = len(prompt_ids) * params.n
     with torch.inference_mode(), _eval_mode(model):
         ids, mask, pos = _left_pad(prompt_ids, tokenizer.pad_token_id, device)
         logits = adapter.prefill(ids, mask, pos, max(total, P), params.n)  # (N, V)
-        st = _LoopState(
+        st = LoopState(
             tokens=torch.full((N, M), tokenizer.pad_token_id, dtype=torch.long, device=device),
             logps=torch.zeros(N, M, device=device),
-            ends=torch.full((N,), M, dtype=torch.long, device=device),
+            ends=caps.clone(),
             reasons=torch.zeros(N, dtype=torch.long, device=device),
             rows=torch.arange(N, device=device),
             u=_uniforms(_row_seeds(prompt_ids, params.n, seed), M, device),
             pos=mask.sum(-1).repeat_interleave(params.n),
             active=torch.ones(N, dtype=torch.bool, device=device),
-            ends_cur=torch.full((N,), M, dtype=torch.long, device=device),
+            ends_cur=caps.clone(),
             reasons_cur=torch.zeros(N, dtype=torch.long, device=device),
+            caps=caps,
+            cand=torch.zeros(N, dtype=torch.bool, device=device),
         )
-        _decode_loop(adapter, logits, st, params, tokenizer, tokenizer.eos_token_id)
+        decode_loop(adapter, logits, st, params, tokenizer, tokenizer.eos_token_id)
     return _finish(prompt_ids, st, params, tokenizer)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.trainer.gpu_slots import ENV, SCHEDULER_GPU_VARIABLES, acquire_gpus, actor_gpus
+from rlpipe.trainer.gpu_slots import ENV, HELD_ENV, SCHEDULER_GPU_VARIABLES, acquire_gpus, actor_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -203,3 +203,18 @@ def test_a_schedulers_allocation_is_taken_without_locks(tmp_path, monkeypatch):
             assert s.devices == ["1"] and os.environ[ENV] == "1" and s.lock_paths == []
     finally:
         _finish(p)
+
+
+def test_a_nested_acquisition_takes_the_slots_its_holder_holds(tmp_path, no_visible):
+    """The scaling bench holds its GPUs for all its runs, and each run acquires them again: it gets
+    them at once (it used to wait for its own holder's lock), while another process still cannot."""
+    with acquire_gpus(2, total=2, lock_dir=tmp_path, timeout_s=1) as outer:
+        with acquire_gpus(1, lock_dir=tmp_path, timeout_s=0.3, poll_s=0.05) as inner:
+            assert inner.devices == ["0"] and inner.lock_paths == [] and os.environ[ENV] == "0"
+        assert os.environ[ENV] == "0,1" and os.environ[HELD_ENV] == "0,1"
+        other = subprocess.run([sys.executable, "-c", HOLDER, "1", str(tmp_path)], env={
+            k: v for k, v in os.environ.items() if k not in (ENV, HELD_ENV)}, input="", capture_output=True,
+            text=True, timeout=60)
+        assert other.returncode != 0 and "TimeoutError" in other.stderr, other.stderr[-500:]
+        assert outer.devices == ["0", "1"]
+    assert ENV not in os.environ and HELD_ENV not in os.environ

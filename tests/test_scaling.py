@@ -187,8 +187,35 @@ def test_a_scaling_point_logs_to_no_tracker_of_the_user(tmp_path):
 
     config = tmp_path / "c.yaml"
     write_yaml(config, {"logging": {"trackers": ["wandb", "mlflow"], "tensorboard": True}})
-    path, name = bench._point_config(str(config), "colocated_sync", {"d_model": 64, "batch": 8, "length": 8}, 2,
+    path, name = bench.point_config(str(config), "colocated_sync", {"d_model": 64, "batch": 8, "length": 8}, 2,
                                      tmp_path)
     cfg = load_config(path)
     assert name == "coloc_d64_b8_l8" and list(cfg.variants) == [name]
     assert cfg.logging.trackers == [] and load_config(config).logging.trackers == ["wandb", "mlflow", "tensorboard"]
+
+
+def test_the_bench_holds_the_gpus_its_points_train_on_or_hides_every_gpu(tmp_path, monkeypatch, capsys):
+    """A point is a training run on the pipeline's GPU settings: the bench holds the most any mode
+    takes for all its runs, and a point's own acquisition takes them from it (it used to find no GPU
+    under SLURM: 'job needs 1 GPUs but the pool has 0'). None declared: no GPU is visible at all."""
+    from rlpipe.config import parse_config
+    from rlpipe.trainer import gpu_slots
+
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    for name in gpu_slots.SCHEDULER_GPU_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    cpu = parse_config({"workflow": {"results_dir": str(tmp_path)}})
+    gpu = parse_config({"workflow": {"results_dir": str(tmp_path), "gpus_per_colocated": 1,
+                                     "gpus_per_disaggregated": 2}})
+    assert bench.bench_gpus(cpu, SCALING_MODES) == 0
+    assert (bench.bench_gpus(gpu, SCALING_MODES), bench.bench_gpus(gpu, ("colocated_sync",))) == (2, 1)
+    monkeypatch.setenv(gpu_slots.ENV, "3,5")
+    with bench.bench_devices(cpu, 0) as devices:
+        assert devices == [] and gpu_slots.gpu_pool() == []
+    assert "its points run on the CPU" in capsys.readouterr().out and gpu_slots.gpu_pool() == ["3", "5"]
+    with bench.bench_devices(gpu, 2) as devices:
+        assert devices == ["3", "5"] and (tmp_path / ".gpu_slots" / "gpu-n1-5.lock").exists()
+        with gpu_slots.acquire_gpus(1, lock_dir=tmp_path / ".gpu_slots", timeout_s=0.3) as point:  # a point's run
+            assert point.devices == ["3"]
+    assert "its points run on 2 GPU(s), CUDA_VISIBLE_DEVICES=3,5" in capsys.readouterr().out
+    assert gpu_slots.gpu_pool() == ["3", "5"]

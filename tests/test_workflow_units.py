@@ -24,8 +24,8 @@ from rlpipe.config import (
     workflow_tracks,
 )
 from rlpipe.contract import FAMILY_REPORT_DIR, RUN_FILES
-from rlpipe.workflow import code_inputs, loading, params, targets
-from rlpipe.workflow.jobs import Jobs, pretrain_gpus
+from rlpipe.workflow import code_inputs, gpus, loading, params, targets
+from rlpipe.workflow.jobs import Jobs
 from rlpipe.workflow.layout import Layout, trains_tokenizer, user_timed, uses_dataset
 from rlpipe.workflow.resolved import ResolvedConfigs
 from rlpipe.workflow.runs import TRACK_RUN, Runs
@@ -123,9 +123,23 @@ def test_forced(settings, expected):
 
 def test_optional_file_and_bench_device(default_cfg):
     assert params.optional_file(None) == [] and params.optional_file("a") == ["a"]
-    assert params.bench_device(default_cfg) == "cpu"  # 'auto' on a CPU config
+    assert gpus.bench_device(default_cfg) == "cpu"
+    assert gpus.bench_device(parse_config({"train": {"device": "auto"}})) == "cpu"  # 'auto' on a CPU config
     gpu = parse_config({"train": {"device": "auto"}, "workflow": {"gpus_per_colocated": 1}})
-    assert params.bench_device(gpu) == "cuda"
+    assert gpus.bench_device(gpu) == "cuda"
+
+
+@pytest.mark.parametrize("declared,placements", [(0, "cpu"), (1, "cpu,gpu-shared"), (2, "cpu,gpu-shared,gpu")])
+def test_weight_sync_placements_fit_the_gpus_declared(declared, placements):
+    assert gpus.weight_sync_placements(declared) == placements
+
+
+def test_scaling_bench_declares_what_its_points_train_on():
+    assert gpus.scaling_gpus(parse_config({})) == 0
+    one = parse_config({"workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 1}})
+    two = parse_config({"workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 2}})
+    assert (gpus.scaling_gpus(one), gpus.scaling_gpus(two)) == (1, 2)
+    assert (gpus.env_prefix(0), gpus.env_prefix(1)) == ("env CUDA_VISIBLE_DEVICES=", "env")
 
 
 # --------------------------------------------------------------------------- loading
@@ -292,7 +306,7 @@ def test_a_shared_replicate_is_read_from_its_owner(default_cfg):
 
 def test_pretrain_gpus(default_cfg):
     t = workflow_tracks(default_cfg)[KEYWORD_TRACK]
-    assert pretrain_gpus(t, 0) == (1 if t.pipeline.pretrain.device.startswith("cuda") else 0)
+    assert gpus.pretrain_gpus(t) == (1 if t.pipeline.pretrain.device.startswith("cuda") else 0)
     assert uses_dataset(t, default_cfg.train) == (default_cfg.train.task == "keyword_inclusion")
 
 

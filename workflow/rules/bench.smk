@@ -19,6 +19,7 @@ rule bench_weight_sync:
     params:
         repeats=CFG.workflow.bench_repeats,
         sizes=",".join(f"{mb:g}" for mb in CFG.workflow.bench_sizes_mb),
+        placements=weight_sync_placements(),  # those its GPUs allow: cpu; one shared GPU; two GPUs
     threads: CFG.workflow.threads_per_variant
     resources:
         gpu=CFG.workflow.gpus_per_disaggregated,
@@ -29,9 +30,11 @@ rule bench_weight_sync:
     shell:
         "python -m rlpipe.watch {log} bench_weight_sync -- "
         "rlpipe bench weight-sync --checkpoint {input.base} --repeats {params.repeats} --sizes-mb {params.sizes} "
-        "--out {output}"
+        "--placements {params.placements} --out {output}"
 
 
+# The sampler, update and TRL benches run where generation and the learner run (bench_device:
+# train.device, 'auto' meaning CUDA only where the config declares GPUs) and declare that GPU.
 # lint: conda (no environment on purpose, see common.smk)
 rule bench_sampler:
     input:
@@ -46,7 +49,7 @@ rule bench_sampler:
         device=bench_device(),
     threads: CFG.workflow.threads_per_variant
     resources:
-        gpu=CFG.workflow.gpus_per_colocated,
+        gpu=bench_gpus(),
     log:
         "logs/bench_sampler/bench_sampler.log",
     benchmark:
@@ -73,7 +76,11 @@ rule bench_update:
         response_tokens=CFG.train.sampling_max_tokens,
         repeats=CFG.workflow.bench_repeats,
         actor_threads=CFG.train.threads,
+        device=bench_device(),
+        dtype=CFG.train.dtype,
     threads: CFG.workflow.threads_per_variant
+    resources:
+        gpu=bench_gpus(),
     log:
         "logs/bench_update/bench_update.log",
     benchmark:
@@ -82,7 +89,7 @@ rule bench_update:
         "python -m rlpipe.watch {log} bench_update -- "
         "rlpipe bench update --checkpoint {input.base} --batch {params.batch} --group-size {params.group} "
         "--grad-accum {params.grad_accum} --response-tokens {params.response_tokens} --repeats {params.repeats} "
-        "--threads {params.actor_threads} --out {output}"
+        "--threads {params.actor_threads} --device {params.device} --dtype {params.dtype} --out {output}"
 
 
 # Scaling curves: short real training runs, colocated and disaggregated, one axis
@@ -101,6 +108,8 @@ rule bench_scaling:
         settings=lambda w: scaling_settings(),  # a function: a {field} in train.text.template is no wildcard
         dataset=lambda w, input: os.path.dirname(input.dataset),
     threads: CFG.workflow.threads_per_variant
+    resources:
+        gpu=scaling_gpus(),  # its points are training runs: what the pipeline's runs take (none: the CPU)
     log:
         "logs/bench_scaling/bench_scaling.log",
     benchmark:
@@ -166,7 +175,10 @@ rule bench_trl:
         # the onpolicy variant's batch (prompts x G), for at most 16 steps
         steps=min(16, CFG.train.n_grpo_steps),
         prompts=CFG.train.rollout_batch_size // CFG.train.group_size,
+        device="cuda" if bench_gpus() else "cpu",  # its --device takes cpu or cuda (the GPU it is given)
     threads: CFG.workflow.threads_per_variant
+    resources:
+        gpu=bench_gpus(),
     log:
         "logs/bench_trl/bench_trl.log",
     benchmark:
@@ -174,4 +186,5 @@ rule bench_trl:
     shell:
         "python -m rlpipe.watch {log} bench_trl -- "
         "rlpipe bench trl --config {CONFIG_FILE} --checkpoint {input.base} --dataset {params.dataset} "
-        "--steps {params.steps} --prompts-per-step {params.prompts} --threads {threads} --out {output}"
+        "--steps {params.steps} --prompts-per-step {params.prompts} --device {params.device} --threads {threads} "
+        "--out {output}"

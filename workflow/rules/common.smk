@@ -44,7 +44,8 @@ from rlpipe.config import (
     variant_gpus,
     workflow_tracks,
 )
-from rlpipe.workflow import code_inputs as _code, jobs as _jobs, loading, params as _params, targets as _targets
+from rlpipe.workflow import code_inputs as _code, gpus as _gpus, jobs as _jobs, loading, params as _params
+from rlpipe.workflow import targets as _targets
 from rlpipe.workflow.layout import Layout, trains_tokenizer, user_timed, uses_dataset
 from rlpipe.workflow.params import canonical, forced, ident, names_constraint, optional_file
 from rlpipe.workflow.resolved import ResolvedConfigs
@@ -158,6 +159,7 @@ tests_done, track_config, track_variant = JOBS.tests_done, JOBS.track_config, JO
 train_inputs, train_params, train_mem_mb, train_runtime = (JOBS.train_inputs, JOBS.train_params, JOBS.train_mem_mb,
                                                            JOBS.train_runtime)
 resume_mode, eval_inputs, eval_params, eval_gpus = JOBS.resume_mode, JOBS.eval_inputs, JOBS.eval_params, JOBS.eval_gpus
+eval_device = JOBS.eval_device
 track_report_inputs, track_summary_inputs = JOBS.track_report_inputs, JOBS.track_summary_inputs
 family_train_inputs, family_base, family_dataset_arg = JOBS.family_train_inputs, JOBS.family_base, JOBS.family_dataset_arg
 family_variant_train, family_mem_mb, family_runtime = JOBS.family_variant_train, JOBS.family_mem_mb, JOBS.family_runtime
@@ -170,7 +172,7 @@ def section_params(*sections: str) -> str:
 
 
 def pretrain_gpus(t) -> int:
-    return _jobs.pretrain_gpus(t, CFG.workflow.gpus_per_colocated)
+    return _gpus.pretrain_gpus(t)
 
 
 def scaling_on() -> bool:
@@ -181,8 +183,26 @@ def scaling_settings() -> str:
     return _params.scaling_settings(CFG)
 
 
+# The GPUs each job declares, and the device it runs on (rlpipe.workflow.gpus): exactly what its
+# command takes, so that --resources gpu=N and the SLURM profile's --gpus count them.
 def bench_device() -> str:
-    return _params.bench_device(CFG)
+    return _gpus.bench_device(CFG)
+
+
+def bench_gpus() -> int:
+    return _gpus.device_gpus(bench_device())
+
+
+def scaling_gpus() -> int:
+    return _gpus.scaling_gpus(CFG)
+
+
+def weight_sync_placements() -> str:
+    return _gpus.weight_sync_placements(CFG.workflow.gpus_per_disaggregated)
+
+
+def env_prefix(gpus: int) -> str:
+    return _gpus.env_prefix(gpus)
 
 
 def all_targets() -> list:

@@ -67,6 +67,7 @@ rule pretrain_base:
     threads: lambda w: track_of(w).pipeline.pretrain.threads
     resources:
         gpu=lambda w: pretrain_gpus(track_of(w)),
+        env=lambda w: env_prefix(pretrain_gpus(track_of(w))),
         config=track_config,
     log:
         "logs/pretrain_base/{tdir}pretrain_base.log",
@@ -74,7 +75,8 @@ rule pretrain_base:
         "benchmarks/pretrain_base/{tdir}pretrain_base.tsv"
     shell:
         # rlpipe.watch: the output goes to the log, and the console gets its last line every 15 s
-        "python -m rlpipe.watch {log} 'pretrain {wildcards.tdir}base' -- "
+        # {resources.env}: CUDA_VISIBLE_DEVICES empty where the job declares no GPU (pretrain.device auto)
+        "{resources.env} python -m rlpipe.watch {log} 'pretrain {wildcards.tdir}base' -- "
         "rlpipe pretrain --config {resources.config} --corpus {params.corpus} --tokenizer {params.tokenizer} "
         "--out {output}"
 
@@ -151,6 +153,7 @@ rule evaluate_model:
     threads: CFG.workflow.family_threads  # compares learning, not speed
     resources:
         gpu=eval_gpus,
+        device=eval_device,  # where the track trains ('auto': CUDA only with GPUs declared); no rerun trigger
         config=track_config,
     log:
         "logs/evaluate_model/{tdir}{model}.log",
@@ -159,7 +162,7 @@ rule evaluate_model:
     shell:
         "python -m rlpipe.watch {log} evaluate_model -- "
         "rlpipe eval --config {resources.config} --checkpoint {params.checkpoint} --dataset {params.dataset} "
-        "{params.size} --threads {threads} --out {params.out}"
+        "{params.size} --device {resources.device} --threads {threads} --out {params.out}"
 
 
 # lint: conda (no environment on purpose, see common.smk)

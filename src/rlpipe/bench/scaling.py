@@ -14,6 +14,11 @@ values come from the config (``workflow.scaling_*``, one place for the defaults)
   so every response is exactly that long whatever the model samples (the keyword task has no stop
   string), x = tokens.
 
+GPUs: a point takes what the pipeline's runs take (``workflow.gpus_per_colocated`` /
+``gpus_per_disaggregated`` by mode); the bench holds the most of these for all its runs (the workflow's
+rule declares the same), and with none declared it hides every GPU and says that its points run on
+the CPU.
+
 A point's numbers are medians over its steps after the first (which pays for warm-up):
 ``samples_per_s`` (``perf/samples_per_s``) and each phase's seconds per step (``time/<phase>``).
 
@@ -64,7 +69,7 @@ from rlpipe.lm.device import resolve_device
 from rlpipe.lm.model import TransformerLM
 from rlpipe.lm.tokenizer import load_tokenizer
 from rlpipe.tasks import task_for
-from rlpipe.trainer import local_ray, ray_reaper
+from rlpipe.trainer import gpu_slots, local_ray, ray_reaper
 from rlpipe.trainer import run as train_run
 
 #: the phases with no matrix products of their own: a FLOP fraction would mean nothing there
@@ -102,7 +107,7 @@ def _checkpoint(base: str, d_model: int, tmp: Path) -> str:
     return str(path)
 
 
-def _point_config(config: str, mode: str, p: dict, steps: int, tmp: Path) -> tuple[str, str]:
+def point_config(config: str, mode: str, p: dict, steps: int, tmp: Path) -> tuple[str, str]:
     """A pipeline config holding one variant: the point's settings on top of ``train``."""
     cfg = load_config(config)
     name = f"{'coloc' if mode == 'colocated_sync' else 'disagg'}_d{p['d_model']}_b{p['batch']}_l{p['length']}"
@@ -187,7 +192,7 @@ def chip_fields(results: list[dict], center: dict, shape_peak: float, chip: dict
 
 def run_point(config, base, dataset, mode, p, steps, threads, tmp: Path) -> dict:
     ckpt = _checkpoint(base, p["d_model"], tmp)
-    cfg_path, name = _point_config(config, mode, p, steps, tmp)
+    cfg_path, name = point_config(config, mode, p, steps, tmp)
     out_dir = tmp / "runs" / name
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(_io.StringIO()):  # one line per step per run: keep the bench log short
@@ -224,15 +229,55 @@ def design(config: str, base: str) -> tuple[dict, list[dict]]:
     return center, points(w.scaling_sizes, w.scaling_batches, w.scaling_lengths, center)
 
 
+def bench_gpus(cfg, modes) -> int:
+    """The GPUs the bench holds for all its points: each is a training run on the pipeline's GPU
+    settings (``rlpipe.config.variant_gpus``: ``workflow.gpus_per_colocated`` or
+    ``gpus_per_disaggregated`` by mode), one at a time, so the most that any of ``modes`` takes. The
+    workflow's rule declares the same (``rlpipe.workflow.gpus.scaling_gpus``)."""
+    w = cfg.workflow
+    return max(w.gpus_per_disaggregated if m == "disaggregated" else w.gpus_per_colocated for m in modes)
+
+
+@contextlib.contextmanager
+def bench_devices(cfg, gpus: int):
+    """The bench's GPUs, held for all its runs (each run's own acquisition then takes them from us:
+    ``rlpipe.trainer.gpu_slots``), with a line saying where the points run. None declared: every
+    GPU is hidden (``CUDA_VISIBLE_DEVICES`` empty), so no point, no peak and no actor takes one that
+    the job did not declare. On an attached Ray cluster (``ray.address``) Ray places the GPUs."""
+    if cfg.ray.address:
+        print(f"rlpipe bench scaling: points on the Ray cluster at {cfg.ray.address} ({gpus} GPUs per point at most)",
+              flush=True)
+        yield []
+        return
+    if gpus == 0:
+        before = os.environ.get(gpu_slots.ENV)
+        os.environ[gpu_slots.ENV] = ""
+        print("rlpipe bench scaling: no GPU declared (workflow.gpus_per_colocated / gpus_per_disaggregated: 0): "
+              "its points run on the CPU", flush=True)
+        try:
+            yield []
+        finally:
+            if before is None:
+                os.environ.pop(gpu_slots.ENV, None)
+            else:
+                os.environ[gpu_slots.ENV] = before
+        return
+    with gpu_slots.acquire_gpus(gpus, lock_dir=Path(cfg.workflow.results_dir) / ".gpu_slots") as slots:
+        print(f"rlpipe bench scaling: its points run on {gpus} GPU(s), CUDA_VISIBLE_DEVICES={','.join(slots.devices)}"
+              f" (train.device {cfg.train.device})", flush=True)
+        yield slots.devices
+
+
 def run_bench(config, base, dataset, modes, threads) -> dict:
     cfg = load_config(config)
     (center, pts), steps = design(config, base), cfg.workflow.scaling_steps
     import ray
 
-    start = time.time()
+    start, gpus = time.time(), bench_gpus(cfg, modes)
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        watchdog = local_ray.init_ray(cfg, num_cpus=2 * threads + 1)  # stops Ray if we are killed
+    with tempfile.TemporaryDirectory() as tmp, bench_devices(cfg, gpus) as devices:
+        # stops Ray if we are killed; started with the GPUs held (its own count may find none)
+        watchdog = local_ray.init_ray(cfg, num_cpus=2 * threads + 1, num_gpus=len(devices) if devices else None)
         try:
             done: dict[tuple, dict] = {}  # the centre point is on every axis: run it once per mode
             for mode in modes:
@@ -245,12 +290,13 @@ def run_bench(config, base, dataset, modes, threads) -> dict:
             ray.shutdown()
             if watchdog is not None:
                 ray_reaper.stop(watchdog)
-    shape_peak, chip = measure_peaks(config, threads)  # once, after the runs: on a GPU the driver holds none of it
+        shape_peak, chip = measure_peaks(config, threads)  # once, after the runs: on a GPU the driver holds none of it
     for r in results:
         r.update(point_fractions(r, shape_peak, chip))
     return {"bench": "scaling", "steps": steps, "threads": threads, "center": center, "modes": list(modes),
-            "load_avg_1m_end": round(os.getloadavg()[0], 2), "seconds": round(time.time() - start, 1),
-            **chip_fields(results, center, shape_peak, chip), "points": results}
+            "gpus": gpus, "load_avg_1m_end": round(os.getloadavg()[0], 2),
+            "seconds": round(time.time() - start, 1), **chip_fields(results, center, shape_peak, chip),
+            "points": results}
 
 
 def main(argv=None) -> dict:

@@ -102,6 +102,17 @@ def scheduler_gpus() -> bool:
     return ENV in os.environ and any(os.environ.get(v) for v in SCHEDULER_GPU_VARIABLES)
 
 
+#: Set inside ``acquire_gpus``'s locked context to the slots held (and inherited by the processes
+#: started there): a nested acquisition, such as each run of the scaling bench, which holds the
+#: slots for all its runs, takes from them without locking them a second time.
+HELD_ENV = "RLPIPE_GPU_SLOTS_HELD"
+
+
+def held_gpus() -> bool:
+    """Whether this process (or its parent) holds the slots ``CUDA_VISIBLE_DEVICES`` names."""
+    return ENV in os.environ and os.environ.get(HELD_ENV) == os.environ[ENV]
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
@@ -152,17 +163,17 @@ def _take(pool: list[str], n: int, lock_dir: Path) -> tuple[list[str], list[int]
 
 
 @contextlib.contextmanager
-def _pinned(devices: list[str]) -> Iterator[None]:
-    """``CUDA_VISIBLE_DEVICES`` = ``devices`` inside the context, the previous value after it."""
-    previous = os.environ.get(ENV)
-    os.environ[ENV] = ",".join(devices)
+def _pinned(devices: list[str], name: str = ENV) -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES`` (or ``name``) = ``devices`` inside the context, the previous value after it."""
+    previous = os.environ.get(name)
+    os.environ[name] = ",".join(devices)
     try:
         yield
     finally:
         if previous is None:
-            os.environ.pop(ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[ENV] = previous
+            os.environ[name] = previous
 
 
 @contextlib.contextmanager
@@ -178,7 +189,7 @@ def acquire_gpus(n: int, total: int | None = None, lock_dir: str | os.PathLike =
     if n > len(pool):
         raise ValueError(f"job needs {n} GPUs but the pool has {len(pool)} ({ENV}={os.environ.get(ENV)!r}, "
                          f"total={total})")
-    if scheduler_gpus():  # the scheduler's allocation: exclusive already, nothing to lock
+    if scheduler_gpus() or held_gpus():  # the scheduler's allocation, or ours: exclusive already
         with _pinned(pool[:n]):
             yield GpuSlots(pool[:n])
         return
@@ -196,7 +207,7 @@ def acquire_gpus(n: int, total: int | None = None, lock_dir: str | os.PathLike =
                                f"held: {_holders(paths)}")
         time.sleep(poll_s)
     try:
-        with _pinned(got):
+        with _pinned(got), _pinned(got, HELD_ENV):
             yield GpuSlots(got, [_lock_path(lock_dir, d) for d in got], time.monotonic() - start)
     finally:
         _release(fds)

@@ -14,6 +14,7 @@ snakemake-workflows style.
 - ``runs``: each run's resolved settings, each family's pipeline, seeds and run owners, resolved
   once and only when asked (each cluster job parses the workflow again);
 - ``jobs``: the input, param and resource functions of the training, evaluation and report rules;
+- ``gpus``: the GPUs each job declares (exactly what its command uses) and the device it runs on;
 - ``targets``: what the default target and the results page need.
 
 Departure from a single ``common.smk``: nothing here reads Snakemake's globals; the workflow object

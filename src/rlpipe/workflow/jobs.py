@@ -18,6 +18,7 @@ from snakemake.io import ancient
 from rlpipe import slurm
 from rlpipe.config import Track
 from rlpipe.contract import CHECKPOINT_FILE
+from rlpipe.workflow import gpus
 from rlpipe.workflow.layout import Layout, uses_dataset
 from rlpipe.workflow.params import canonical, forced, ident
 from rlpipe.workflow.runs import TRACK_RUN, Runs
@@ -111,8 +112,12 @@ class Jobs:
         return {"cfg": canonical({"eval": [t.eval_size, t.eval_max_tokens], "train": ident(t.pipeline.train, "train")}),
                 "checkpoint": policy, "dataset": lay.track_dataset_dir(t), "size": size}
 
+    def eval_device(self, wildcards) -> str:
+        """`rlpipe eval --device`: where the track trains (rlpipe.workflow.gpus.eval_device)."""
+        return gpus.eval_device(self.layout.track_of(wildcards))
+
     def eval_gpus(self, wildcards) -> int:
-        return 1 if self.layout.track_of(wildcards).pipeline.workflow.gpus_per_colocated > 0 else 0
+        return gpus.device_gpus(self.eval_device(wildcards))
 
     def track_report_inputs(self, wildcards) -> dict:
         t = self.layout.track_of(wildcards)
@@ -179,8 +184,3 @@ class Jobs:
                 "info": [self.family_trained_outputs(f, v, s)["info"] for v, s in runs],
                 "code": self._code_inputs("family-report")}
 
-
-def pretrain_gpus(t: Track, gpus_per_colocated: int) -> int:
-    """A pretraining job's GPUs: one where its device is CUDA, or 'auto' on a GPU config."""
-    device = t.pipeline.pretrain.device
-    return 1 if device.startswith("cuda") or (device == "auto" and gpus_per_colocated > 0) else 0

@@ -51,14 +51,6 @@ def optional_file(path: str | None) -> list:
     return [path] if path else []
 
 
-def bench_device(cfg: Any) -> str:
-    """The sampler bench runs where generation runs: train.device, 'auto' meaning cuda on a GPU config."""
-    device = cfg.train.device
-    if device == "auto":
-        return "cuda" if cfg.workflow.gpus_per_colocated > 0 else "cpu"
-    return device
-
-
 def scaling_settings(cfg: Any) -> str:
     """What a scaling point runs: the train section and the sweep (a change reruns the bench)."""
     w = cfg.workflow

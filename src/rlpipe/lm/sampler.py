@@ -22,7 +22,7 @@ What the returned log-probs mean. ``logprobs[i][t]`` is the log-probability of t
 under the distribution it was actually drawn from: ``log_softmax(logits / temperature)`` with
 EOS masked while fewer than ``min_tokens`` tokens exist, and, for ``top_p < 1``, renormalised over
 the nucleus. At temperature T != 1 they are log-probs of the *tempered* distribution:
-``rlpipe.rl.grpo.get_response_log_probs(model, input_ids, labels, temperature=T)`` (a fresh forward
+``rlpipe.grpo.get_response_log_probs(model, input_ids, labels, temperature=T)`` (a fresh forward
 pass with ``logits / T``) reproduces them (not with top_p < 1 or inside the min_tokens window,
 where the sampling distribution is truncated). Temperature 0 is greedy (argmax) and, since a
 point mass carries no information, reports the untempered model log-probs (T = 1) instead.

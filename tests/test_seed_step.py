@@ -90,8 +90,9 @@ def test_a_tiny_run_measures_every_phase_and_stops_rows_at_their_caps(tiny_run):
     for key, expected in (("warmup", [min(c, scale.warmup_tokens) for c in caps]), ("steps_at_mean", caps),
                           ("steps_at_max", [16] * 16)):
         (rec,) = result[key]
-        assert set(rec["phases_s"]) == {"generate", "score", "old_logprobs", "update", "hand_off"}
+        assert set(rec["phases_s"]) == {"generate", "score", "old_logprobs", "update", "hand_off", "other"}
         assert all(v > 0 for v in rec["phases_s"].values()), rec["phases_s"]
+        assert rec["step_s"] == pytest.approx(sum(rec["phases_s"].values()), abs=1e-3)
         assert rec["rows"] == 16 and rec["prompts"] == 2 and rec["generated_tokens"] <= sum(expected)
         assert rec["response_max"] <= max(expected)
         assert rec["finish_reasons"].get("length", 0) >= 12  # random weights reach their caps (EOS is 1/96)

@@ -13,27 +13,30 @@ reference model). One step is:
 - ``generate``: ``rlpipe.lm.sampler.generate`` on the generator's model as ``Generator`` calls it
   (its sampling settings, ``train.decode``, bf16 autocast), prompts of r1_zero length, each row
   capped at a drawn length (``row_max_tokens``; ``seed_shape``: mean 400, the longest reach 1024);
-- ``score``: rewards drawn with a fixed seed (half the rows 1) through ``rlpipe.rl.scoring.score_batch``,
+- ``score``: rewards drawn with a fixed seed (0 or 1, even odds) through ``rlpipe.rl.scoring.score_batch``,
   so advantages are non-zero (the MATH grader would score random text 0; grading real text costs more);
 - ``old_logprobs``: ``Learner.recompute_old_logprobs``;
 - ``update``: ``Learner.train_step`` (128 micro-batches, clipping, AdamW);
 - ``hand_off``: ``copy_weights`` from the learner into the generator, as ``ColocatedWorker.sync_weights``.
 
-Each phase is timed between device synchronisations. First a warm-up step (the same rows, capped at
-a few tokens: it captures the decode's graphs, allocates AdamW's state) that is not reported; then
-``steps`` steps at the drawn lengths and ``steps`` at the full 1024 tokens for every row (the worst
-case). Each reports s/step and its phase split, generated tokens/s, each phase's useful FLOP/s as a
-fraction of the device peak (``rlpipe.bench.flops``: the prefill once per prompt and the decode's
-tokens; the log-prob and update passes over the response tokens' sequences, padding not counted),
-and ``peak_memory_gib`` (``max_memory_allocated`` over the step, both copies of the weights held).
+Each phase is timed between device synchronisations; ``other`` is the rest of the step's wall time
+(the rollout batch's host records between the phases), so the phases add up to ``step_s``. Each step
+reports s/step and its phase split, generated tokens/s, each phase's useful FLOP/s as a fraction of
+the device peak (``rlpipe.bench.flops``: the prefill once per prompt and the decode's tokens; the
+log-prob and update passes over the sequences without their padding) and ``peak_memory_gib``
+(``max_memory_allocated`` over the step, both copies of the weights held).
 
-Then the generation engine against HF ``generate`` at batch 32 (the same prompts, every row the same
-number of tokens, each after a warm-up call), and the zero-shot evaluation at ``config/math.yaml``'s
-size (``math.eval_size`` prompts, ``math.eval_max_tokens``): two chunks of ``rlpipe eval``'s size
-(``evaluate.CHUNK`` prompts, one sample each, lengths drawn as above) through the same call, the
-first with the engine's capture, the second warm; the time for all prompts is PROJECTED from them
-(first + the rest at the second's rate), not measured. The goals (seed scale on one GPU) are checked
-in ``goals``: ``met`` is null where they do not apply (another shape, or no CUDA device).
+In order (``measure``): a warm-up step (the same rows capped at a few tokens: it captures the decode's
+graphs and allocates AdamW's state; recorded as ``warmup``, in no goal); ``steps`` steps at the drawn
+lengths (``steps_at_mean``); the generation engine against HF ``generate`` at batch 32 (the same
+prompts, every row the same number of tokens, each after a warm-up call); the zero-shot evaluation at
+``config/math.yaml``'s size (``math.eval_size`` prompts, ``math.eval_max_tokens``): two chunks of
+``rlpipe eval``'s size (``evaluate.CHUNK`` prompts, one sample each, lengths drawn as above) through the
+same call, the first with the engine's capture, the second warm, and the time for all prompts
+PROJECTED from them (the first plus the rest at the second's time), not measured; last ``steps`` steps
+where every row runs the full 1024 tokens (``steps_at_max``: the worst case, without a goal of its
+own; its generation gives the tokens/s at 256 sequences at once). The goals (seed scale on one GPU)
+are checked in ``goals``: ``met`` is null where they do not apply (another shape, or no CUDA device).
 
 The JSON is rewritten after each measurement, so a part killed at its time limit keeps what it had.
 On CPU (the tests) the same code runs at ``--shape tiny``.
@@ -184,6 +187,7 @@ def grpo_step(gen: Generator, learner: Learner, prompts: list[list[int]], caps: 
     rewards = torch.Generator().manual_seed(REWARD_SEED + step)
     drawn = torch.randint(0, 2, (len(caps),), generator=rewards).tolist()
     secs: dict[str, float] = {}
+    start = _sync(dev)
     out, secs["generate"] = _timed(dev, lambda: sample(gen, prompts, c.group_size, c.sampling_max_tokens, caps,
                                                       seed=step))
     g = c.group_size
@@ -197,6 +201,7 @@ def grpo_step(gen: Generator, learner: Learner, prompts: list[list[int]], caps: 
                                                    for b in train_batches(batch, c, step)])
     sync, secs["hand_off"] = _timed(dev, lambda: copy_weights(learner.model, gen.model, version=learner.version))
     gen.mark_loaded(learner.version)
+    secs["other"] = _sync(dev) - start - sum(secs.values())  # the batch's records, between the phases
     lens = [len(r) for r in out.response_ids]
     rec = {"rows": len(lens), "prompts": len(prompts), "step_s": round(sum(secs.values()), 3),
            "phases_s": {k: round(v, 4) for k, v in secs.items()}, "generated_tokens": sum(lens),

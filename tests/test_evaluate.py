@@ -162,7 +162,7 @@ def test_counts_end_to_end_with_a_stub_sampler(setup, monkeypatch):
                    "</think> <answer>\\frac{1}{2}</answer>", "</think> <answer>9</answer>", "</think> <answer>3"])
     calls = []
 
-    def stub(model, tokenizer, prompts, params, device=None):
+    def stub(model, tokenizer, prompts, params, device=None, decode="auto"):
         calls.append(len(prompts))
         texts = [next(canned) for _ in prompts]
         return Generation([[1]] * len(prompts), [[1, 2]] * len(prompts), texts, [], ["stop"] * len(prompts), params)

@@ -51,6 +51,14 @@ def test_transformer_lm_split_matches_full_forward():
     _compare(_tiny_lm(), _batch(64))
 
 
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_chunked_head_matches_full_forward(monkeypatch, chunk):
+    """The head in chunks of ``chunk`` response tokens (recomputed in the backward pass): the same
+    log-probs, entropy and gradients as the whole batch at once."""
+    monkeypatch.setattr("rlpipe.rl.logprobs.HEAD_CHUNK_TOKENS", chunk)
+    _compare(_tiny_lm(), _batch(64))
+
+
 def test_hidden_states_then_head_is_forward():
     model = _tiny_lm()
     ids = _batch(64)["input_ids"]

@@ -201,13 +201,16 @@ class TrainConfig(_Section):
         "rollout (seed 001 Problem 13) instead of using the sampler's. null: on whenever the sampler's numerics "
         "can differ from the learner's (a HuggingFace policy, or dtype bfloat16), off otherwise.")
     decode: Literal["auto", "eager", "static", "compiled", "aot", "cudagraph"] = Field(
-        "auto", description="How the sampler decodes our TransformerLM (HF policies always decode eagerly): 'eager' "
-        "grows the KV cache and drops finished rows; 'static' steps over a fixed-shape cache; 'compiled' runs that "
+        "auto", description="How the sampler decodes: 'eager' "
+        "grows the KV cache and drops finished rows; 'static' steps over a fixed-shape cache (an HF Qwen2 or Llama "
+        "policy: the engine's static KV arena, finished rows compacted into power-of-two batch buckets); "
+        "'cudagraph' replays that step from a CUDA graph per batch shape or bucket. For our TransformerLM only: "
+        "'compiled' runs that "
         "step through torch.compile (a C++ compiler on CPU; compilation per batch shape in every process); 'aot' "
         "runs it from an AOTInductor package built once per model shape and machine (CPU, float32; a C++ compiler "
         "for the build; kept in $RLPIPE_DECODE_CACHE, default ~/.cache/rlpipe/decode; `rlpipe build-decode` builds "
-        "it ahead); 'cudagraph' captures that step in a CUDA graph once per batch shape and replays it (CUDA only: "
-        "refused with device cpu). 'auto' is 'cudagraph' when the run's device is CUDA and 'eager' otherwise. "
+        "it ahead). 'cudagraph' is CUDA only (refused with device cpu). 'auto' is 'cudagraph' when the run's device "
+        "is CUDA (for an HF policy, when its architecture is Qwen2 or Llama) and 'eager' otherwise. "
         "Tokens and log-probs agree across them to float rounding.")
     response_only_head: bool = Field(
         True, description="Learner, reference and old-log-prob passes run the LM head, log-softmax and entropy on "

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor
 
 __all__ = [
@@ -148,19 +149,53 @@ def response_only_log_probs(
     if bool((labels[mask] < 0).any()):
         raise ValueError("response_mask selects a position whose label is negative (masked)")
     hidden = body(input_ids)[mask]  # (B, T, D) -> (N, D)
-    logits = head(hidden)  # (N, V)
+    picked, entropy = _head_log_probs(head, hidden, labels[mask], temperature, return_token_entropy)  # (N,)
+    zeros = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)  # (B, T)
+    out = {"log_probs": zeros.masked_scatter(mask, picked)}  # (B, T)
+    if entropy is not None:
+        out["token_entropy"] = zeros.masked_scatter(mask, entropy)  # (B, T)
+    return out
+
+
+HEAD_CHUNK_TOKENS = 4096  # response tokens per LM-head / log-softmax chunk (an (N, V) fp32 block each)
+
+
+def _head_chunk(head: Callable[[Tensor], Tensor], hidden: Tensor, labels: Tensor, temperature: float,
+                want_entropy: bool) -> tuple[Tensor, Tensor]:
+    """Log-probs (n,) of ``labels`` under ``head(hidden)`` (n, D) -> (n, V), in float32, and the
+    detached entropy (n,) (empty unless ``want_entropy``)."""
+    logits = head(hidden)  # (n, V)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    log_p = F.log_softmax(logits, dim=-1)  # (N, V)
-    picked = log_p.gather(dim=-1, index=labels[mask].unsqueeze(-1)).squeeze(-1)  # (N,)
-    zeros = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)  # (B, T)
-    out = {"log_probs": zeros.masked_scatter(mask, picked)}  # (B, T)
-    if return_token_entropy:
-        with torch.no_grad():
-            out["token_entropy"] = zeros.masked_scatter(mask, entropy_from_log_probs(log_p.detach()))  # (B, T)
-    return out
+    log_p = F.log_softmax(logits, dim=-1)  # (n, V)
+    with torch.no_grad():
+        entropy = entropy_from_log_probs(log_p.detach()) if want_entropy else log_p.new_empty(0)
+    return log_p.gather(dim=-1, index=labels.unsqueeze(-1)).squeeze(-1), entropy  # (n,), (n,)
+
+
+def _head_log_probs(head: Callable[[Tensor], Tensor], hidden: Tensor, labels: Tensor, temperature: float,
+                    want_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """The LM head, log-softmax and gather over ``hidden`` (N, D), ``HEAD_CHUNK_TOKENS`` rows at a
+    time: over a 152k vocabulary the (N, V) float32 logits and log-probs of a whole micro-batch are
+    the learner's largest tensors. With gradients, each chunk is recomputed in the backward pass
+    (``torch.utils.checkpoint``) instead of keeping its (n, V) blocks, so memory holds one chunk's;
+    one chunk (N at most the chunk size) runs as a plain call. Same values up to float rounding."""
+    N = hidden.shape[0]
+    if N <= HEAD_CHUNK_TOKENS:
+        picked, entropy = _head_chunk(head, hidden, labels, temperature, want_entropy)
+    else:
+        parts = []
+        for lo in range(0, N, HEAD_CHUNK_TOKENS):
+            args = (head, hidden[lo:lo + HEAD_CHUNK_TOKENS], labels[lo:lo + HEAD_CHUNK_TOKENS], temperature,
+                    want_entropy)
+            if torch.is_grad_enabled() and hidden.requires_grad:
+                parts.append(torch.utils.checkpoint.checkpoint(_head_chunk, *args, use_reentrant=False))
+            else:
+                parts.append(_head_chunk(*args))
+        picked, entropy = torch.cat([p for p, _ in parts]), torch.cat([e for _, e in parts])  # (N,)
+    return picked, (entropy if want_entropy else None)
 
 
 # --------------------------------------------------------------------------- token layout

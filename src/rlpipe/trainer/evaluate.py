@@ -74,7 +74,8 @@ from rlpipe.tasks import Example, Task, check_task, task_for
 from rlpipe.tasks.base import DatasetError
 from rlpipe.tasks.registry import TaskLoadError
 
-CHUNK = 64  # prompts per generate() call
+CHUNK = 64  # prompts per generate() call on a CPU
+CUDA_CHUNK = 256  # on a GPU: the engine's batch (rlpipe.lm.hf_decode) runs 256 concurrent rows
 TEMPERATURE, TOP_P = 1.0, 1.0  # seed 001 §3.3
 
 
@@ -93,7 +94,7 @@ class EvalRequest:
     seed: int | None = None
     device: str | None = None
     threads: int | None = None
-    chunk: int = CHUNK
+    chunk: int | None = None  # prompts per generate() call; None: CHUNK, or CUDA_CHUNK on a GPU
 
 
 @dataclass
@@ -194,10 +195,12 @@ def load_inputs(cfg: PipelineConfig, req: EvalRequest) -> Inputs:
 # ----------------------------------------------------------------------------- generate and grade
 
 
-def sample_responses(inp: Inputs, chunk: int = CHUNK) -> tuple[list[str], list[str], int]:
-    """(response texts, finish reasons, tokens generated): one sample per prompt, in chunks."""
+def sample_responses(inp: Inputs, chunk: int | None = None) -> tuple[list[str], list[str], int]:
+    """(response texts, finish reasons, tokens generated): one sample per prompt, in chunks, each
+    through the run's decode (``train.decode``: on a GPU, the HF engine of ``rlpipe.lm.hf_decode``)."""
     from tqdm import tqdm
 
+    chunk = chunk or (CUDA_CHUNK if inp.device.type == "cuda" else CHUNK)
     texts: list[str] = []
     reasons: list[str] = []
     tokens = 0
@@ -205,7 +208,8 @@ def sample_responses(inp: Inputs, chunk: int = CHUNK) -> tuple[list[str], list[s
     with torch.inference_mode(), autocast(inp.device, inp.train.dtype):
         for start in range(0, len(inp.prompt_ids), chunk):
             part = inp.prompt_ids[start:start + chunk]
-            out = generate(inp.policy.model, inp.policy.tokenizer, part, inp.params, device=inp.device)
+            out = generate(inp.policy.model, inp.policy.tokenizer, part, inp.params, device=inp.device,
+                           decode=inp.train.decode)
             texts += out.response_text
             reasons += out.finish_reason
             tokens += sum(len(r) for r in out.response_ids)

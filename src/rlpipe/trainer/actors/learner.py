@@ -131,8 +131,10 @@ class Learner:
         # the generator's weight dtype (an HF policy's inference copy: bf16 on CUDA), which syncs cast to
         self.sync_dtype = hf_dtype(self.device, train_cfg.dtype) if self.policy.kind == "hf" else None
         self.pad_id = self.policy.tokenizer.pad_token_id
+        # fused on CUDA: one kernel over all parameters per step instead of a few per tensor (same update)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=train_cfg.learning_rate,
-                                     weight_decay=train_cfg.weight_decay, betas=tuple(train_cfg.betas))
+                                     weight_decay=train_cfg.weight_decay, betas=tuple(train_cfg.betas),
+                                     fused=self.device.type == "cuda")
         self.version = 0
         self.diverged: str | None = None  # why the weights can no longer be trusted (set on divergence)
         self.prof = profiler or Profiler("learner")

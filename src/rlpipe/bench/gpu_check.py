@@ -6,39 +6,8 @@ Writes ``gpu_check.json`` (after every part, atomically, so a killed check still
 measured) and ``summary.md`` (``rlpipe.bench.gpu_report.render_result``) under ``--out``; the
 parts' work (base model, runs, logs) goes to ``--out``/work. Every part is a command run in its
 own process group with its own limit and a hard kill (``rlpipe.bench.part_runner``); a failed or
-timed-out part is recorded and the next one runs. Each part also has an estimate (``PART_TIME_S``,
-with the reasoning beside each number), the share of the budget kept for it while earlier parts
-run: a part is capped at its limit and at what the later parts' shares leave, so a part that hangs
-cannot take the time of the parts after it. The estimates add up to less than the budget. The
-parts, in order (``PART_ORDER``), the issue's goals first:
-
-- ``machine``: GPU, driver, CUDA, torch, and the versions that differ from the lock
-  (``gpu_probe machine``). Without a CUDA device the check stops here: ``"gpu": null``, status
-  ``no GPU``, exit 0.
-- ``peaks``: bf16, fp32 and TF32 matmul at 8192^3, device-to-device copy (``gpu_probe peaks``).
-- ``seed_step``: seed-scale GRPO steps of a Qwen2.5-Math-1.5B-shaped policy, measured: the
-  pipeline's generator and learner at seed 001's settings, responses of drawn lengths (mean 400) and
-  of the full 1024 tokens; the generation engine against HF ``generate``; the zero-shot evaluation's
-  time projected from two measured chunks (``rlpipe.bench.seed_step``).
-- ``bench_sampler``: ``rlpipe bench sampler`` at the assignment preset, batch 64: the CUDA-graph
-  decode against the eager one and HF ``generate`` (the torch.compile decode is left out: its
-  compile alone took 14 s).
-- ``data``, ``tokenizer``, ``pretrain``, ``dataset``: the pipeline's own commands on
-  ``config/config.yaml`` + ``config/gpu.yaml``, pretraining as configured (its
-  base model is the one the training runs start from).
-- ``train_onpolicy``, ``train_k4``, ``train_disagg``: ``rlpipe train`` of each mode at the
-  assignment scale, shortened to ``CHECK_OVERRIDES``' steps, with the GPU busy fraction sampled
-  through NVML every 100 ms (``rlpipe.bench.gpu_busy``; every part but ``machine`` is sampled).
-- ``bench_weight_sync``: the bench's CLI on the GPU. A bench that has no ``--device`` flag yet is
-  recorded as ``unsupported``.
-- ``bench_update``: ``rlpipe bench update`` on the GPU.
-- ``stop_train``: SIGTERM to an ``rlpipe train`` of ``STOP_VARIANT`` inside its loop; seconds to
-  exit, exit status, Ray processes left after 30 s, the checkpoint read back
-  (``rlpipe.bench.stop_check``).
-
-Parts in ``OPT_IN`` run only when named (``--parts``): ``bench_trl``, ``rlpipe bench trl`` (rlpipe
-against TRL's ``GRPOTrainer`` at the assignment scale, TRL from the wheel bundle, ``rlpipe gpu-bundle``),
-which gave its share of the budget to ``seed_step``.
+timed-out part is recorded and the next one runs; each part has a share of the budget
+(``PART_TIME_S``, ``run_check``). What each part runs, in order: ``build_parts``.
 
 Nothing is downloaded: every part runs offline.
 """
@@ -194,8 +163,37 @@ def _train_collect(run: Path):
 
 
 def build_parts(out: Path, config: Path, gpus: int, dtype: str = "float32") -> list[Part]:
-    """The check's parts in ``PART_ORDER`` (``machine`` first); ``dtype`` is the config's
-    ``train.dtype`` (the learner's, for ``bench update``)."""
+    """The check's parts in ``PART_ORDER`` (``machine`` first), the issue's goals first; ``dtype`` is
+    the config's ``train.dtype`` (the learner's, for ``bench update``):
+
+    - ``machine``: GPU, driver, CUDA, torch, and the versions that differ from the lock
+      (``gpu_probe machine``). Without a CUDA device the check stops here: ``"gpu": null``, status
+      ``no GPU``, exit 0.
+    - ``peaks``: bf16, fp32 and TF32 matmul at 8192^3, device-to-device copy (``gpu_probe peaks``).
+    - ``seed_step``: seed-scale GRPO steps of a Qwen2.5-Math-1.5B-shaped policy, measured: the
+      pipeline's generator and learner at seed 001's settings, responses of drawn lengths (mean 400) and
+      of the full 1024 tokens; the generation engine against HF ``generate``; the zero-shot evaluation's
+      time projected from two measured chunks (``rlpipe.bench.seed_step``).
+    - ``bench_sampler``: ``rlpipe bench sampler`` at the assignment preset, batch 64: the CUDA-graph
+      decode against the eager one and HF ``generate`` (the torch.compile decode is left out: its
+      compile alone took 14 s).
+    - ``data``, ``tokenizer``, ``pretrain``, ``dataset``: the pipeline's own commands on
+      ``config/config.yaml`` + ``config/gpu.yaml``, pretraining as configured (its
+      base model is the one the training runs start from).
+    - ``train_onpolicy``, ``train_k4``, ``train_disagg``: ``rlpipe train`` of each mode at the
+      assignment scale, shortened to ``CHECK_OVERRIDES``' steps, with the GPU busy fraction sampled
+      through NVML every 100 ms (``rlpipe.bench.gpu_busy``; every part but ``machine`` is sampled).
+    - ``bench_weight_sync``: the bench's CLI on the GPU. A bench that has no ``--device`` flag yet is
+      recorded as ``unsupported``.
+    - ``bench_update``: ``rlpipe bench update`` on the GPU.
+    - ``stop_train``: SIGTERM to an ``rlpipe train`` of ``STOP_VARIANT`` inside its loop; seconds to
+      exit, exit status, Ray processes left after 30 s, the checkpoint read back
+      (``rlpipe.bench.stop_check``).
+
+    Parts in ``OPT_IN`` run only when named (``--parts``): ``bench_trl``, ``rlpipe bench trl`` (rlpipe
+    against TRL's ``GRPOTrainer`` at the assignment scale, TRL from the wheel bundle, ``rlpipe gpu-bundle``),
+    which gave its share of the budget to ``seed_step``.
+    """
     w, parts_dir = out / "work", out / "parts"
     corpus, tok, base, ds = (w / "data/corpus.txt", w / "tokenizer/tokenizer.json", w / "base/model.pt",
                              w / "data/keywords")
@@ -313,7 +311,12 @@ def _status(records: dict) -> str:
 
 
 def run_check(out: Path, budget_s: float, wanted: list[str] | None, config_dir: Path) -> dict:
-    """Run the check; the result is written to ``out`` after every part."""
+    """Run the check; the result is written to ``out`` after every part.
+
+    Each part also has an estimate (``PART_TIME_S``, with the reasoning beside each number), the
+    share of the budget kept for it while earlier parts run: a part is capped at its limit and at
+    what the later parts' shares leave, so a part that hangs cannot take the time of the parts after
+    it. The estimates add up to less than the budget."""
     t0 = time.monotonic()
     result = {"kind": "rlpipe gpu-check", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
               "host": platform.node(), "git": project_git(), "budget_s": budget_s, "status": "running",

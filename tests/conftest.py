@@ -4,7 +4,13 @@
 - ``decode_check``: samples a policy with one ``generate`` decode and checks its samples against the
   eager model by teacher forcing on the same tokens (tests/test_static_decode.py and
   tests/test_decode_package.py); never token for token across decodes, which run other kernels.
-- ``decode_cache``: the session's AOT decode-package directory (autouse: set before Ray starts).
+- ``decode_cache``: the run's AOT decode-package directory, shared by the pytest-xdist workers (autouse:
+  set before Ray starts).
+- ``shared_dir`` / ``build_once``: a directory every xdist worker of the run shares, and something built
+  into one once per run, whichever worker asks first (the others wait and reuse it).
+- ``smoke_run``: the one smoke workflow run of the suite (``config/smoke.yaml`` with the built-in tracks
+  and the worked example's track, its report), read by tests/test_workflow_smoke.py and
+  tests/test_example_workflow.py.
 - ``digest_cache``: the session's cache of the run fingerprint's file digests (autouse).
 - ``tiny_base``: a briefly trained micro TransformerLM and a keyword dataset (trainer tests).
 - ``write_config`` / ``make_dataset`` / ``make_base``: factories for trainer configs, keyword datasets
@@ -29,6 +35,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -67,8 +74,10 @@ def pytest_report_header(config) -> str:
 
 
 #: Test files that form one pytest-xdist work unit together (else each file is its own unit): the
-#: SLURM tests share one test cluster, whose two nodes one of their runs may fill.
-SHARED_UNITS = {"tests/test_slurm.py": "slurm", "tests/test_slurm_multinode.py": "slurm"}
+#: SLURM tests share one test cluster, whose two nodes one of their runs may fill; the smoke and the
+#: example-track tests read one smoke workflow run (``smoke_run``).
+SHARED_UNITS = {"tests/test_slurm.py": "slurm", "tests/test_slurm_multinode.py": "slurm",
+                "tests/test_workflow_smoke.py": "smoke", "tests/test_example_workflow.py": "smoke"}
 #: A rough cost in seconds of one test, by its costliest marker (a Snakemake run, a Ray run, a dry
 #: run, a learning test; else short). A unit's estimate is the sum over its tests. Units go out with
 #: Snakemake runs first (the longest single tests), then costliest first, so that the many short ones
@@ -338,7 +347,7 @@ def decode_cache(tmp_path_factory):
     ``~/.cache``; autouse, so it is set before ``ray_session`` starts Ray and its workers inherit it."""
     from rlpipe.lm.decode_package import CACHE_ENV
 
-    d = tmp_path_factory.mktemp("decode_cache")
+    d = shared_dir(tmp_path_factory, "decode_cache")  # one per run: the workers build each package once
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CACHE_ENV, str(d))
         yield d
@@ -632,9 +641,76 @@ def dry_run():
     return DryRun
 
 
-def _run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+#: The dry-run server (``DryRuns``): it imports Snakemake and what the Snakefile imports once, then forks
+#: a child per request that runs Snakemake's command line (``snakemake.cli.main``) in the request's
+#: directory, with its stdout and stderr in files, and answers with its exit status. The fork keeps each
+#: run as separate as a process of its own (no state of one workflow reaches the next).
+_DRY_RUN_SERVER = r"""
+import json, os, signal, sys, traceback
+import snakemake.cli
+import pandas, rlpipe.config, rlpipe.trainer.conditions, rlpipe.workflow.loading
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(req["timeout"])
+            os.chdir(req["cwd"])
+            for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            snakemake.cli.main(req["args"])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+DRY_RUN_FLAGS = ("-n", "--dry-run", "--dryrun")
+
+
+class DryRuns:
+    """``snakemake -n`` without a Python start and Snakemake's import each time: a dry run costs about
+    half the CPU of a ``python -m snakemake`` process, most of which is imports (``_DRY_RUN_SERVER``).
+    One server per pytest process, started at its first dry run and ended with the process."""
+
+    _server: subprocess.Popen | None = None
+
+    @classmethod
+    def run(cls, cmd: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+        import atexit
+        import tempfile
+
+        if cls._server is None or cls._server.poll() is not None:
+            cls._server = subprocess.Popen([sys.executable, "-c", _DRY_RUN_SERVER], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            atexit.register(cls._server.stdin.close)  # the server's loop ends at EOF
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            cls._server.stdin.write(json.dumps({"args": cmd[3:], "cwd": str(cwd), "stdout": str(out),
+                                                "stderr": str(err), "timeout": timeout}) + "\n")
+            cls._server.stdin.flush()
+            answer = cls._server.stdout.readline()
+            if not answer:
+                raise RuntimeError(f"the dry-run server ended (exit {cls._server.wait()}) running {' '.join(cmd)}")
+            rc = json.loads(answer)["rc"]
+            return subprocess.CompletedProcess(cmd, rc, out.read_text(), err.read_text())
+
+
+def _run_snakemake(workdir: Path, *args: str, check: bool = True, env: dict | None = None,
+                   timeout: int = 600) -> subprocess.CompletedProcess:
+    """The project's Snakefile in ``workdir``; a dry run in this process's environment goes through
+    ``DryRuns``, anything else (a real run, another environment) is a ``python -m snakemake`` process."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=workdir)
+    if env is None and set(args) & set(DRY_RUN_FLAGS):
+        proc = DryRuns.run(cmd, workdir, timeout)
+    else:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=workdir, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -642,7 +718,90 @@ def _run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.
 
 @pytest.fixture(scope="session")
 def run_snakemake():
+    """``run_snakemake(workdir, *args, check=True, env=None, timeout=600)`` (``_run_snakemake``)."""
     return _run_snakemake
+
+
+# --------------------------------------------------------------------------- built once per run
+
+
+def shared_dir(tmp_path_factory, name: str) -> Path:
+    """A directory every pytest-xdist worker of this run shares (the parent of the workers' base
+    temporary directories; without xdist, this session's), created if missing."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def build_once(tmp_path_factory, name: str, build) -> Path:
+    """``shared_dir(name)`` after ``build(directory)`` ran in it once per run, in whichever worker asks
+    first; the others wait on its lock and reuse what it wrote. A failed build is not retried by the
+    next asker (it would fail the same way, minutes later): it raises with the first one's error."""
+    d = shared_dir(tmp_path_factory, name)
+    done, failed = d / ".built", d / ".failed"
+    with open(d.parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if failed.exists():
+            raise RuntimeError(f"{name} failed to build in another worker of this run:\n{failed.read_text()}")
+        if not done.exists():
+            try:
+                build(d)
+            except BaseException as e:
+                failed.write_text(f"{type(e).__name__}: {e}"[-6000:])
+                raise
+            done.touch()
+    return d
+
+
+#: The suite's one smoke workflow run: config/smoke.yaml over the default config with the worked
+#: example's overlay (a user's track, examples/wordrev) and ``SMOKE_TRACKS``, which runs the built-in
+#: tracks and the example's side by side: the tests of the smoke run and of the example read one run.
+SMOKE_CONFIGS = ("config/config.yaml", "config/smoke.yaml", "examples/wordrev/config.yaml",
+                 "config/smoke_tracks.yaml")
+SMOKE_TRACKS = {"workflow": {"tracks": ["keyword", "math", "wordrev"],
+                             "families": ["epochs_per_batch", "systems", "wordrev_systems", "wordrev_lr"]}}
+
+
+class SmokeRun:
+    """A working directory holding copies of config/ and examples/wordrev/, where the workflow ran on
+    ``SMOKE_CONFIGS`` (``results/``, ``report.html``)."""
+
+    configfiles = SMOKE_CONFIGS
+
+    def __init__(self, workdir: Path):
+        self.workdir, self.results = workdir, workdir / "results"
+
+    def snakemake(self, *args: str, configfiles=SMOKE_CONFIGS, timeout: int = 1800) -> subprocess.CompletedProcess:
+        """``snakemake ARGS --configfile CONFIGFILES`` here; a failure raises with every job log's tail.
+        The venv's bin/ leads PATH, as for a user who activated it (the jobs' ``rlpipe``, ``python``)."""
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(self.workdir),
+               *args, "--configfile", *configfiles]
+        if set(args) & set(DRY_RUN_FLAGS):  # no job runs: no PATH needed
+            proc = DryRuns.run(cmd, self.workdir, timeout)
+        else:
+            proc = subprocess.run(cmd, cwd=self.workdir, env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            logs = "\n".join(f"== {p}\n{p.read_text()[-1500:]}" for p in sorted((self.workdir / "logs").rglob("*.log")))
+            raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}\n{logs}")
+        return proc
+
+
+def _smoke_build(workdir: Path) -> None:
+    shutil.copytree(ROOT / "config", workdir / "config")
+    shutil.copytree(ROOT / "examples" / "wordrev", workdir / "examples" / "wordrev")
+    (workdir / SMOKE_CONFIGS[-1]).write_text(yaml.safe_dump(SMOKE_TRACKS, sort_keys=False))
+    run = SmokeRun(workdir)
+    run.snakemake("--cores", "2")
+    run.snakemake("--report", "report.html", timeout=600)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> SmokeRun:
+    """The smoke workflow run (``SMOKE_CONFIGS``) and its report, made once per run (``build_once``);
+    tests read it and may dry-run against it, never change its results."""
+    return SmokeRun(build_once(tmp_path_factory, "smoke_run", _smoke_build))
 
 
 # --------------------------------------------------------------------------- processes
@@ -719,8 +878,9 @@ def _make_tiny_qwen(d: Path, train_steps: int = 100) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_qwen(tmp_path_factory) -> Path:
-    """Directory of a tiny HF Qwen2 policy for the MATH fixture (see ``_make_tiny_qwen``)."""
-    return _make_tiny_qwen(tmp_path_factory.mktemp("tiny_qwen") / "qwen")
+    """Directory of a tiny HF Qwen2 policy for the MATH fixture (see ``_make_tiny_qwen``), built once per
+    run (``build_once``: files in both xdist workers read it); tests copy it before changing anything."""
+    return build_once(tmp_path_factory, "tiny_qwen", lambda d: _make_tiny_qwen(d / "qwen")) / "qwen"
 
 
 def _make_random_hf(d: Path, tokenizer_dir: Path, arch: str) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -192,6 +193,26 @@ def test_a_scaling_point_logs_to_no_tracker_of_the_user(tmp_path):
     cfg = load_config(path)
     assert name == "coloc_d64_b8_l8" and list(cfg.variants) == [name]
     assert cfg.logging.trackers == [] and load_config(config).logging.trackers == ["wandb", "mlflow", "tensorboard"]
+
+
+def test_a_scaling_point_is_valid_beside_a_users_track_with_shorter_responses(tmp_path, monkeypatch):
+    """A point's length sets the shared train section's sampling_min/max_tokens, which a user's track
+    inherits: one whose own sampling_max_tokens is shorter (the worked example's 8 against a point's 12)
+    made every point's config invalid, and the bench failed in a run with the user's track beside the
+    keyword track. A point is a keyword-track run: it carries no user track."""
+    from rlpipe.config import apply_overrides, load_config, load_yaml
+    from rlpipe.io import write_yaml
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)  # the example's paths are relative to the repository root
+    data = apply_overrides(load_yaml(root / "config/config.yaml"), load_yaml(root / "examples/wordrev/config.yaml"))
+    data["workflow"]["tracks"] = ["keyword", "wordrev"]
+    config = tmp_path / "c.yaml"
+    write_yaml(config, data)
+    path, _ = bench.point_config(str(config), "colocated_sync", {"d_model": 64, "batch": 8, "length": 12}, 2, tmp_path)
+    cfg = load_config(path)  # raised: tracks.wordrev.train.sampling_min_tokens (12) must be <= ... (8)
+    assert cfg.workflow.tracks == ["keyword"] and not cfg.tracks
+    assert (cfg.train.sampling_min_tokens, cfg.train.sampling_max_tokens) == (12, 12)
 
 
 def test_the_bench_holds_the_gpus_its_points_train_on_or_hides_every_gpu(tmp_path, monkeypatch, capsys):

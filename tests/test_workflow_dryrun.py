@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,17 +23,14 @@ from rlpipe import contract
 pytestmark = pytest.mark.dag
 
 ROOT = Path(__file__).resolve().parents[1]
-SNAKEFILE = ROOT / "Snakefile"
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 ALL_VARIANTS = {"onpolicy", "k2", "k4", "k8", "disagg", "disagg_rdt", "replay", "kl_penalty"}
 
 
-def snakemake(workdir: Path, *args: str, env: dict | None = None, check: bool = True):
-    cmd = [*SNAKEMAKE, "-s", str(SNAKEFILE), "--directory", str(workdir), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=workdir)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
+@pytest.fixture
+def snakemake(run_snakemake):
+    """``snakemake(workdir, *args, env=None, check=True)``: the project's Snakefile in ``workdir``
+    (tests/conftest.py ``run_snakemake``: the dry runs go through one server process)."""
+    return run_snakemake
 
 
 @pytest.fixture
@@ -43,7 +39,7 @@ def workdir(tmp_path):
     return tmp_path
 
 
-def test_default_config_dag(workdir, dry_run):
+def test_default_config_dag(workdir, dry_run, snakemake):
     out = snakemake(workdir, "-n").stdout
     assert dry_run.training_gpus(out) == {**{v: 0 for v in ALL_VARIANTS}, "math/onpolicy": 0}
     rules = dry_run.rules(out)
@@ -55,19 +51,19 @@ def test_default_config_dag(workdir, dry_run):
     assert {r for r in rules if r.startswith("plot_")} >= {"plot_kl", "plot_timeline", "plot_throughput"}
 
 
-def test_gpu_config_dag(workdir, dry_run):
+def test_gpu_config_dag(workdir, dry_run, snakemake):
     out = snakemake(workdir, "-n", "--configfile", "config/gpu.yaml").stdout
     assert dry_run.training_gpus(out) == {"onpolicy": 1, "k2": 1, "k4": 1, "k8": 1, "kl_penalty": 1,
                                   "disagg": 2, "disagg_rdt": 2, "replay": 2, "math/onpolicy": 1}
 
 
-def test_smoke_config_dag_skips_tests(workdir, dry_run):
+def test_smoke_config_dag_skips_tests(workdir, dry_run, snakemake):
     out = snakemake(workdir, "-n", "--configfile", "config/smoke.yaml").stdout
     assert dry_run.training_gpus(out) == {"onpolicy": 0, "k2": 0, "disagg": 0, "math/onpolicy": 0}
     assert "run_unit_tests" not in dry_run.rules(out)
 
 
-def test_one_variant_target_schedules_only_it(workdir, dry_run):
+def test_one_variant_target_schedules_only_it(workdir, dry_run, snakemake):
     out = snakemake(workdir, "-n", "results/runs/k4/metrics.parquet").stdout
     assert set(dry_run.training_gpus(out)) == {"k4"}
     assert "aggregate_metrics" not in out
@@ -79,7 +75,7 @@ def test_one_variant_target_schedules_only_it(workdir, dry_run):
     ({"variants": {"k2": {"k": 5}}}, "variants.k2"),
     ({"variants": {"k2": {"bogus": 1}}}, "variants.k2.bogus"),
 ])
-def test_bad_config_fails_with_key(workdir, bad, key):
+def test_bad_config_fails_with_key(workdir, bad, key, snakemake):
     (workdir / "bad.yaml").write_text(yaml.safe_dump(bad))
     proc = snakemake(workdir, "-n", "--configfile", "bad.yaml", check=False)
     assert proc.returncode != 0
@@ -112,7 +108,7 @@ def fake_upstream(workdir: Path, variants, make_runs) -> None:
 
 
 @pytest.mark.slow
-def test_analysis_half_runs_and_reports(workdir, tmp_path, make_runs, dry_run):
+def test_analysis_half_runs_and_reports(workdir, tmp_path, make_runs, dry_run, snakemake):
     # a private copy of the package, so the test can "edit" plots.py / aggregate.py (mtime)
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src" / "rlpipe", src / "rlpipe", ignore=shutil.ignore_patterns("__pycache__"))
@@ -161,7 +157,7 @@ sys.exit(int(os.environ.get("FAKE_FAIL", "0")))
 """
 
 
-def test_train_rule_hands_the_resume_decision_to_rlpipe(workdir, tmp_path, make_runs):
+def test_train_rule_hands_the_resume_decision_to_rlpipe(workdir, tmp_path, make_runs, snakemake):
     """The rule's shell is one call: ``--resume never`` when the invocation forces the job, else
     ``--resume auto``, and the decision itself (fingerprint, FINISHED marker, checkpoint) is
     rlpipe.trainer.resume's, unit-tested in test_resume.py."""
@@ -191,7 +187,7 @@ def test_train_rule_hands_the_resume_decision_to_rlpipe(workdir, tmp_path, make_
     assert train(force=False).endswith("--resume auto")  # rerun after the failure: rlpipe decides
 
 
-def test_slurm_profile_dry_run(workdir, dry_run):
+def test_slurm_profile_dry_run(workdir, dry_run, snakemake):
     """workflow/profiles/slurm with its executor plugin: every job becomes a SLURM job, training jobs
     carry the GPUs of their mode, the profile's partition and, across nodes, their nodes."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
@@ -233,8 +229,9 @@ def _math_standin(workdir: Path, qwen: Path, data: Path, **train) -> Path:
     return path
 
 
-def test_math_config_validates_and_expands_to_the_math_track_only(workdir, tiny_qwen, math_fixture, dry_run):
-    from rlpipe.config import apply_overrides, load_yaml, math_pipeline, parse_config
+def test_math_config_validates_and_expands_to_the_math_track_only(workdir, tiny_qwen, math_fixture, dry_run,
+                                                                  snakemake):
+    from rlpipe.config import apply_overrides, load_yaml, math_pipeline, parse_config, resolve_variant
 
     overlay = load_yaml(workdir / "config/math.yaml")
     cfg = parse_config(apply_overrides(load_yaml(workdir / "config/config.yaml"), overlay))
@@ -251,19 +248,35 @@ def test_math_config_validates_and_expands_to_the_math_track_only(workdir, tiny_
                         "aggregate_metrics"}, rules
     trains = [j for j in dry_run.jobs(out) if j["rule"] == "train_variant"]
     assert trains and all(j["wildcards"]["tdir"] == "math/" for j in trains), trains  # the math track's runs only
+    # what the run on the stand-in (slow, below) reads back from run_info: an HF policy recomputes its
+    # old log-probs (auto), with gradient checkpointing and no reference model (kl_monitor off, kl_coef 0)
+    from rlpipe.trainer.run import resolve_recompute
+
+    standin = parse_config(apply_overrides(apply_overrides(load_yaml(workdir / "config/config.yaml"), overlay),
+                                           load_yaml(workdir / "config/standin.yaml")))
+    run = resolve_recompute(resolve_variant(math_pipeline(standin), "onpolicy"), str(tiny_qwen))
+    assert run.recompute_old_log_probs is True and run.gradient_checkpointing
+    assert not run.kl_monitor and run.kl_coef == 0
 
 
-def test_math_config_names_a_missing_model_directory(workdir):
+def test_math_config_names_a_missing_model_directory(workdir, snakemake):
     proc = snakemake(workdir, "-n", "--configfile", "config/math.yaml", check=False)
     assert proc.returncode != 0
     assert "math.base_model_dir: models/Qwen2.5-Math-1.5B is not a local HuggingFace model directory" in (
         proc.stdout + proc.stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.workflow
-def test_math_config_runs_the_math_track_on_the_standin(workdir, tiny_qwen, math_fixture):
+def test_math_config_runs_the_math_track_on_the_standin(workdir, tiny_qwen, math_fixture, snakemake):
     """`snakemake --configfile config/math.yaml` (+ paths to the stand-ins, seed 001's batch shrunk to
-    fit a CPU test): base eval, two GRPO steps on the HF policy, final eval, report."""
+    fit a CPU test): base eval, two GRPO steps on the HF policy, final eval, report.
+
+    Slow by nature (a whole workflow run of HF-policy jobs, minutes on 2 cores), so not in the default
+    suite, whose checks cover each part: the DAG and the resolved run settings of this config
+    (test_math_config_validates_and_expands_to_the_math_track_only), an HF policy's GRPO run
+    (tests/test_hf_policy.py), the evaluation of an HF directory (tests/test_evaluate.py), the MATH
+    report (tests/test_math_report.py) and the MATH track through the workflow (the smoke run)."""
     _math_standin(workdir, tiny_qwen, math_fixture, n_grpo_steps=2, rollout_batch_size=8, group_size=4,
                   train_batch_size=8, gradient_accumulation_steps=2, sampling_max_tokens=24, val_every=1,
                   val_size=6, checkpoint_every=1, log_rollouts_every=1, threads=1)
@@ -282,7 +295,7 @@ def test_math_config_runs_the_math_track_on_the_standin(workdir, tiny_qwen, math
     assert (r / "eval" / "onpolicy" / contract.EVAL_FILES["summary"]).is_file()
 
 
-def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replicate(workdir, dry_run):
+def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replicate(workdir, dry_run, snakemake):
     """Every family x variant x seed is one train_family_run job, except replicates whose settings
     another family's replicate already has (trained once, read by both); each family one report."""
     out = snakemake(workdir, "-n", "--cores", "2", "--configfile", "config/config.yaml", "config/study.yaml").stdout
@@ -338,7 +351,7 @@ def test_families_expand_family_variant_seed_and_rerun_exactly_a_changed_replica
     assert sum(j["rule"] == "report_family" for j in default) == len(cfg.families)
 
 
-def test_a_replicate_identical_to_a_table_run_but_not_timed_trains_its_own(workdir, dry_run):
+def test_a_replicate_identical_to_a_table_run_but_not_timed_trains_its_own(workdir, dry_run, snakemake):
     """A keyword family listed before `systems`, whose variant equals the table's onpolicy, runs on
     family_threads: it trains its own run, and the systems family still reads results/runs/onpolicy."""
     path = workdir / "config" / "config.yaml"
@@ -354,7 +367,8 @@ def test_a_replicate_identical_to_a_table_run_but_not_timed_trains_its_own(workd
     assert "results/runs/onpolicy " in report
 
 
-def test_operational_settings_rerun_nothing_and_a_moved_project_neither(workdir, tmp_path, make_runs, dry_run):
+def test_operational_settings_rerun_nothing_and_a_moved_project_neither(workdir, tmp_path, make_runs, dry_run,
+                                                                        snakemake):
     """After a run, raising the timeouts, thread counts and logging intervals (rlpipe.config.identity's
     operational keys) plans no job; an identity key reruns the run; the project copied elsewhere
     (its .snakemake metadata and file times with it) plans nothing either."""

@@ -116,8 +116,10 @@ def point_config(config: str, mode: str, p: dict, steps: int, tmp: Path) -> tupl
                  train_batch_size=p["batch"], gradient_accumulation_steps=1, epochs_per_rollout_batch=1,
                  sampling_max_tokens=p["length"], sampling_min_tokens=p["length"], val_every=steps,
                  val_size=2 * g, log_rollouts_every=steps, checkpoint_every=steps)
-    data = dict(to_dict(cfg), train=train, variants={name: {}}, families={})
-    data["workflow"] = dict(data["workflow"], families=None)
+    # a keyword-track run: a user's tracks inherit this train section too, and one whose own
+    # sampling_max_tokens is below the point's length made the point's config invalid
+    data = dict(to_dict(cfg), train=train, variants={name: {}}, families={}, tracks={})
+    data["workflow"] = dict(data["workflow"], families=None, tracks=["keyword"])
     # a timing point, not an experiment: nothing in the user's trackers (and no tracker's cost in the timing)
     data["logging"] = dict(data["logging"], trackers=[])
     path = tmp / f"{name}.yaml"

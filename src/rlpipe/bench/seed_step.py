@@ -8,35 +8,8 @@ roles): its ``Generator`` and ``Learner``, built from a local HF directory of th
 shape with random weights (``rlpipe.bench.seed_shape``: nothing is downloaded), with seed 001's
 settings from ``config/math.yaml``'s ``math.train`` (256 rollouts, group 8, so 32 prompts; up to 1024
 response tokens; micro-batches of 2; bf16 compute over fp32 masters; old log-probs recomputed; no
-reference model). One step is:
-
-- ``generate``: ``rlpipe.lm.sampler.generate`` on the generator's model as ``Generator`` calls it
-  (its sampling settings, ``train.decode``, bf16 autocast), prompts of r1_zero length, each row
-  capped at a drawn length (``row_max_tokens``; ``seed_shape``: mean 400, the longest reach 1024);
-- ``score``: rewards drawn with a fixed seed (0 or 1, even odds) through ``rlpipe.rl.scoring.score_batch``,
-  so advantages are non-zero (the MATH grader would score random text 0; grading real text costs more);
-- ``old_logprobs``: ``Learner.recompute_old_logprobs``;
-- ``update``: ``Learner.train_step`` (128 micro-batches, clipping, AdamW);
-- ``hand_off``: ``copy_weights`` from the learner into the generator, as ``ColocatedWorker.sync_weights``.
-
-Each phase is timed between device synchronisations; ``other`` is the rest of the step's wall time
-(the rollout batch's host records between the phases), so the phases add up to ``step_s``. Each step
-reports s/step and its phase split, generated tokens/s, each phase's useful FLOP/s as a fraction of
-the device peak (``rlpipe.bench.flops``: the prefill once per prompt and the decode's tokens; the
-log-prob and update passes over the sequences without their padding) and ``peak_memory_gib``
-(``max_memory_allocated`` over the step, both copies of the weights held).
-
-In order (``measure``): a warm-up step (the same rows capped at a few tokens: it captures the decode's
-graphs and allocates AdamW's state; recorded as ``warmup``, in no goal); ``steps`` steps at the drawn
-lengths (``steps_at_mean``); the generation engine against HF ``generate`` at batch 32 (the same
-prompts, every row the same number of tokens, each after a warm-up call); the zero-shot evaluation at
-``config/math.yaml``'s size (``math.eval_size`` prompts, ``math.eval_max_tokens``): two chunks of
-``rlpipe eval``'s size (``evaluate.CHUNK`` prompts, one sample each, lengths drawn as above) through the
-same call, the first with the engine's capture, the second warm, and the time for all prompts
-PROJECTED from them (the first plus the rest at the second's time), not measured; last ``steps`` steps
-where every row runs the full 1024 tokens (``steps_at_max``: the worst case, without a goal of its
-own; its generation gives the tokens/s at 256 sequences at once). The goals (seed scale on one GPU)
-are checked in ``goals``: ``met`` is null where they do not apply (another shape, or no CUDA device).
+reference model). What one step runs and what it reports: ``grpo_step``; the measurements, in
+order: ``measure``.
 
 The JSON is rewritten after each measurement, so a part killed at its time limit keeps what it had.
 On CPU (the tests) the same code runs at ``--shape tiny``.
@@ -180,7 +153,23 @@ def decode_work(cfg, prompt_lens: list[int], group: int, response_lens: list[int
 
 
 def grpo_step(gen: Generator, learner: Learner, prompts: list[list[int]], caps: list[int], step: int) -> dict:
-    """One colocated GRPO step (the module docstring's phases), timed; its record."""
+    """One colocated GRPO step, timed; its record. The phases:
+
+    - ``generate``: ``rlpipe.lm.sampler.generate`` on the generator's model as ``Generator`` calls it
+      (its sampling settings, ``train.decode``, bf16 autocast), prompts of r1_zero length, each row
+      capped at a drawn length (``row_max_tokens``; ``seed_shape``: mean 400, the longest reach 1024);
+    - ``score``: rewards drawn with a fixed seed (0 or 1, even odds) through ``rlpipe.rl.scoring.score_batch``,
+      so advantages are non-zero (the MATH grader would score random text 0; grading real text costs more);
+    - ``old_logprobs``: ``Learner.recompute_old_logprobs``;
+    - ``update``: ``Learner.train_step`` (128 micro-batches, clipping, AdamW);
+    - ``hand_off``: ``copy_weights`` from the learner into the generator, as ``ColocatedWorker.sync_weights``.
+
+    Each phase is timed between device synchronisations; ``other`` is the rest of the step's wall time
+    (the rollout batch's host records between the phases), so the phases add up to ``step_s``. Each step
+    reports s/step and its phase split, generated tokens/s, each phase's useful FLOP/s as a fraction of
+    the device peak (``rlpipe.bench.flops``: the prefill once per prompt and the decode's tokens; the
+    log-prob and update passes over the sequences without their padding) and ``peak_memory_gib``
+    (``max_memory_allocated`` over the step, both copies of the weights held)."""
     c, dev = learner.cfg, learner.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -321,7 +310,19 @@ def measure(device: torch.device, out: Path, shape: str = "seed", steps: int = 1
             math_yaml: Path = Path("config/math.yaml"), work_dir: Path | None = None) -> dict:
     """The part's record, rewritten to ``out`` after each measurement (``status`` names the next one).
     Order: warm-up, the steps at the drawn lengths, the engine against HF, the evaluation, and last
-    the full-length steps (the worst case, without a goal), so a part cut short loses the least."""
+    the full-length steps (the worst case, without a goal), so a part cut short loses the least.
+
+    In detail: a warm-up step (the same rows capped at a few tokens: it captures the decode's
+    graphs and allocates AdamW's state; recorded as ``warmup``, in no goal); ``steps`` steps at the drawn
+    lengths (``steps_at_mean``); the generation engine against HF ``generate`` at batch 32 (the same
+    prompts, every row the same number of tokens, each after a warm-up call); the zero-shot evaluation at
+    ``config/math.yaml``'s size (``math.eval_size`` prompts, ``math.eval_max_tokens``): two chunks of
+    ``rlpipe eval``'s size (``evaluate.CHUNK`` prompts, one sample each, lengths drawn as above) through the
+    same call, the first with the engine's capture, the second warm, and the time for all prompts
+    PROJECTED from them (the first plus the rest at the second's time), not measured; last ``steps`` steps
+    where every row runs the full 1024 tokens (``steps_at_max``: the worst case, without a goal of its
+    own; its generation gives the tokens/s at 256 sequences at once). The goals (seed scale on one GPU)
+    are checked in ``goals``: ``met`` is null where they do not apply (another shape, or no CUDA device)."""
     scale = SCALES[shape]
     cfg, size = seed_settings(math_yaml, str(device), decode, **scale.train)
     model_cfg = qwen_config(**scale.model)

@@ -2,56 +2,19 @@
 
 Seed 000 asks the Generator to "produce G responses per prompt via autoregressive decoding ...
 apply sampling and record log probabilities for each generated token"; seed 001 does this with
-vLLM (``SamplingParams(temperature, top_p, max_tokens, stop=["</answer>"], include_stop_str_in_
-output=True)``). rlpipe has no vLLM, so this module is a small vLLM-like sampler with the same
-option names, driving both our ``TransformerLM`` and a HuggingFace ``AutoModelForCausalLM``
-(Qwen 2.5 Math) through a small adapter per model type.
+vLLM. rlpipe has no vLLM, so ``generate`` is a small vLLM-like sampler with vLLM's option names
+(``SamplingParams``), driving our ``TransformerLM`` and HuggingFace causal LMs alike.
 
-How it decodes. Prompts are tokenised and left-padded to (B, P); one prefill forward pass runs
-over them with a key-padding mask and per-row RoPE positions (every row starts at position 0),
-then the prefilled cache is repeated ``n`` times (prompt-major rows, N = B*n) and every step feeds
-one token for all rows. Our model's cache is preallocated per layer and written in place; HF
-models use their own ``past_key_values`` with ``attention_mask`` and ``position_ids``. Finished
-rows keep decoding (static shapes) until at most half the rows are active, then the batch is
-compacted; the loop stops when every row has finished (the fixed-shape decodes, which never
-compact, look only every ``ACTIVE_CHECK_EVERY`` steps: each look makes the host wait for the
-device). ``use_kv_cache=False`` recomputes the whole sequence each step with the same sampling
-loop: the naive reference for tests and the benchmark.
-
-What the returned log-probs mean. ``logprobs[i][t]`` is the log-probability of the sampled token
-under the distribution it was actually drawn from: ``log_softmax(logits / temperature)`` with
-EOS masked while fewer than ``min_tokens`` tokens exist, and, for ``top_p < 1``, renormalised over
-the nucleus. At temperature T != 1 they are log-probs of the *tempered* distribution:
-``rlpipe.grpo.get_response_log_probs(model, input_ids, labels, temperature=T)`` (a fresh forward
-pass with ``logits / T``) reproduces them (not with top_p < 1 or inside the min_tokens window,
-where the sampling distribution is truncated). Temperature 0 is greedy (argmax) and, since a
-point mass carries no information, reports the untempered model log-probs (T = 1) instead.
-
-Output. ``Generation`` holds per-row lists (prompt ids, response ids, text, (T_i,) float32
-log-probs, finish reason); ``response_mask()``, ``padded_response_ids()`` and
-``padded_logprobs()`` give right-padded (N, T) tensors for the learner.
-
-Randomness (a departure from a single batch-global ``torch.Generator``). Every row draws one
-uniform per step from its own ``torch.Generator`` seeded by ``hash(seed, prompt token ids,
-occurrence of that prompt in the call, sample index j)`` and samples by inverting the CDF. So a
-row's sample does not depend on what else is in the batch: the same prompt gives the same G
-samples alone, in any batch, or split across generator actors (up to float rounding of the
-logits, which moves a draw only if it lands within ~1e-6 of a CDF step); the global RNG is untouched
-when a seed is given. ``seed=None`` draws one seed from torch's global RNG, so ``torch.manual_seed``
-still makes unseeded runs repeatable.
-
-Adapters (how each kind of model prefills and steps) are in ``rlpipe.lm.adapters``; the loop that
-samples, finishes and compacts rows in ``rlpipe.lm.decode_loop``; the HF engine in
-``rlpipe.lm.hf_decode``.
-
-Stop strings (vLLM semantics): checked once at least ``min_tokens`` tokens exist, only for rows
-whose new token could end a stop string (its text contains a stop string's last character or an
-incomplete UTF-8 byte), by decoding just the row's tail (at the loop's periodic look, not per token).
-``response_ids``/``logprobs`` keep every token up to and including the one that completed the
-stop string; ``response_text`` is cut before the stop string (or after it with
-``include_stop_str_in_output``). An EOS token, when sampled, is the last entry of
-``response_ids``/``logprobs`` but is not part of ``response_text``. Tail decoding assumes a context-free
-detokeniser (byte-level BPE: ours, GPT-2, Qwen).
+Where to look:
+- ``generate``: prompts left-padded to (B, P), one prefill pass, the cache repeated ``n`` times
+  (prompt-major rows, N = B*n), then one token per row per step; ``use_kv_cache=False`` is the
+  naive full recomputation (the tests' and the benchmark's reference);
+- ``rlpipe.lm.adapters``: how each kind of model prefills and steps (``decode=``);
+- ``rlpipe.lm.decode_loop``: sampling on the device, rows finished at EOS, their own cap or a stop
+  string (vLLM semantics), compaction of finished rows;
+- ``rlpipe.lm.hf_decode``: the engine for HF Qwen2/Llama policies (static arena, CUDA graphs);
+- ``Generation``: the output, and what its log-probs mean; ``_row_seeds``: the per-row randomness
+  that makes a row's samples independent of the rest of the batch.
 """
 
 from __future__ import annotations
@@ -105,7 +68,26 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """N = len(prompts) * n rows, prompt-major: row i*n + j is sample j of prompt i."""
+    """N = len(prompts) * n rows, prompt-major: row i*n + j is sample j of prompt i.
+
+    Per-row lists: prompt ids, response ids, text, (T_i,) float32 log-probs, finish reason;
+    ``response_mask()``, ``padded_response_ids()`` and ``padded_logprobs()`` give right-padded (N, T)
+    tensors for the learner.
+
+    ``logprobs[i][t]`` is the log-probability of the sampled token under the distribution it was
+    actually drawn from: ``log_softmax(logits / temperature)`` with EOS masked while fewer than
+    ``min_tokens`` tokens exist, and, for ``top_p < 1``, renormalised over the nucleus. At
+    temperature T != 1 they are log-probs of the *tempered* distribution:
+    ``rlpipe.grpo.get_response_log_probs(model, input_ids, labels, temperature=T)`` reproduces them
+    (not with top_p < 1 or inside the min_tokens window, where the distribution is truncated).
+    Temperature 0 is greedy (argmax) and reports the untempered model log-probs (T = 1).
+
+    Stop strings: ``response_ids``/``logprobs`` keep every token up to and including the one that
+    completed the stop string; ``response_text`` is cut before it (after it with
+    ``include_stop_str_in_output``). A sampled EOS is the last entry of ``response_ids``/``logprobs``
+    but not part of ``response_text``. Stop detection decodes row tails, which assumes a
+    context-free detokeniser (byte-level BPE: ours, GPT-2, Qwen).
+    """
 
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
@@ -177,7 +159,14 @@ def _left_pad(prompt_ids: list[list[int]], pad_id: int, device) -> tuple[Tensor,
 
 
 def _row_seeds(prompt_ids: list[list[int]], n: int, seed: int) -> list[int]:
-    """One 63-bit seed per row from (seed, prompt ids, occurrence of this prompt, sample j)."""
+    """One 63-bit seed per row from (seed, prompt ids, occurrence of this prompt, sample j).
+
+    A departure from one batch-global ``torch.Generator``: every row draws one uniform per step from
+    its own generator (``_uniforms``) and samples by inverting the CDF, so a row's samples do not
+    depend on what else is in the batch: the same prompt gives the same G samples alone, in any
+    batch, or split across generator actors (up to float rounding of the logits, which moves a draw
+    only if it lands within ~1e-6 of a CDF step). ``seed=None`` draws one seed from torch's global
+    RNG, so ``torch.manual_seed`` still makes unseeded runs repeatable."""
     seen: Counter = Counter()
     seeds = []
     for p in prompt_ids:

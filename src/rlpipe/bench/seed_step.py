@@ -61,7 +61,7 @@ class Scale:
     hf_rows: int  # the engine against HF generate: rows, prompt tokens, new tokens
     hf_prompt: int
     hf_tokens: int
-    eval_chunk: int | None  # prompts per eval chunk (None: rlpipe eval's own)
+    eval_chunk: int | None  # prompts per eval chunk (None: rlpipe eval's own on the device)
     question_mean: int
     question_range: tuple[int, int]
     model: dict  # Qwen2Config overrides
@@ -254,9 +254,9 @@ def engine_vs_hf(gen: Generator, scale: Scale) -> dict:
 
 
 def eval_projection(gen: Generator, scale: Scale, size: dict) -> dict:
-    """Two chunks of the zero-shot evaluation (``evaluate.CHUNK`` prompts, n=1, lengths drawn as the
+    """Two chunks of the zero-shot evaluation (``rlpipe eval``'s chunk, n=1, lengths drawn as the
     step's) and the time for ``eval_size`` prompts projected from them."""
-    chunk = scale.eval_chunk or evaluate.CHUNK
+    chunk = scale.eval_chunk or (evaluate.CUDA_CHUNK if gen.device.type == "cuda" else evaluate.CHUNK)  # eval's own
     n, max_tokens, vocab = size["eval_size"], size["eval_max_tokens"], gen.model.config.vocab_size
     secs, tokens = [], 0
     for i in range(2):
@@ -317,8 +317,8 @@ def measure(device: torch.device, out: Path, shape: str = "seed", steps: int = 1
     lengths (``steps_at_mean``); the generation engine against HF ``generate`` at batch 32 (the same
     prompts, every row the same number of tokens, each after a warm-up call); the zero-shot evaluation at
     ``config/math.yaml``'s size (``math.eval_size`` prompts, ``math.eval_max_tokens``): two chunks of
-    ``rlpipe eval``'s size (``evaluate.CHUNK`` prompts, one sample each, lengths drawn as above) through the
-    same call, the first with the engine's capture, the second warm, and the time for all prompts
+    ``rlpipe eval``'s size (``evaluate.CUDA_CHUNK`` prompts on a GPU, one sample each, lengths drawn as
+    above) through the same call, the first with the engine's capture, the second warm, and the time for all prompts
     PROJECTED from them (the first plus the rest at the second's time), not measured; last ``steps`` steps
     where every row runs the full 1024 tokens (``steps_at_max``: the worst case, without a goal of its
     own; its generation gives the tokens/s at 256 sequences at once). The goals (seed scale on one GPU)

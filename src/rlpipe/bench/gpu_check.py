@@ -80,8 +80,8 @@ PART_TIME_S = {
                                    # measured 0.05 s log-probs + 0.22 s forward/backward per micro-batch,
                                    # and generation, ~5 s at the mean 400, ~10 s at 1024 (the engine's goal
                                    # rate); HF generate 32 x 64 tokens (~5 s); two eval chunks (~10 s).
-                                   # Its room in the budget's slack takes it to ~165 s; the full-length
-                                   # step comes last, and the JSON is written after each measurement
+                                   # Its room in the budget's slack takes it to ~170 s; the evaluation
+                                   # comes last, and the JSON is written after each measurement
     "bench_sampler": (26, 75),     # BPE + 2 models, batch 64 x 60 tokens: eager, naive, cudagraph
                                    # fp32 + bf16 (capture), HF ours + generate, 2 repeats each; no compile
     "data": (6, 30),

@@ -254,14 +254,17 @@ def engine_vs_hf(gen: Generator, scale: Scale) -> dict:
 
 
 def eval_projection(gen: Generator, scale: Scale, size: dict) -> dict:
-    """Two chunks of the zero-shot evaluation (``rlpipe eval``'s chunk, n=1, lengths drawn as the
-    step's) and the time for ``eval_size`` prompts projected from them."""
+    """The zero-shot evaluation's time for ``eval_size`` prompts of up to ``eval_max_tokens``, PROJECTED
+    (not measured) from two chunks of ``rlpipe eval``'s size (``evaluate.CUDA_CHUNK`` prompts on a GPU),
+    one sample each, through the same call: the first with the engine's allocation and capture, the
+    second warm (prompts of the same lengths, other tokens; responses of other drawn lengths); the
+    projection is the first plus the remaining chunks at the second's time. Grading is not included."""
     chunk = scale.eval_chunk or (evaluate.CUDA_CHUNK if gen.device.type == "cuda" else evaluate.CHUNK)  # eval's own
     n, max_tokens, vocab = size["eval_size"], size["eval_max_tokens"], gen.model.config.vocab_size
     secs, tokens = [], 0
+    lens = seed_shape.prompt_lengths(chunk, PROMPT_SEED + 1, scale.question_mean, scale.question_range)
     for i in range(2):
-        lens = seed_shape.prompt_lengths(chunk, PROMPT_SEED + i, scale.question_mean, scale.question_range)
-        prompts = seed_shape.random_prompts(lens, vocab, PROMPT_SEED + i)
+        prompts = seed_shape.random_prompts(lens, vocab, PROMPT_SEED + 10 + i)
         caps = seed_shape.clipped_lengths(chunk, scale.mean_tokens, scale.min_tokens, max_tokens, LENGTH_SEED + i)
         out, s = _timed(gen.device, lambda: sample(gen, prompts, 1, max_tokens, caps, seed=100 + i))  # noqa: B023
         secs.append(s)
@@ -309,20 +312,18 @@ def _settings(cfg: TrainConfig, scale: Scale) -> dict:
 def measure(device: torch.device, out: Path, shape: str = "seed", steps: int = 1, decode: str = "auto",
             math_yaml: Path = Path("config/math.yaml"), work_dir: Path | None = None) -> dict:
     """The part's record, rewritten to ``out`` after each measurement (``status`` names the next one).
-    Order: warm-up, the steps at the drawn lengths, the engine against HF, the evaluation, and last
-    the full-length steps (the worst case, without a goal), so a part cut short loses the least.
+    Order: warm-up, the steps at the drawn lengths, the full-length steps, the engine against HF,
+    the evaluation. The steps come first and together: they share the engine's KV arena (one per
+    shape, a few kept per model), which the other shapes could evict and make a step capture again.
 
-    In detail: a warm-up step (the same rows capped at a few tokens: it captures the decode's
-    graphs and allocates AdamW's state; recorded as ``warmup``, in no goal); ``steps`` steps at the drawn
-    lengths (``steps_at_mean``); the generation engine against HF ``generate`` at batch 32 (the same
-    prompts, every row the same number of tokens, each after a warm-up call); the zero-shot evaluation at
-    ``config/math.yaml``'s size (``math.eval_size`` prompts, ``math.eval_max_tokens``): two chunks of
-    ``rlpipe eval``'s size (``evaluate.CUDA_CHUNK`` prompts on a GPU, one sample each, lengths drawn as
-    above) through the same call, the first with the engine's capture, the second warm, and the time for all prompts
-    PROJECTED from them (the first plus the rest at the second's time), not measured; last ``steps`` steps
-    where every row runs the full 1024 tokens (``steps_at_max``: the worst case, without a goal of its
-    own; its generation gives the tokens/s at 256 sequences at once). The goals (seed scale on one GPU)
-    are checked in ``goals``: ``met`` is null where they do not apply (another shape, or no CUDA device)."""
+    In detail: a warm-up step (the same rows capped at a few tokens: it captures the decode's graphs
+    and allocates AdamW's state; recorded as ``warmup``, in no goal); ``steps`` steps at the drawn
+    lengths (``steps_at_mean``); ``steps`` steps where every row runs the full 1024 tokens
+    (``steps_at_max``: the worst case, without a goal of its own; its generation gives the tokens/s at
+    256 sequences at once); the generation engine against HF ``generate`` at batch 32 (the same
+    prompts, every row the same number of tokens, each after a warm-up call); the zero-shot evaluation
+    at ``config/math.yaml``'s size (``eval_projection``). The goals (seed scale on one GPU) are checked
+    in ``goals``: ``met`` is null where they do not apply (another shape, or no CUDA device)."""
     scale = SCALES[shape]
     cfg, size = seed_settings(math_yaml, str(device), decode, **scale.train)
     model_cfg = qwen_config(**scale.model)
@@ -352,22 +353,18 @@ def measure(device: torch.device, out: Path, shape: str = "seed", steps: int = 1
     save("warmup")
     result["warmup"] = [with_fractions(grpo_step(gen, learner, prompts, [min(c, scale.warmup_tokens) for c in caps],
                                                  next(n)), peak)]
-    for _ in range(steps):
-        save("steps_at_mean")
-        result.setdefault("steps_at_mean", []).append(with_fractions(grpo_step(gen, learner, prompts, caps, next(n)),
-                                                                     peak))
-    result |= headline(result["steps_at_mean"][-1], peak, device)
+    for key, row_caps in (("steps_at_mean", caps), ("steps_at_max", [cfg.sampling_max_tokens] * len(caps))):
+        for _ in range(steps):
+            save(key)
+            result.setdefault(key, []).append(with_fractions(grpo_step(gen, learner, prompts, row_caps, next(n)), peak))
+        if key == "steps_at_mean":
+            result |= headline(result["steps_at_mean"][-1], peak, device)
     save("engine_vs_hf")
     result["engine_vs_hf"] = engine_vs_hf(gen, scale)
     save("eval")
     result["eval"] = eval_projection(gen, scale, size)
     print(f"zero-shot evaluation, {size['eval_size']} prompts x up to {size['eval_max_tokens']} tokens: "
           f"{result['eval']['projected_s']:.0f} s (projected from two measured chunks of {result['eval']['chunk']})")
-    for _ in range(steps):
-        save("steps_at_max")
-        full = [cfg.sampling_max_tokens] * len(caps)
-        result.setdefault("steps_at_max", []).append(with_fractions(grpo_step(gen, learner, prompts, full, next(n)),
-                                                                    peak))
     save("done")
     return result
 

@@ -73,7 +73,7 @@ SCALES = {
     "seed": Scale(400, 16, 8, 32, 128, 64, None, seed_shape.QUESTION_MEAN_TOKENS, seed_shape.QUESTION_TOKENS_RANGE,
                   {}, {}),
     "tiny": Scale(6, 2, 2, 4, 8, 6, 4, 4, (1, 8),
-                  {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                  {"vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512},
                   {"rollouts": 16, "max_tokens": 16, "eval_size": 10, "threads": 1}, peak_size=256),
 }
@@ -297,6 +297,7 @@ def build(cfg: TrainConfig, model_cfg, device: torch.device, work_dir: Path | No
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        torch.manual_seed(cfg.seed)  # the random weights, the same in every run
         policy = seed_shape.write_policy_dir(model_cfg, Path(tmp) / "policy", device)
         gen = Generator(str(policy), cfg, stop=_DrawnRewards.stop, include_stop=True, threads=cfg.threads)
         return gen, Learner(str(policy), cfg, threads=cfg.threads)

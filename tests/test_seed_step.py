@@ -84,6 +84,7 @@ def tiny_run(tmp_path_factory):
 def test_a_tiny_run_measures_every_phase_and_stops_rows_at_their_caps(tiny_run):
     result, written, d = tiny_run
     assert written == json.loads(json.dumps(result)) and result["status"] == "done"
+    assert result["settings"]["decode"] == result["settings"]["decode_resolved"] == "static"
     assert not list((d / "work").iterdir())  # the random-weight policy directory is removed
     scale = seed_step.SCALES["tiny"]
     caps = seed_shape.clipped_lengths(16, scale.mean_tokens, scale.min_tokens, 16, seed_step.LENGTH_SEED)

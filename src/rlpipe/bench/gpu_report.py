@@ -147,10 +147,11 @@ def _seed_lines(r: Any) -> list[str]:
     if not isinstance(r, dict) or "settings" not in r:
         return []
     st = r["settings"]
+    cut = "" if r.get("status") == "done" else f"; the part stopped at: {r.get('status')}"
     lines = [f"- {r.get('shape')} shape on {r.get('device')}: {st['rollouts']} rollouts in groups of "
              f"{st['group_size']}, up to {st['max_tokens']} response tokens, micro-batches of "
              f"{st['micro_batch_rows']}, {st['dtype']} over {st['master_weights']} master weights, decode "
-             f"{st['decode']}" + ("" if r.get("status") == "done" else f"; the part stopped at: {r.get('status')}")]
+             f"{st.get('decode_resolved', st['decode'])}{cut}"]
     for key, label in (("steps_at_mean", f"responses of drawn lengths (mean {st['mean_tokens']})"),
                        ("steps_at_max", f"every response {st['max_tokens']} tokens")):
         lines += [_step_line(label, rec) for rec in r.get(key) or []]

@@ -42,6 +42,7 @@ from rlpipe.bench.flops import (
 from rlpipe.bench.qwen_step import QWEN_MATH_1_5B, hf_generate_s, qwen_config
 from rlpipe.config import TrainConfig
 from rlpipe.io import write_json
+from rlpipe.lm.adapters import resolve
 from rlpipe.lm.device import autocast
 from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.rl.records import RolloutBatch, train_batches
@@ -341,6 +342,7 @@ def measure(device: torch.device, out: Path, shape: str = "seed", steps: int = 1
     gen, learner = build(cfg, model_cfg, device, work_dir)
     result["build_s"] = round(time.perf_counter() - t0, 2)
     result["parameters"] = sum(p.numel() for p in learner.model.parameters())
+    result["settings"]["decode_resolved"] = resolve(cfg.decode, gen.model, gen.device)  # what "auto" ran
     n_prompts = cfg.rollout_batch_size // cfg.group_size
     prompt_lens = seed_shape.prompt_lengths(n_prompts, PROMPT_SEED, scale.question_mean, scale.question_range)
     prompts = seed_shape.random_prompts(prompt_lens, model_cfg.vocab_size, PROMPT_SEED)

@@ -399,10 +399,14 @@ def no_ray(monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory):
-    """(checkpoint, dataset dir) of a briefly trained micro TransformerLM, shared by trainer tests."""
-    tmp = tmp_path_factory.mktemp("tiny_base")
-    base, _ = _make_base(tmp)
-    return str(base), str(_make_dataset(tmp / "data"))
+    """(checkpoint, dataset dir) of a briefly trained micro TransformerLM, shared by trainer tests: built
+    once per run (``build_once``: files in both xdist workers read it; the same bits either way)."""
+    def build(d: Path) -> None:
+        _make_base(d)
+        _make_dataset(d / "data")
+
+    d = build_once(tmp_path_factory, "tiny_base", build)
+    return str(d / "base.pt"), str(d / "data")
 
 
 @pytest.fixture(scope="session")

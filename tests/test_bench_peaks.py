@@ -37,6 +37,7 @@ NOT_A_BENCH = {
     "gpu_bundle": "a manifest of built wheels, no measurement",
     "stop_check": "times a stop on SIGTERM (seconds to exit, processes left): no work to rate against a peak",
     "trackers": "the same run's time with and without trackers: a ratio of equal work, none to rate against a peak",
+    "startup": "a training job's start-up and shutdown, phase by phase: waiting on processes, no work to rate",
 }
 
 

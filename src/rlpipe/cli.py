@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 import sys
 
 import yaml
@@ -38,7 +40,7 @@ COMMANDS = {
 }
 BENCHES = {"sampler": "rlpipe.bench.sampler", "update": "rlpipe.bench.update", "scaling": "rlpipe.bench.scaling",
            "weight-sync": "rlpipe.bench.weight_sync", "trl": "rlpipe.bench.trl", "trackers": "rlpipe.bench.trackers",
-           "pretrain-precision": "rlpipe.bench.pretrain_precision"}
+           "pretrain-precision": "rlpipe.bench.pretrain_precision", "startup": "rlpipe.bench.startup"}
 
 
 def schema_main(argv: list[str]) -> int:
@@ -49,7 +51,12 @@ def schema_main(argv: list[str]) -> int:
 def train_main(argv: list[str]) -> int:
     """``rlpipe train`` (``rlpipe.trainer.run``), then, after a finished run, its flat-reward diagnosis
     (``rlpipe.analysis.flat_reward``) as the last log line: the diagnosis is analysis, which the
-    trainer does not import, so the command that runs both joins them here."""
+    trainer does not import, so the command that runs both joins them here.
+
+    Once the trainer has returned (its outputs written, its Ray instance shut down) the process ends
+    at once (``os._exit``, after flushing its output): the interpreter's own teardown of torch and Ray
+    takes seconds of a job's start-up budget and does nothing a run needs. (In-process callers use
+    ``rlpipe.trainer.run`` itself.)"""
     train = importlib.import_module("rlpipe.trainer.run")
     args = train.parser().parse_args(argv)  # bad arguments exit 2 here, as in the trainer's own parse
     rc = train.main(argv)
@@ -57,7 +64,10 @@ def train_main(argv: list[str]) -> int:
         flat = importlib.import_module("rlpipe.analysis.flat_reward")
         print(flat.run_log_line(args.out, args.variant) or "validation reward: rose beyond its noise, or too few "
               "validation points to tell", flush=True)
-    return rc
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def _usage() -> str:

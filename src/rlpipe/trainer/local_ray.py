@@ -12,10 +12,11 @@ in this process for the duration of ``ray.init``). With it, and no dashboard (un
 ``ray.include_dashboard``, then on 127.0.0.1), the GCS, the raylet, the object manager, the
 dashboard and runtime-env agents, the metrics exporters and every worker bind 127.0.0.1 (a test
 lists the listening sockets of a run's processes). Of Ray's three Prometheus exporters, which answer
-without the token, the node's is off (no metrics collection) and the other two, which Ray cannot
-switch off, listen on ephemeral ports instead of fixed ones (``LOCAL_RAY_SYSTEM_CONFIG``,
-``METRICS_PORT_VARIABLES``). Other users of the same machine can still reach
-loopback: what protects the servers from them is Ray's token authentication, on by default since
+without the token, the node's is off (no metrics collection), and the other two do not run: their
+processes, the autoscaler monitor and the dashboard's API server, are left out
+(``only_what_a_run_needs``); with ``ray.include_dashboard`` they run, on ephemeral ports
+instead of their fixed ones (``METRICS_PORT_VARIABLES``). Other users of the same machine can still
+reach loopback: what protects the servers from them is Ray's token authentication, on by default since
 2.5x (every RPC needs the session's token), so ``init_ray`` refuses to start a local instance with
 ``RAY_AUTH_MODE=disabled``. It always starts its own (``address="local"``): a plain ``ray.init()``
 would attach to a cluster that ``ray start`` registered on this machine. Beside it runs a watchdog
@@ -35,10 +36,11 @@ from rlpipe.trainer import ray_reaper
 #: A local instance collects no metrics: nothing reads them (rlpipe records its own), and the node's
 #: Prometheus exporter (the dashboard agent's) then does not start at all.
 LOCAL_RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False}
-#: Ray 2.60 has no switch for the two other exporters (the dashboard head's, which runs even with
-#: include_dashboard false, and the autoscaler monitor's): these variables, read by those processes
-#: when they start, move them from their fixed ports (44227, 44217) to ephemeral ones, so two runs on
-#: one machine do not collide and nothing answers at a well-known port; they stay on loopback.
+#: Ray 2.60 has no switch for the two other exporters (the dashboard head's and the autoscaler
+#: monitor's; their processes run only with ray.include_dashboard, see only_what_a_run_needs): these
+#: variables, read by those processes when they start, move them from their fixed ports (44227,
+#: 44217) to ephemeral ones, so two runs on one machine do not collide and nothing answers at a
+#: well-known port; they stay on loopback.
 METRICS_PORT_VARIABLES = ("DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")
 
 
@@ -79,7 +81,7 @@ def init_ray(cfg, num_cpus: float, num_gpus: int | None = None):
     # but its agent adds ~0.8 s to every actor start (measured side by side; ray.init unchanged),
     # paid by each actor of the default pipeline's ~35 runs.
     os.environ.setdefault("PYTHONWARNINGS", quiet)
-    with loopback_only():
+    with loopback_only(), only_what_a_run_needs(cfg.ray.include_dashboard):
         gpu_kwargs = {} if num_gpus is None else {"num_gpus": num_gpus}
         ray.init(address="local", num_cpus=cfg.ray.num_cpus or num_cpus, include_dashboard=cfg.ray.include_dashboard,
                  **gpu_kwargs,
@@ -110,3 +112,31 @@ def loopback_only():
             os.environ.pop(name, None)
         else:
             os.environ[name] = env_before
+
+
+#: What a local instance leaves out, unless ``ray.include_dashboard``: not one of its processes is
+#: needed by a run, and each is a Python process that imports much of Ray (and the API server's
+#: aiohttp and OpenTelemetry) on the job's cores while ``ray.init`` waits for it.
+LEFT_OUT = ("the autoscaler monitor (a local instance has the resources it was started with: nothing to scale)",
+            "the dashboard's API server (no dashboard, job submission or state API is used)",
+            "the dashboard agent's HTTP server and metrics (the agent runs in Ray's minimal mode)")
+
+
+@contextlib.contextmanager
+def only_what_a_run_needs(include_dashboard: bool):
+    """While a local instance starts (``ray.init``), Ray starts only what a training run uses
+    (``LEFT_OUT``; with ``include_dashboard`` everything, as Ray would). Ray 2.60 has no switch for
+    these from ``ray.init``: its own functions are replaced for the duration, and restored after.
+    Fewer processes also means fewer listening sockets (two of Ray's metrics exporters among them)."""
+    from ray._private import node, services, utils
+
+    saved = (node.Node.start_monitor, services.start_api_server, utils.get_dashboard_dependency_error)
+    if not include_dashboard:
+        node.Node.start_monitor = lambda self: None
+        services.start_api_server = lambda *args, **kwargs: (None, None)
+        # what Ray checks to run its dashboard agent minimal (as where its dependencies are missing)
+        utils.get_dashboard_dependency_error = lambda: "left out by rlpipe (ray.include_dashboard: false)"
+    try:
+        yield
+    finally:
+        node.Node.start_monitor, services.start_api_server, utils.get_dashboard_dependency_error = saved

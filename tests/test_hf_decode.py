@@ -123,12 +123,14 @@ def _likely_eos(model, eos: int, bonus: float):
     return model
 
 
-def test_eos_stop_strings_caps_and_buckets(model, tok, decode_check, monkeypatch):
+@pytest.mark.parametrize("window", [256, 8])
+def test_eos_stop_strings_caps_and_buckets(model, tok, decode_check, monkeypatch, window):
     """Rows end on their own (EOS, a stop string, their own cap) and the batch shrinks to power-of-two
     buckets as they do; every row still holds samples of the model's distribution, and the engine
     finishes each row exactly where the eager HF path does (same uniforms, kernels within rounding)."""
     model = _likely_eos(_tiny(model.config.model_type, tok), tok.eos_token_id, 2.5)  # ~4% a step
     eos_tok = tok
+    monkeypatch.setattr(hf_decode, "S_WINDOW", window)  # 8: attention windows grow during the call
     caps = [20 - (i % 5) * 4 for i in range(16)]
     p = SamplingParams(n=4, max_tokens=20, seed=1, stop=("e",))
     sizes = []
@@ -151,10 +153,13 @@ def test_eos_stop_strings_caps_and_buckets(model, tok, decode_check, monkeypatch
         [r for r, s in zip(eager.finish_reason, same, strict=True) if s]
 
 
-def test_capture_leaves_the_arena_as_it_was(model, tok, monkeypatch):
+@pytest.mark.parametrize("window", [256, 8])
+def test_capture_leaves_the_arena_as_it_was(model, tok, monkeypatch, window):
     """A graph's capture runs warm-up steps that write the cache and advance its position; with a
     stand-in recorder (runs the warm-ups, records the step as a replayable call) the captured decode
-    gives the eager decode's samples exactly: the warm-ups' writes were undone."""
+    gives the eager decode's samples exactly: the warm-ups' writes were undone. With a small attention
+    window a call crosses several windows, each its own graph."""
+    monkeypatch.setattr(hf_decode, "S_WINDOW", window)
     def fake_capture(fn, pool, amp, device):
         for _ in range(hf_decode.WARMUP_STEPS):
             fn()
@@ -174,6 +179,7 @@ def test_capture_leaves_the_arena_as_it_was(model, tok, monkeypatch):
     assert graphed.response_ids == eager.response_ids and graphed.finish_reason == eager.finish_reason
     arena = next(iter(hf_decode._ARENAS[model].values()))
     assert arena.use_graphs and arena.steps, "the graph path was not taken"
+    assert (len({w for _, w, _ in arena.steps}) > 1) == (window == 8)
 
 
 def test_arena_is_reused_and_bounded(model, tok):

@@ -15,7 +15,8 @@ as in gpt-fast and vLLM:
   LM head) over the arena, with RoPE from the model's own rotary embedding and grouped-query
   attention through ``rlpipe.lm.attention.sdpa`` (the query heads of one KV head as that head's
   queries: no repeated K/V). The written position is a device tensor the step advances, so one
-  recorded graph serves every position (as ``rlpipe.lm.cuda_graph_decode``);
+  recorded graph serves every position of a window (as ``rlpipe.lm.cuda_graph_decode``); attention
+  reads the written positions rounded up to ``S_WINDOW``, not the whole arena (one graph per window);
 - **batch buckets**: the step is captured once per power-of-two row count over views of the arena's
   first rows. When at most half of a bucket's rows are still active, the sampler's loop (at its
   periodic look, ``rlpipe.lm.decode_loop``) moves the active rows to the front and replays the
@@ -41,6 +42,7 @@ from rlpipe.lm.cuda_graph_decode import WARMUP_STEPS, autocast_dtype, capture, g
 
 SUPPORTED = ("qwen2", "llama")  # config.model_type values whose layers decode_step reproduces
 S_BUCKET = 128  # arena positions are rounded up to a multiple of this (shared by nearby prompt lengths)
+S_WINDOW = 256  # a step attends over the written positions rounded up to a multiple of this
 MAX_ARENAS = 2  # arenas kept per model (rollouts and validation shapes); the oldest is dropped
 
 _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: HFArena}
@@ -111,7 +113,8 @@ def bucket(m: int) -> int:
 
 class HFArena:
     """A model's static decode buffers for up to ``Ncap`` rows and ``S`` positions, and one step
-    (eager, or a CUDA graph) per batch bucket over views of their first rows."""
+    (eager, or a CUDA graph) per batch bucket and attention window over views of their first rows
+    and positions."""
 
     def __init__(self, model: nn.Module, Ncap: int, S: int, device: torch.device, use_graphs: bool):
         cfg = model.config
@@ -131,42 +134,46 @@ class HFArena:
         self.pool = None
         self.fingerprint = _fingerprint(model)
 
-    def run(self, b: int) -> Tensor:
-        """One step over the first ``b`` rows: mark ``at`` visible, decode, advance ``at``."""
+    def run(self, b: int, w: int) -> Tensor:
+        """One step over the first ``b`` rows and ``w`` positions: mark ``at`` visible, decode, advance
+        ``at``. Attention reads only the window's ``w`` positions (``at`` lies inside it)."""
         self.keys[:b].index_fill_(1, self.at, True)
         logits = decode_step(self._model(), self.cos, self.sin, self.tok[:b], self.pos[:b], self.at,
-                             self.keys[:b], [k[:b] for k in self.ks], [v[:b] for v in self.vs])
+                             self.keys[:b, :w], [k[:b, :, :w] for k in self.ks], [v[:b, :, :w] for v in self.vs])
         self.at.add_(1)
         return logits  # (b, V)
 
-    def step(self, b: int, tok: Tensor, pos: Tensor) -> Tensor:
+    def window(self, at: int) -> int:
+        """The positions a step writing ``at`` attends over: a multiple of ``S_WINDOW`` with room for
+        the capture's warm-up writes, at most the arena's."""
+        return min(self.S, -(-(at + WARMUP_STEPS + 1) // S_WINDOW) * S_WINDOW)
+
+    def step(self, b: int, at: int, tok: Tensor, pos: Tensor) -> Tensor:
+        """One step over ``b`` rows writing position ``at`` (the host's count: no device read)."""
         self.tok[:b].copy_(tok)
         self.pos[:b].copy_(pos)
-        key = (b, autocast_dtype(self.at.device))
+        w = self.window(at)
+        key = (b, w, autocast_dtype(self.at.device))
         entry = self.steps.get(key)
         if entry is None:
             if self.use_graphs:
                 if self.pool is None:
                     self.pool = torch.cuda.graph_pool_handle()
-                saved = self._save_state(b)
-                graph, out = capture(lambda: self.run(b), self.pool, key[1], self.at.device)
-                self._restore_state(b, saved)
+                graph, out = capture(lambda: self.run(b, w), self.pool, key[2], self.at.device)
+                self._undo_warmup(b, at)
                 entry = (graph.replay, out)
             else:
                 entry = (None, None)
             self.steps[key] = entry
         replay, out = entry
         if replay is None:
-            return self.run(b)
+            return self.run(b, w)
         replay()
         return out  # (b, V), overwritten by the next step
 
-    def _save_state(self, b: int) -> int:
-        """Capture's warm-up runs write the cache at ``at`` onwards and advance it. Every position past
-        ``at`` is still unwritten (zero, masked), so putting that back needs only ``at`` itself."""
-        return int(self.at.item())  # a host read, once per capture
-
-    def _restore_state(self, b: int, at: int) -> None:
+    def _undo_warmup(self, b: int, at: int) -> None:
+        """Capture's warm-up runs wrote the cache from ``at`` on and advanced it. Every position past
+        ``at`` was still unwritten (zero, masked), so this puts the arena back as it was."""
         span = slice(at, at + WARMUP_STEPS + 1)
         self.at.fill_(at)
         self.keys[:b, span] = False
@@ -200,7 +207,8 @@ def arena_for(model: nn.Module, N: int, total: int, device: torch.device, use_gr
     """The model's arena for N rows and ``total`` positions (rows rounded to a bucket, positions to
     ``S_BUCKET``, at most the model's context); built on first use, rebuilt when the parameters moved."""
     limit = getattr(model.config, "max_position_embeddings", None) or total
-    S = min(-(-total // S_BUCKET) * S_BUCKET, max(limit, total))
+    need = total + WARMUP_STEPS + 1  # a capture's warm-up steps write past the last real position
+    S = min(-(-need // S_BUCKET) * S_BUCKET, max(limit, need))
     arenas = _ARENAS.setdefault(model, {})
     key = (bucket(N), S, str(device), use_graphs)
     arena = arenas.get(key)
@@ -240,14 +248,16 @@ class HFStaticAdapter:
         keys = torch.zeros(N, self.arena.S, dtype=torch.bool, device=ids.device)  # (N, S)
         keys[:, : ids.shape[1]] = mask.repeat_interleave(n, dim=0)
         self.arena.load([(layer.keys, layer.values) for layer in out.past_key_values.layers], keys, n)
-        self.rows = N
+        self.rows, self.L = N, ids.shape[1]  # L: the position the next step writes (host-side)
         return out.logits[:, -1].repeat_interleave(n, dim=0)  # (N, V)
 
     def width(self, m: int) -> int:
         return min(bucket(m), self.rows)
 
     def step(self, tok: Tensor, pos: Tensor) -> Tensor:
-        return self.arena.step(self.rows, tok, pos)  # (rows, V)
+        logits = self.arena.step(self.rows, self.L, tok, pos)  # (rows, V)
+        self.L += 1
+        return logits
 
     def select(self, idx: Tensor) -> None:
         self.arena.select(idx)

@@ -30,6 +30,7 @@ def test_the_example_overlay_is_a_track_of_its_own_with_two_families():
 
 
 @pytest.mark.workflow
+@pytest.mark.timeout(1800)  # it may be the test that makes the run (``smoke_run``)
 def test_the_example_track_runs_end_to_end_beside_the_built_in_ones(smoke_run):
     """The suite's smoke run (tests/conftest.py: ``smoke_run``) holds the example's track and families
     beside the built-in tracks: its data, base model, runs, evaluations, report section, families and

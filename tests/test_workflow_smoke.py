@@ -18,7 +18,8 @@ import yaml
 from rlpipe import contract
 
 FIGURES = [contract.figure_file(kind) for kind in contract.FIGURES]  # results/figures/ file names
-pytestmark = pytest.mark.workflow
+# the first test here may make the run (``smoke_run``), whose setup counts against its timeout
+pytestmark = [pytest.mark.workflow, pytest.mark.timeout(1800)]
 
 
 def test_keyword_track_runs_summary_and_figures(smoke_run):

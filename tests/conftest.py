@@ -660,6 +660,8 @@ for line in sys.stdin:
         code = 1
         try:
             signal.alarm(req["timeout"])
+            os.environ.clear()
+            os.environ.update(req["env"])  # the asking test's environment (its monkeypatched variables)
             os.chdir(req["cwd"])
             for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
                 os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
@@ -681,9 +683,16 @@ DRY_RUN_FLAGS = ("-n", "--dry-run", "--dryrun")
 class DryRuns:
     """``snakemake -n`` without a Python start and Snakemake's import each time: a dry run costs about
     half the CPU of a ``python -m snakemake`` process, most of which is imports (``_DRY_RUN_SERVER``).
-    One server per pytest process, started at its first dry run and ended with the process."""
+    One server per pytest process, started at its first dry run and ended with the process. A run gets
+    the asking process's environment variables; one whose ``PYTHONPATH`` differs from the server's
+    (modules it imports from elsewhere) is not a dry run for the server (``serves``)."""
 
     _server: subprocess.Popen | None = None
+    _pythonpath: str | None = None
+
+    @classmethod
+    def serves(cls) -> bool:
+        return cls._server is None or os.environ.get("PYTHONPATH") == cls._pythonpath
 
     @classmethod
     def run(cls, cmd: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -693,11 +702,13 @@ class DryRuns:
         if cls._server is None or cls._server.poll() is not None:
             cls._server = subprocess.Popen([sys.executable, "-c", _DRY_RUN_SERVER], stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            cls._pythonpath = os.environ.get("PYTHONPATH")
             atexit.register(cls._server.stdin.close)  # the server's loop ends at EOF
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            cls._server.stdin.write(json.dumps({"args": cmd[3:], "cwd": str(cwd), "stdout": str(out),
-                                                "stderr": str(err), "timeout": timeout}) + "\n")
+            request = {"args": cmd[3:], "cwd": str(cwd), "stdout": str(out), "stderr": str(err), "timeout": timeout,
+                       "env": dict(os.environ)}
+            cls._server.stdin.write(json.dumps(request) + "\n")
             cls._server.stdin.flush()
             answer = cls._server.stdout.readline()
             if not answer:
@@ -711,7 +722,7 @@ def _run_snakemake(workdir: Path, *args: str, check: bool = True, env: dict | No
     """The project's Snakefile in ``workdir``; a dry run in this process's environment goes through
     ``DryRuns``, anything else (a real run, another environment) is a ``python -m snakemake`` process."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
-    if env is None and set(args) & set(DRY_RUN_FLAGS):
+    if env is None and set(args) & set(DRY_RUN_FLAGS) and DryRuns.serves():
         proc = DryRuns.run(cmd, workdir, timeout)
     else:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=workdir, env=env)
@@ -782,7 +793,7 @@ class SmokeRun:
         env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
         cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(self.workdir),
                *args, "--configfile", *configfiles]
-        if set(args) & set(DRY_RUN_FLAGS):  # no job runs: no PATH needed
+        if set(args) & set(DRY_RUN_FLAGS) and DryRuns.serves():  # no job runs: no PATH needed
             proc = DryRuns.run(cmd, self.workdir, timeout)
         else:
             proc = subprocess.run(cmd, cwd=self.workdir, env=env, capture_output=True, text=True, timeout=timeout)

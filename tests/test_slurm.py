@@ -3,12 +3,20 @@ this host, two fake GPUs each, no accounting database), driven through the shipp
 workflow/profiles/slurm exactly as docs/gpu-and-clusters.md#slurm shows.
 
 Where the cluster cannot be brought up (not root, no apt-get) these tests skip with the script's one
-line, and fail instead when CI=true. The smoke run is done once (module fixture); the other tests copy
-its data and base model and train only.
+line, and fail instead when CI=true. The smoke run is done once (module fixture), the whole smoke
+workflow with GPUs declared: every job through sbatch, each with the GPUs it declares (benchmarks and
+evaluations too). The other tests copy its data and base model and train only.
+
+No process of a test outlives it: SLURM's process tracking here (proctrack/linuxproc) loses a
+re-parented process, and a job-level Snakemake left by a stopped job once outlived CI. After each test
+(and the smoke run) its SLURM jobs still queued or running are cancelled and every process whose
+working directory, command line or environment names the test's directory gets SIGTERM, then SIGKILL;
+the test fails if one survives that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -32,8 +41,88 @@ PROFILE = ROOT / "workflow" / "profiles" / "slurm"
 GPUS = {"workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 2}}
 FAST = ["--slurm-init-seconds-before-status-checks", "5"]
 TRAINS = ["results/runs/onpolicy/metrics.parquet", "results/runs/disagg/metrics.parquet"]
+#: the GPUs each job of the smoke workflow declares with GPUS (train.device stays cpu: the benchmarks
+#: and evaluations that run where training runs take none; the scaling bench's points are training runs)
+SMOKE_GPUS = {"train_variant onpolicy": 1, "train_variant k2": 1, "train_variant disagg": 2,
+              "train_variant math onpolicy": 1, "bench_scaling": 2, "bench_weight_sync": 2,
+              "bench_sampler": 0, "bench_update": 0, "evaluate_model math base": 0}
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE")
 
-pytestmark = [pytest.mark.workflow, pytest.mark.timeout(1500)]
+SLURM_DAEMONS = ("slurmstepd", "slurmd", "slurmctld", "munged")
+
+pytestmark = [pytest.mark.workflow, pytest.mark.timeout(2400)]
+
+
+def processes_of(root: Path) -> list[psutil.Process]:
+    """Processes whose working directory, command line or environment names ``root`` (a test's
+    directory): its Snakemake, the jobs SLURM started there, their commands and their Ray instances.
+    Not this process or its parents."""
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    here, out = str(root), []
+
+    def names(text: str) -> bool:
+        return text == here or f"{here}/" in text
+
+    for p in psutil.process_iter():
+        if p.pid in mine:
+            continue
+        try:
+            if p.name().startswith(SLURM_DAEMONS):  # SLURM's own (a job step's slurmstepd is SLURM's to end)
+                continue
+            if names(p.cwd()) or any(map(names, p.cmdline())) or any(map(names, p.environ().values())):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def describe(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {' '.join(p.cmdline())[:200]}"
+    except psutil.Error:
+        return f"{p.pid} (gone)"
+
+
+def end_everything_of(root: Path, grace: float = 10) -> list[str]:
+    """Cancel the SLURM jobs still queued or running in ``root``'s workdirs, then SIGTERM every process
+    of ``root`` (``processes_of``), SIGKILL what is left after ``grace`` s; returns what was ended."""
+    for w in (d for d in [root, *root.iterdir()] if d.is_dir()):
+        live = [j["JobId"] for j in slurm.jobs_here(w) or [] if j.get("JobState") not in ENDED]
+        if live:
+            subprocess.run(["scancel", *live], capture_output=True, timeout=30)
+    ended: list[str] = []
+    for attempt in range(5):  # a loop in a leftover may start a child between a scan and the kill
+        procs = processes_of(root)
+        if not procs:
+            break
+        ended += [describe(p) for p in procs]
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill() if attempt else p.terminate()
+        _, alive = psutil.wait_procs(procs, timeout=grace if attempt == 0 else 5)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+    return ended
+
+
+def assert_none_outlives(root: Path) -> None:
+    ended = end_everything_of(root)
+    survivors = [describe(p) for p in processes_of(root)]
+    assert not survivors, f"processes of {root} survived SIGKILL: {survivors} (ended: {ended})"
+    if ended:
+        print(f"ended what the test left in {root}: {ended}")
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(request):
+    """After each test that has a directory: nothing of it still queued or running (module docstring)."""
+    root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if root is not None:
+        assert_none_outlives(root)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +156,19 @@ def start(workdir: Path, *targets: str, **kw) -> subprocess.Popen:
 
 def read(workdir: Path) -> str:
     return (workdir / "snakemake.out").read_text()
+
+
+def finish_recording_jobs(proc: subprocess.Popen, workdir: Path, timeout: float) -> tuple[int, str, list[dict]]:
+    """``finish``, with every SLURM job of ``workdir`` recorded while it runs (slurmctld forgets an
+    ended job after MinJobAge: a long run's first jobs would be gone at its end); a job's last record."""
+    seen: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen.update({j["JobId"]: j for j in slurm.jobs_here(workdir) or []})
+        time.sleep(5)
+    rc, out = finish(proc, workdir, max(1.0, deadline - time.monotonic()))
+    seen.update({j["JobId"]: j for j in job_records(workdir)})
+    return rc, out, list(seen.values())
 
 
 def finish(proc: subprocess.Popen, workdir: Path, timeout: float) -> tuple[int, str]:
@@ -104,33 +206,46 @@ def workdir_with(tmp_path: Path, overlay: dict, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def smoke_run(cluster, tmp_path_factory):
-    """The smoke workflow, one colocated and one disaggregated variant, through the SLURM profile."""
-    w = workdir_with(tmp_path_factory.mktemp("slurm"), GPUS, "smoke")
-    proc = start(w, *TRAINS, overlays=("config/smoke.yaml", "config/test.yaml"), extra=("--resources", "gpu=2"))
-    rc, out = finish(proc, w, timeout=1200)
-    return w, rc, out, job_records(w)
+    """The whole smoke workflow (its default target: every job) through the SLURM profile, with GPUs
+    declared; every job's SLURM record, kept while it runs."""
+    root = tmp_path_factory.mktemp("slurm")
+    w = workdir_with(root, GPUS, "smoke")
+    proc = start(w, overlays=("config/smoke.yaml", "config/test.yaml"), extra=("--resources", "gpu=2"))
+    rc, out, jobs = finish_recording_jobs(proc, w, timeout=2100)
+    assert_none_outlives(root)
+    yield w, rc, out, jobs
+    assert_none_outlives(root)
 
 
 def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(smoke_run):
     w, rc, out, jobs = smoke_run
     assert rc == 0, out[-4000:]
     assert "localrule" not in out.replace("localrule all:", ""), "a job ran outside SLURM"
-    submitted = re.findall(r"submitted with SLURM jobid (\d+)", out)
-    assert len(submitted) >= 6, out[-3000:]  # data, corpus, tokenizer, pretraining and the two runs
-    by_label = {slurm.job_label(j): j for j in jobs}
-    gpus = {}
-    for variant in ("onpolicy", "disagg"):
-        job = by_label[f"train_variant {variant}"]
-        assert job["JobState"] == "COMPLETED", job
-        info = json.loads((w / f"results/runs/{variant}/run_info.json").read_text())
-        assert info["finished"] is True, info
-        # SLURM's own record of the GPUs the job was given (sbatch --gpus), and the GPUs the run saw
-        # (its Ray instance started with CUDA_VISIBLE_DEVICES from SLURM)
-        gpus[variant] = (job_gpus(job), info["devices"], info["device_type"])
-    assert gpus == {"onpolicy": (1, 1, "gpu"), "disagg": (2, 2, "gpu")}, gpus
-    # the onsuccess hook ran under the cluster executor (it used to fail on workflow.cores)
+    submitted = set(re.findall(r"submitted with SLURM jobid (\d+)", out))
+    by_label = {words(slurm.job_label(j)): j for j in jobs}  # 'train_variant math__onpolicy': the math track's
+    # every job Snakemake submitted ran to completion under SLURM, the benchmarks and evaluations too
+    assert submitted == {j["JobId"] for j in jobs}, (sorted(submitted), sorted(by_label))
+    assert {j["JobState"] for j in jobs} == {"COMPLETED"}, [(k, j["JobState"]) for k, j in by_label.items()]
     timing = json.loads((w / "results/run_timing.json").read_text())
-    assert timing["cores"] is None and timing["rules"]["train_variant"] == 2, timing
+    assert sum(timing["rules"].values()) - timing["rules"].get("all", 0) == len(submitted), timing
+    assert {"bench_scaling", "bench_weight_sync", "bench_sampler", "bench_update", "evaluate_model",
+            "train_family_run", "report_family", "aggregate_metrics", "write_results_page"} <= set(timing["rules"])
+    # SLURM's own record of the GPUs each job was given (sbatch --gpus) is what the job declares
+    assert {k: job_gpus(by_label[k]) for k in SMOKE_GPUS} == SMOKE_GPUS
+    for variant, n in (("onpolicy", 1), ("disagg", 2)):
+        info = json.loads((w / f"results/runs/{variant}/run_info.json").read_text())
+        # the GPUs the run saw (its Ray instance started with CUDA_VISIBLE_DEVICES from SLURM)
+        assert info["finished"] is True and (info["devices"], info["device_type"]) == (n, "gpu"), info
+    # the scaling bench's points trained on the GPUs its job was given (they found none before)
+    assert json.loads((w / "results/bench/scaling.json").read_text())["gpus"] == 2
+    assert "its points run on 2 GPU(s)" in (w / "logs/bench_scaling/bench_scaling.log").read_text()
+    # the onsuccess hook ran under the cluster executor (it used to fail on workflow.cores)
+    assert timing["cores"] is None and timing["rules"]["train_variant"] == 4, timing
+
+
+def words(label: str) -> str:
+    """A job label with its separators as single spaces ('math/' and '_' between wildcards alike)."""
+    return " ".join(re.split(r"\s+|_{2,}", label.strip().replace("/", "_")))
 
 
 def job_gpus(job: dict) -> int:
@@ -144,7 +259,7 @@ def test_gpu_jobs_never_exceed_the_gpus_given(smoke_run):
     """--resources gpu=2: a disaggregated job (2 GPUs) never overlaps the colocated one (1)."""
     _, _, _, jobs = smoke_run
     spans = [(j["StartTime"], j["EndTime"], job_gpus(j)) for j in jobs if job_gpus(j)]
-    assert len(spans) == 2, jobs
+    assert len(spans) >= sum(1 for n in SMOKE_GPUS.values() if n), jobs
     for start_t, _, _ in spans:
         assert sum(n for s, e, n in spans if s <= start_t < e) <= 2, spans
 
@@ -259,3 +374,28 @@ def test_a_stop_signal_ends_snakemake_within_30_s_and_says_what_became_of_its_jo
                                        and j["JobState"] not in ("RUNNING", "COMPLETING")), None), 60, "job end")
         assert state == "CANCELLED", state
     assert not (w / ".snakemake" / "locks").exists() or not any((w / ".snakemake" / "locks").iterdir())
+
+
+def test_what_a_test_leaves_is_ended_even_when_it_ignores_sigterm(tmp_path, live_processes):
+    """The leftover that outlived CI ignored SIGTERM and had been re-parented: one like it (its own
+    session, SIGTERM ignored) and one whose environment names the test's directory are ended; a
+    process of another directory is left alone."""
+    w, other = tmp_path / "w", tmp_path.parent / f"{tmp_path.name}-other"
+    w.mkdir()
+    other.mkdir(exist_ok=True)
+    stubborn = subprocess.Popen(["bash", "-c", "trap '' TERM; while :; do sleep 1; done"], cwd=w,
+                                start_new_session=True)
+    named = subprocess.Popen(["sleep", "300"], cwd="/", env=dict(os.environ, RLPIPE_TEST_DIR=str(w)))
+    bystander = subprocess.Popen(["sleep", "300"], cwd=other)
+    try:
+        time.sleep(0.5)
+        found = {p.pid for p in processes_of(tmp_path)}
+        assert {stubborn.pid, named.pid} <= found and bystander.pid not in found, found
+        ended = end_everything_of(tmp_path, grace=2)
+        assert len(ended) >= 2 and live_processes([psutil.Process(bystander.pid)]), ended
+        assert not [p for p in (stubborn, named) if p.poll() is None and psutil.pid_exists(p.pid)], ended
+        assert not processes_of(tmp_path)
+    finally:
+        bystander.kill()
+        bystander.wait()
+        shutil.rmtree(other, ignore_errors=True)

@@ -30,7 +30,9 @@ from pathlib import Path
 import pytest
 
 from rlpipe import slurm
-from test_slurm import cluster  # noqa: F401 (the fixture: SLURM up, or skipped with its reason)
+
+# the fixtures: SLURM up (or skipped with its reason); nothing of a test left running after it
+from test_slurm import cluster, no_leftovers  # noqa: F401
 
 pytestmark = [pytest.mark.workflow, pytest.mark.ray, pytest.mark.timeout(900)]
 

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from rlpipe import contract
 from rlpipe.analysis import (
     aggregate,
     answers_math,
-    contract,
     deliverables,
     family_answer,
     results_page,

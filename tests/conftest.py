@@ -9,8 +9,10 @@
 - ``shared_dir`` / ``build_once``: a directory every xdist worker of the run shares, and something built
   into one once per run, whichever worker asks first (the others wait and reuse it).
 - ``smoke_run``: the one smoke workflow run of the suite (``config/smoke.yaml`` with the built-in tracks
-  and the worked example's track, its report), read by tests/test_workflow_smoke.py and
-  tests/test_example_workflow.py.
+  and the worked example's track, its report), read by tests/test_workflow_smoke.py,
+  tests/test_example_workflow.py and tests/test_slurm.py; through SLURM where its test cluster is up.
+- ``cluster`` / ``slurm_smoke``: the test SLURM cluster (tests/slurm_harness.py) and the smoke run
+  through it (tests/test_slurm.py, tests/test_slurm_multinode.py).
 - ``digest_cache``: the session's cache of the run fingerprint's file digests (autouse).
 - ``tiny_base``: a briefly trained micro TransformerLM and a keyword dataset (trainer tests).
 - ``write_config`` / ``make_dataset`` / ``make_base``: factories for trainer configs, keyword datasets
@@ -73,10 +75,10 @@ def pytest_report_header(config) -> str:
             f" (ATEN_CPU_CAPABILITY={forced or 'unset'}) on {cpu}\n{describe()}")
 
 
-#: Test files that form one pytest-xdist work unit together (else each file is its own unit): the
-#: SLURM tests share one test cluster, whose two nodes one of their runs may fill; the smoke and the
-#: example-track tests read one smoke workflow run (``smoke_run``).
-SHARED_UNITS = {"tests/test_slurm.py": "slurm", "tests/test_slurm_multinode.py": "slurm",
+#: Test files that form one pytest-xdist work unit together (else each file is its own unit): the smoke,
+#: example-track and SLURM tests read one smoke workflow run (``smoke_run``, made through SLURM in CI),
+#: and the SLURM tests share one test cluster, whose two nodes one of their runs may fill.
+SHARED_UNITS = {"tests/test_slurm.py": "smoke", "tests/test_slurm_multinode.py": "smoke",
                 "tests/test_workflow_smoke.py": "smoke", "tests/test_example_workflow.py": "smoke"}
 #: A rough cost in seconds of one test, by its costliest marker (a Snakemake run, a Ray run, a dry
 #: run, a learning test; else short). A unit's estimate is the sum over its tests. Units go out with
@@ -691,11 +693,13 @@ class DryRuns:
     _pythonpath: str | None = None
 
     @classmethod
-    def serves(cls) -> bool:
-        return cls._server is None or os.environ.get("PYTHONPATH") == cls._pythonpath
+    def serves(cls, env: dict | None = None) -> bool:
+        """Whether a dry run in ``env`` (default: this process's) can go through the server."""
+        env = os.environ if env is None else env
+        return cls._server is None or env.get("PYTHONPATH") == cls._pythonpath
 
     @classmethod
-    def run(cls, cmd: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    def run(cls, cmd: list[str], cwd: Path, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
         import atexit
         import tempfile
 
@@ -707,7 +711,7 @@ class DryRuns:
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             request = {"args": cmd[3:], "cwd": str(cwd), "stdout": str(out), "stderr": str(err), "timeout": timeout,
-                       "env": dict(os.environ)}
+                       "env": dict(os.environ if env is None else env)}
             cls._server.stdin.write(json.dumps(request) + "\n")
             cls._server.stdin.flush()
             answer = cls._server.stdout.readline()
@@ -719,11 +723,12 @@ class DryRuns:
 
 def _run_snakemake(workdir: Path, *args: str, check: bool = True, env: dict | None = None,
                    timeout: int = 600) -> subprocess.CompletedProcess:
-    """The project's Snakefile in ``workdir``; a dry run in this process's environment goes through
-    ``DryRuns``, anything else (a real run, another environment) is a ``python -m snakemake`` process."""
+    """The project's Snakefile in ``workdir``; a dry run goes through ``DryRuns`` (in ``env``, default
+    this process's environment), anything else (a real run, another ``PYTHONPATH``) is a
+    ``python -m snakemake`` process."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
-    if env is None and set(args) & set(DRY_RUN_FLAGS) and DryRuns.serves():
-        proc = DryRuns.run(cmd, workdir, timeout)
+    if set(args) & set(DRY_RUN_FLAGS) and DryRuns.serves(env):
+        proc = DryRuns.run(cmd, workdir, timeout, env)
     else:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=workdir, env=env)
     if check and proc.returncode != 0:
@@ -771,52 +776,112 @@ def build_once(tmp_path_factory, name: str, build) -> Path:
 
 #: The suite's one smoke workflow run: config/smoke.yaml over the default config with the worked
 #: example's overlay (a user's track, examples/wordrev) and ``SMOKE_TRACKS``, which runs the built-in
-#: tracks and the example's side by side: the tests of the smoke run and of the example read one run.
+#: tracks and the example's side by side: the tests of the smoke run, of the example and of SLURM read
+#: one run. Where the test SLURM cluster is up (CI brings it up first) the run goes through it, every
+#: job an sbatch job with the GPUs it declares (``SLURM_GPUS``), as a cluster user runs it.
 SMOKE_CONFIGS = ("config/config.yaml", "config/smoke.yaml", "examples/wordrev/config.yaml",
                  "config/smoke_tracks.yaml")
 SMOKE_TRACKS = {"workflow": {"tracks": ["keyword", "math", "wordrev"],
                              "families": ["epochs_per_batch", "systems", "wordrev_systems", "wordrev_lr"]}}
+SLURM_GPUS_FILE = "config/slurm_gpus.yaml"
 
 
 class SmokeRun:
     """A working directory holding copies of config/ and examples/wordrev/, where the workflow ran on
-    ``SMOKE_CONFIGS`` (``results/``, ``report.html``)."""
-
-    configfiles = SMOKE_CONFIGS
+    ``configfiles`` (``results/``, ``report.html``). Through SLURM: ``slurm_jobs`` (every job's last
+    record) and ``output`` (Snakemake's), else None."""
 
     def __init__(self, workdir: Path):
         self.workdir, self.results = workdir, workdir / "results"
+        jobs = workdir / "slurm_jobs.json"
+        self.slurm_jobs = json.loads(jobs.read_text()) if jobs.exists() else None
+        self.configfiles = SMOKE_CONFIGS + ((SLURM_GPUS_FILE,) if self.slurm_jobs is not None else ())
+        self.output = (workdir / "snakemake.out").read_text() if self.slurm_jobs is not None else None
 
-    def snakemake(self, *args: str, configfiles=SMOKE_CONFIGS, timeout: int = 1800) -> subprocess.CompletedProcess:
-        """``snakemake ARGS --configfile CONFIGFILES`` here; a failure raises with every job log's tail.
-        The venv's bin/ leads PATH, as for a user who activated it (the jobs' ``rlpipe``, ``python``)."""
+    def snakemake(self, *args: str, configfiles=None, timeout: int = 1800) -> subprocess.CompletedProcess:
+        """``snakemake ARGS --configfile CONFIGFILES`` (default: the run's) here, on this machine; a
+        failure raises with every job log's tail. The venv's bin/ leads PATH, as for a user who
+        activated it (the jobs' ``rlpipe``, ``python``)."""
         env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
         cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(self.workdir),
-               *args, "--configfile", *configfiles]
+               *args, "--configfile", *(configfiles or self.configfiles)]
         if set(args) & set(DRY_RUN_FLAGS) and DryRuns.serves():  # no job runs: no PATH needed
             proc = DryRuns.run(cmd, self.workdir, timeout)
         else:
             proc = subprocess.run(cmd, cwd=self.workdir, env=env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
-            logs = "\n".join(f"== {p}\n{p.read_text()[-1500:]}" for p in sorted((self.workdir / "logs").rglob("*.log")))
-            raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}\n{logs}")
+            raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}\n{self.job_logs()}")
         return proc
 
+    def job_logs(self) -> str:
+        return "\n".join(f"== {p}\n{p.read_text()[-1500:]}" for p in sorted((self.workdir / "logs").rglob("*.log")))
 
-def _smoke_build(workdir: Path) -> None:
+
+def slurm_up() -> bool:
+    """The test SLURM cluster answers (tests/slurm/cluster.sh status): CI brings it up before pytest."""
+    from slurm_harness import CLUSTER
+
+    return shutil.which("sinfo") is not None and subprocess.run(
+        ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0
+
+
+def build_smoke(workdir: Path, through_slurm: bool) -> None:
+    """The smoke workflow run (its default target) and its report in ``workdir``: on this machine, or
+    through SLURM's workflow profile with GPUs declared (every job's SLURM record kept in
+    slurm_jobs.json; nothing of the run left running)."""
+    import slurm_harness as sh
+
     shutil.copytree(ROOT / "config", workdir / "config")
     shutil.copytree(ROOT / "examples" / "wordrev", workdir / "examples" / "wordrev")
     (workdir / SMOKE_CONFIGS[-1]).write_text(yaml.safe_dump(SMOKE_TRACKS, sort_keys=False))
-    run = SmokeRun(workdir)
-    run.snakemake("--cores", "2")
-    run.snakemake("--report", "report.html", timeout=600)
+    if through_slurm:
+        (workdir / SLURM_GPUS_FILE).write_text(yaml.safe_dump(sh.GPUS))
+        proc = sh.start(workdir, overlays=(*SMOKE_CONFIGS, SLURM_GPUS_FILE),
+                        extra=("--resources", f"gpu={sh.SLURM_GPU_POOL}"))
+        try:
+            rc, out, jobs = sh.finish_recording_jobs(proc, workdir, timeout=1800)
+        finally:
+            sh.assert_none_outlives(workdir)
+        if rc != 0:
+            raise AssertionError(f"the smoke run through SLURM failed (exit {rc}):\n{out[-4000:]}\n"
+                                 f"{SmokeRun(workdir).job_logs()}")
+        (workdir / "slurm_jobs.json").write_text(json.dumps(jobs))
+    else:
+        SmokeRun(workdir).snakemake("--cores", "2")
+    SmokeRun(workdir).snakemake("--report", "report.html", timeout=600)
 
 
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory) -> SmokeRun:
-    """The smoke workflow run (``SMOKE_CONFIGS``) and its report, made once per run (``build_once``);
-    tests read it and may dry-run against it, never change its results."""
-    return SmokeRun(build_once(tmp_path_factory, "smoke_run", _smoke_build))
+    """The smoke workflow run (``SMOKE_CONFIGS``) and its report, made once per run (``build_once``),
+    through SLURM where its test cluster is up; tests read it and may dry-run against it, never change
+    its results."""
+    return SmokeRun(build_once(tmp_path_factory, "smoke_run", lambda d: build_smoke(d, slurm_up())))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The test SLURM cluster (tests/slurm_harness.py), brought up or found up; stopped afterwards only
+    if this fixture started it. Where it cannot be brought up (not root, no apt-get) a test skips with
+    the script's one line, and fails instead when CI=true."""
+    from slurm_harness import Cluster
+
+    c = Cluster()
+    if not c.available:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the SLURM tests: {c.reason}")
+        pytest.skip(c.reason)
+    yield c
+    c.down()
+
+
+@pytest.fixture(scope="module")
+def slurm_smoke(cluster, smoke_run, tmp_path_factory) -> SmokeRun:
+    """The whole smoke workflow (its default target: every job) through the SLURM profile with GPUs
+    declared: the suite's smoke run where it went through SLURM (CI), else one made here."""
+    if smoke_run.slurm_jobs is not None:
+        return smoke_run
+    return SmokeRun(build_once(tmp_path_factory, "slurm_smoke_run", lambda d: build_smoke(d, True)))
 
 
 # --------------------------------------------------------------------------- processes

@@ -3,9 +3,10 @@ this host, two fake GPUs each, no accounting database), driven through the shipp
 workflow/profiles/slurm exactly as docs/gpu-and-clusters.md#slurm shows.
 
 Where the cluster cannot be brought up (not root, no apt-get) these tests skip with the script's one
-line, and fail instead when CI=true. The smoke run is done once (module fixture), the whole smoke
-workflow with GPUs declared: every job through sbatch, each with the GPUs it declares (benchmarks and
-evaluations too). The other tests copy its data and base model and train only.
+line, and fail instead when CI=true (``cluster`` in tests/conftest.py). The whole smoke workflow runs
+through it once with GPUs declared (``slurm_smoke``: in CI the suite's one smoke run, else one of its
+own): every job through sbatch, each with the GPUs it declares (benchmarks and evaluations too). The
+other tests copy its data and base model and train only.
 
 No process of a test outlives it: SLURM's process tracking here (proctrack/linuxproc) loses a
 re-parented process, and a job-level Snakemake left by a stopped job once outlived CI. After each test
@@ -16,14 +17,12 @@ the test fails if one survives that.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,88 +31,28 @@ import pytest
 import yaml
 
 from rlpipe import slurm
+from slurm_harness import (
+    SLURM_GPU_POOL,
+    assert_none_outlives,
+    end_everything_of,
+    finish,
+    job_records,
+    processes_of,
+    read,
+    start,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
-PROFILE = ROOT / "workflow" / "profiles" / "slurm"
-# What the test adds to the docs' command: fake GPUs per variant (train.device stays cpu), how many
-# GPU jobs may run at once, and a shorter first status check than the profile's (a test-speed setting).
-GPUS = {"workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 2}}
-FAST = ["--slurm-init-seconds-before-status-checks", "5"]
 TRAINS = ["results/runs/onpolicy/metrics.parquet", "results/runs/disagg/metrics.parquet"]
-#: the GPUs each job of the smoke workflow declares with GPUS (train.device stays cpu: the benchmarks
-#: and evaluations that run where training runs take none; the scaling bench's points are training runs)
+#: the GPUs each job of the smoke workflow declares with slurm_harness.GPUS (train.device stays cpu: the
+#: benchmarks and evaluations that run where training runs take none; the scaling bench's points are
+#: training runs)
 SMOKE_GPUS = {"train_variant onpolicy": 1, "train_variant k2": 1, "train_variant disagg": 2,
-              "train_variant math onpolicy": 1, "bench_scaling": 2, "bench_weight_sync": 2,
-              "bench_sampler": 0, "bench_update": 0, "evaluate_model math base": 0}
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE")
-
-SLURM_DAEMONS = ("slurmstepd", "slurmd", "slurmctld", "munged")
+              "train_variant math onpolicy": 1, "train_variant tracks_wordrev disagg": 2,
+              "bench_scaling": 2, "bench_weight_sync": 2, "bench_sampler": 0, "bench_update": 0,
+              "evaluate_model math base": 0}
 
 pytestmark = [pytest.mark.workflow, pytest.mark.timeout(2400)]
-
-
-def processes_of(root: Path) -> list[psutil.Process]:
-    """Processes whose working directory, command line or environment names ``root`` (a test's
-    directory): its Snakemake, the jobs SLURM started there, their commands and their Ray instances.
-    Not this process or its parents."""
-    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-    here, out = str(root), []
-
-    def names(text: str) -> bool:
-        return text == here or f"{here}/" in text
-
-    for p in psutil.process_iter():
-        if p.pid in mine:
-            continue
-        try:
-            if p.name().startswith(SLURM_DAEMONS):  # SLURM's own (a job step's slurmstepd is SLURM's to end)
-                continue
-            if names(p.cwd()) or any(map(names, p.cmdline())) or any(map(names, p.environ().values())):
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
-
-def describe(p: psutil.Process) -> str:
-    try:
-        return f"{p.pid} {' '.join(p.cmdline())[:200]}"
-    except psutil.Error:
-        return f"{p.pid} (gone)"
-
-
-def end_everything_of(root: Path, grace: float = 10) -> list[str]:
-    """Cancel the SLURM jobs still queued or running in ``root``'s workdirs, then SIGTERM every process
-    of ``root`` (``processes_of``), SIGKILL what is left after ``grace`` s; returns what was ended."""
-    for w in (d for d in [root, *root.iterdir()] if d.is_dir()):
-        live = [j["JobId"] for j in slurm.jobs_here(w) or [] if j.get("JobState") not in ENDED]
-        if live:
-            subprocess.run(["scancel", *live], capture_output=True, timeout=30)
-    ended: list[str] = []
-    for attempt in range(5):  # a loop in a leftover may start a child between a scan and the kill
-        procs = processes_of(root)
-        if not procs:
-            break
-        ended += [describe(p) for p in procs]
-        for p in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill() if attempt else p.terminate()
-        _, alive = psutil.wait_procs(procs, timeout=grace if attempt == 0 else 5)
-        for p in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-        psutil.wait_procs(alive, timeout=5)
-    return ended
-
-
-def assert_none_outlives(root: Path) -> None:
-    ended = end_everything_of(root)
-    survivors = [describe(p) for p in processes_of(root)]
-    assert not survivors, f"processes of {root} survived SIGKILL: {survivors} (ended: {ended})"
-    if ended:
-        print(f"ended what the test left in {root}: {ended}")
 
 
 @pytest.fixture(autouse=True)
@@ -123,68 +62,6 @@ def no_leftovers(request):
     yield
     if root is not None:
         assert_none_outlives(root)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """Bring SLURM up (or find it up); stop it afterwards only if this fixture started it."""
-    was_up = shutil.which("sinfo") is not None and subprocess.run(
-        ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0
-    proc = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True, timeout=600)
-    if proc.returncode == 2:
-        line = proc.stderr.strip().splitlines()[-1]
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the SLURM tests: {line}")
-        pytest.skip(line)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    yield
-    if not was_up:
-        subprocess.run(["bash", str(CLUSTER), "down"], capture_output=True, timeout=120)
-
-
-def command(workdir: Path, *targets: str, overlays=("config/smoke.yaml",), extra=()) -> list[str]:
-    """The docs' command: targets, the workflow profile, the overlays, plus what the test sets."""
-    return [sys.executable, "-m", "snakemake", *targets, "-s", str(ROOT / "Snakefile"), "--directory",
-            str(workdir), "--workflow-profile", str(PROFILE), *FAST, *extra, "--configfile", *overlays]
-
-
-def start(workdir: Path, *targets: str, **kw) -> subprocess.Popen:
-    with open(workdir / "snakemake.out", "w") as log:  # the child keeps its own descriptor
-        return subprocess.Popen(command(workdir, *targets, **kw), cwd=workdir, stdout=log,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def read(workdir: Path) -> str:
-    return (workdir / "snakemake.out").read_text()
-
-
-def finish_recording_jobs(proc: subprocess.Popen, workdir: Path, timeout: float) -> tuple[int, str, list[dict]]:
-    """``finish``, with every SLURM job of ``workdir`` recorded while it runs (slurmctld forgets an
-    ended job after MinJobAge: a long run's first jobs would be gone at its end); a job's last record."""
-    seen: dict[str, dict] = {}
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        seen.update({j["JobId"]: j for j in slurm.jobs_here(workdir) or []})
-        time.sleep(5)
-    rc, out = finish(proc, workdir, max(1.0, deadline - time.monotonic()))
-    seen.update({j["JobId"]: j for j in job_records(workdir)})
-    return rc, out, list(seen.values())
-
-
-def finish(proc: subprocess.Popen, workdir: Path, timeout: float) -> tuple[int, str]:
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise AssertionError(f"snakemake still running after {timeout:.0f} s:\n{read(workdir)[-3000:]}") from None
-    return rc, read(workdir)
-
-
-def job_records(workdir: Path) -> list[dict]:
-    jobs = slurm.jobs_here(workdir)
-    assert jobs is not None, "scontrol show job did not answer"
-    return jobs
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -204,22 +81,8 @@ def workdir_with(tmp_path: Path, overlay: dict, name: str) -> Path:
     return w
 
 
-@pytest.fixture(scope="module")
-def smoke_run(cluster, tmp_path_factory):
-    """The whole smoke workflow (its default target: every job) through the SLURM profile, with GPUs
-    declared; every job's SLURM record, kept while it runs."""
-    root = tmp_path_factory.mktemp("slurm")
-    w = workdir_with(root, GPUS, "smoke")
-    proc = start(w, overlays=("config/smoke.yaml", "config/test.yaml"), extra=("--resources", "gpu=2"))
-    rc, out, jobs = finish_recording_jobs(proc, w, timeout=2100)
-    assert_none_outlives(root)
-    yield w, rc, out, jobs
-    assert_none_outlives(root)
-
-
-def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(smoke_run):
-    w, rc, out, jobs = smoke_run
-    assert rc == 0, out[-4000:]
+def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(slurm_smoke):
+    w, out, jobs = slurm_smoke.workdir, slurm_smoke.output, slurm_smoke.slurm_jobs
     assert "localrule" not in out.replace("localrule all:", ""), "a job ran outside SLURM"
     submitted = set(re.findall(r"submitted with SLURM jobid (\d+)", out))
     by_label = {words(slurm.job_label(j)): j for j in jobs}  # 'train_variant math__onpolicy': the math track's
@@ -239,8 +102,9 @@ def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(smoke_run):
     # the scaling bench's points trained on the GPUs its job was given (they found none before)
     assert json.loads((w / "results/bench/scaling.json").read_text())["gpus"] == 2
     assert "its points run on 2 GPU(s)" in (w / "logs/bench_scaling/bench_scaling.log").read_text()
-    # the onsuccess hook ran under the cluster executor (it used to fail on workflow.cores)
-    assert timing["cores"] is None and timing["rules"]["train_variant"] == 4, timing
+    # the onsuccess hook ran under the cluster executor (it used to fail on workflow.cores); the training
+    # jobs: keyword's three variants, math's one and the example track's three
+    assert timing["cores"] is None and timing["rules"]["train_variant"] == 7, timing
 
 
 def words(label: str) -> str:
@@ -255,13 +119,13 @@ def job_gpus(job: dict) -> int:
     return int(m.group(1)) if m else 0
 
 
-def test_gpu_jobs_never_exceed_the_gpus_given(smoke_run):
-    """--resources gpu=2: a disaggregated job (2 GPUs) never overlaps the colocated one (1)."""
-    _, _, _, jobs = smoke_run
+def test_gpu_jobs_never_exceed_the_gpus_given(slurm_smoke):
+    """--resources gpu=SLURM_GPU_POOL: the GPU jobs running at once never hold more GPUs than that."""
+    jobs = slurm_smoke.slurm_jobs
     spans = [(j["StartTime"], j["EndTime"], job_gpus(j)) for j in jobs if job_gpus(j)]
     assert len(spans) >= sum(1 for n in SMOKE_GPUS.values() if n), jobs
     for start_t, _, _ in spans:
-        assert sum(n for s, e, n in spans if s <= start_t < e) <= 2, spans
+        assert sum(n for s, e, n in spans if s <= start_t < e) <= SLURM_GPU_POOL, spans
 
 
 def test_unreadable_job_status_fails_within_a_minute_naming_the_setting(cluster, tmp_path):
@@ -277,10 +141,10 @@ def test_unreadable_job_status_fails_within_a_minute_naming_the_setting(cluster,
     assert "submitted with SLURM jobid" not in out
 
 
-def trained_workdir(smoke_run, tmp_path: Path, overlay: dict, name: str) -> Path:
+def trained_workdir(smoke, tmp_path: Path, overlay: dict, name: str) -> Path:
     """A workdir holding the smoke run's data and base model (copied with their times), so that
     only training runs; training long enough (smoke.grpo_steps) to be stopped midway."""
-    src = smoke_run[0]
+    src = smoke.workdir
     w = workdir_with(tmp_path, overlay, name)
     for d in ("results/data", "results/tokenizer", "results/base"):
         shutil.copytree(src / d, w / d)
@@ -299,17 +163,18 @@ def running_training(workdir: Path, variants) -> dict:
     return out if set(out) == set(variants) else {}
 
 
-# ~5 tiny steps a second here: thousands of steps keep a job running for minutes, past a 2-minute --time
+# ~5 tiny steps a second here: thousands of steps keep a job running for minutes, past a 1-minute --time
 LONG = {"smoke": {"grpo_steps": 4000}, "train": {"n_grpo_steps": 4000, "checkpoint_every": 1, "val_every": 200}}
 
 
-def test_cancelled_and_timed_out_training_name_their_log_and_resume(smoke_run, tmp_path):
-    """k2 is cancelled with scancel and onpolicy runs past a 2-minute --time: one line each naming
+def test_cancelled_and_timed_out_training_name_their_log_and_resume(slurm_smoke, tmp_path):
+    """k2 is cancelled with scancel and onpolicy runs past a 1-minute --time (SLURM's
+    smallest; its controller checks limits every 30 s): one line each naming
     the job, its SLURM log and the command that resumes it; the rerun resumes both from checkpoints."""
-    w = trained_workdir(smoke_run, tmp_path, LONG, "killed")
+    w = trained_workdir(slurm_smoke, tmp_path, LONG, "killed")
     targets = ["results/runs/onpolicy/metrics.parquet", "results/runs/k2/metrics.parquet"]
     proc = start(w, *targets, overlays=("config/smoke.yaml", "config/test.yaml"),
-                 extra=("--keep-going", "--set-resources", "train_variant:runtime=2"))
+                 extra=("--keep-going", "--set-resources", "train_variant:runtime=1"))
     try:
         running = wait_for(lambda: running_training(w, {"onpolicy", "k2"}), 400, "checkpointed training jobs")
     except AssertionError:
@@ -326,7 +191,7 @@ def test_cancelled_and_timed_out_training_name_their_log_and_resume(smoke_run, t
         assert f"SLURM job {job['JobId']} (train_variant {variant}) {why}" in line, line
         assert f"SLURM log: {job['StdOut']}" in line and Path(job["StdOut"]).is_file(), line
         assert "resume with: snakemake " in line and "--workflow-profile" in line, line
-    # the rerun (the printed command, less the 2-minute limit) resumes both runs from their checkpoints
+    # the rerun (the printed command, less the 1-minute limit) resumes both runs from their checkpoints
     rerun = start(w, *targets, overlays=("config/smoke.yaml", "config/test.yaml"))
     time.sleep(1)
     wait_for(lambda: all("resuming from" in (w / f"logs/train_variant/{v}.log").read_text()
@@ -343,9 +208,9 @@ def slurmctld_pid() -> int:
 @pytest.mark.parametrize("sig,status_fails", [(signal.SIGTERM, False), (signal.SIGINT, True)],
                          ids=["sigterm-running", "ctrl-c-while-status-fails"])
 def test_a_stop_signal_ends_snakemake_within_30_s_and_says_what_became_of_its_jobs(
-        smoke_run, tmp_path, sig, status_fails):
+        slurm_smoke, tmp_path, sig, status_fails):
     """SIGTERM used to wait for the running jobs (forever while the status query failed)."""
-    w = trained_workdir(smoke_run, tmp_path, LONG, "stop")
+    w = trained_workdir(slurm_smoke, tmp_path, LONG, "stop")
     proc = start(w, "results/runs/onpolicy/metrics.parquet", overlays=("config/smoke.yaml", "config/test.yaml"))
     try:
         job = wait_for(lambda: running_training(w, {"onpolicy"}), 400, "a checkpointed training job")["onpolicy"]

@@ -32,7 +32,7 @@ import pytest
 from rlpipe import slurm
 
 # the fixtures: SLURM up (or skipped with its reason); nothing of a test left running after it
-from test_slurm import cluster, no_leftovers  # noqa: F401
+from test_slurm import no_leftovers  # noqa: F401
 
 pytestmark = [pytest.mark.workflow, pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -119,7 +119,7 @@ def placed(out: str) -> dict[str, tuple[str, str]]:
     return {role: (node, ray_id) for role, node, ray_id in re.findall(r"(\w+) on (\w+) \(Ray node (\w+),", line)}
 
 
-def test_one_run_spans_both_nodes_and_a_lost_node_is_named_and_resumed(cluster, tmp_path, tiny_base,  # noqa: F811
+def test_one_run_spans_both_nodes_and_a_lost_node_is_named_and_resumed(cluster, tmp_path, tiny_base,
                                                                       write_config, jobs_ray_files):
     """Learner and generator on different nodes (Ray's node ids, one on each of SLURM's nodes of the
     job); the node of one killed mid-run: the error names it and advises the resume, and the rerun

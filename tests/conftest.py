@@ -275,6 +275,32 @@ class DecodeCheck:
             torch.testing.assert_close(x, y, atol=tol, rtol=0)
 
     @staticmethod
+    def assert_greedy_is_hf_generate(model, tok, g, max_tokens: int, tol: float) -> None:
+        """Greedy samples ``g`` (``min_tokens == max_tokens``: EOS never allowed) of an HF model against
+        HF ``generate`` on the same left-padded prompts: the same rows up to one (the two run other
+        kernels, which may break an exact near-tie the other way), and at every position each side's
+        token has the largest logit up to ``tol``."""
+        import warnings
+
+        from rlpipe.lm.sampler import _left_pad
+
+        ids, mask, _ = _left_pad(g.prompt_ids, tok.pad_token_id, "cpu")
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=False,
+                                 max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        hf_ids = out[:, ids.shape[1]:].tolist()
+        for prompt, ours, theirs in zip(g.prompt_ids, g.response_ids, hf_ids, strict=True):
+            for resp in (ours, theirs):
+                with torch.no_grad():
+                    logits = model(torch.tensor(prompt + resp)[None]).logits[0, len(prompt) - 1:-1].float()  # (T, V)
+                logits[:, tok.eos_token_id] = float("-inf")
+                chosen = logits.gather(-1, torch.tensor(resp)[:, None])[:, 0]  # (T,)
+                assert (logits.max(-1).values - chosen).max().item() <= tol
+        assert sum(a == b for a, b in zip(g.response_ids, hf_ids, strict=True)) >= len(hf_ids) - 1  # not vacuous
+
+    @staticmethod
     def assert_well_formed(policy, g, params: SamplingParams) -> None:
         """Each row's finish reason fits its tokens: EOS last for "eos", ``max_tokens`` for "length", a
         stop string in the decoded tokens for "stop"; no EOS before ``min_tokens``."""

@@ -37,9 +37,9 @@ PROFILE = ROOT / "workflow" / "profiles" / "slurm"
 FAST = ["--slurm-init-seconds-before-status-checks", "5"]
 #: fake GPUs per variant (train.device stays cpu): what a cluster user's overlay declares
 GPUS = {"workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 2}}
-#: the smoke run's --resources gpu: one fewer than the cluster's four fake GPUs, so that Snakemake's pool,
-#: not SLURM, is what keeps two 2-GPU jobs apart (a 2-GPU and a 1-GPU job may run together)
-SLURM_GPU_POOL = 3
+#: the smoke run's --resources gpu: two 2-GPU jobs at once, fewer than the cluster's six fake GPUs
+#: (tests/slurm/cluster.sh), so that Snakemake's pool, not SLURM, is what bounds them
+SLURM_GPU_POOL = 4
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE")
 SLURM_DAEMONS = ("slurmstepd", "slurmd", "slurmctld", "munged")

@@ -4,14 +4,13 @@ against the model's own distribution (teacher-forced log-probs), with EOS, stop 
 and bucket compaction; the capture logic with a stand-in for CUDA's graph recorder."""
 
 import math
-import warnings
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rlpipe.lm import hf_decode
-from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
+from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.lm.tokenizer import train_bpe
 
 transformers = pytest.importorskip("transformers")
@@ -60,24 +59,11 @@ def _policy(model, tok):
     return SimpleNamespace(model=model, tokenizer=tok)
 
 
-def test_greedy_matches_hf_generate(model, tok):
-    """Greedy decoding of left-padded mixed-length prompts in fp32 gives HF ``generate``'s tokens: the
-    same rows (up to one near-tie, which other kernels may break the other way), and every token of
-    ours the largest logit up to rounding."""
+def test_greedy_matches_hf_generate(model, tok, decode_check):
+    """Greedy decoding of left-padded mixed-length prompts in fp32 gives HF ``generate``'s tokens
+    (``DecodeCheck.assert_greedy_is_hf_generate``)."""
     g = generate(model, tok, PROMPTS, SamplingParams(temperature=0.0, max_tokens=16, min_tokens=16), decode="static")
-    ids, mask, _ = _left_pad(g.prompt_ids, tok.pad_token_id, "cpu")
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=False, max_new_tokens=16,
-                             min_new_tokens=16, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    hf_ids = out[:, ids.shape[1]:].tolist()
-    assert sum(a == b for a, b in zip(g.response_ids, hf_ids, strict=True)) >= len(hf_ids) - 1
-    for prompt, ours in zip(g.prompt_ids, g.response_ids, strict=True):
-        with torch.no_grad():
-            logits = model(torch.tensor(prompt + ours)[None]).logits[0, len(prompt) - 1:-1].float()  # (T, V)
-        logits[:, tok.eos_token_id] = float("-inf")
-        chosen = logits.gather(-1, torch.tensor(ours)[:, None])[:, 0]
-        assert (logits.max(-1).values - chosen).max().item() <= LOGPROB_TOL
+    decode_check.assert_greedy_is_hf_generate(model, tok, g, 16, LOGPROB_TOL)
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.8])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlpipe.grpo import get_response_log_probs
-from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
+from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.lm.tokenizer import train_bpe
 
 transformers = pytest.importorskip("transformers")
@@ -87,26 +87,11 @@ def test_hf_cached_and_naive_sample_the_model_and_rows_independent_of_batch(qwen
         assert (a - b).abs().max().item() <= 1e-4
 
 
-def test_hf_greedy_matches_hf_generate(qwen, tok):
-    """Greedy decoding of left-padded mixed-length prompts agrees with HF's own generate: at every
-    position each picks a token whose logit is the largest up to kernel rounding (HF's cache and ours
-    run other kernels, so an exact near-tie could be broken either way)."""
+def test_hf_greedy_matches_hf_generate(qwen, tok, decode_check):
+    """Greedy decoding of left-padded mixed-length prompts agrees with HF's own generate
+    (``DecodeCheck.assert_greedy_is_hf_generate``)."""
     g = generate(qwen, tok, PROMPTS, SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8))
-    ids, mask, _ = _left_pad(g.prompt_ids, tok.pad_token_id, "cpu")
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = qwen.generate(input_ids=ids, attention_mask=mask.long(), do_sample=False, max_new_tokens=8,
-                            min_new_tokens=8, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    hf_ids = out[:, ids.shape[1]:].tolist()
-    for prompt, ours, theirs in zip(g.prompt_ids, g.response_ids, hf_ids, strict=True):
-        for resp in (ours, theirs):
-            seq = torch.tensor(prompt + resp)[None]
-            with torch.no_grad():
-                logits = qwen(seq).logits[0, len(prompt) - 1:-1].float()  # (T, V)
-            logits[:, tok.eos_token_id] = float("-inf")  # min_tokens = max_tokens: EOS never allowed
-            chosen = logits.gather(-1, torch.tensor(resp)[:, None])[:, 0]  # (T,)
-            assert (logits.max(-1).values - chosen).max().item() <= LOGPROB_TOL
-    assert sum(a == b for a, b in zip(g.response_ids, hf_ids, strict=True)) >= len(hf_ids) - 1  # not vacuous
+    decode_check.assert_greedy_is_hf_generate(qwen, tok, g, 8, LOGPROB_TOL)
 
 
 def test_hf_stop_string_and_eos_bookkeeping(qwen, tok, decode_check):

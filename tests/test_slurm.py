@@ -1,5 +1,5 @@
 """The workflow on a real SLURM: Debian's packages brought up by tests/slurm/cluster.sh (two nodes on
-this host, two fake GPUs each, no accounting database), driven through the shipped
+this host, three fake GPUs each, no accounting database), driven through the shipped
 workflow/profiles/slurm exactly as docs/gpu-and-clusters.md#slurm shows.
 
 Where the cluster cannot be brought up (not root, no apt-get) these tests skip with the script's one

@@ -1,5 +1,5 @@
 """One disaggregated training run across the two nodes of the test SLURM (tests/slurm/cluster.sh: two
-nodes on this host, two fake GPUs each, no accounting), as the workflow's training rule runs it with
+nodes on this host, three fake GPUs each, no accounting), as the workflow's training rule runs it with
 ``workflow.nodes_per_disaggregated: 2``: an sbatch job with ``--nodes=2``, ``--gpus=2`` and
 ``--gpus-per-node=1`` whose command is ``python -m rlpipe.ray_slurm --nodes 2 -- rlpipe train ...``
 (a Ray head on the first node, a worker on the second, both through srun; the trainer attaches with

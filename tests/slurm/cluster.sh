@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real SLURM for the tests: Debian's packages (munge, slurmctld, slurmd, slurm-client), two nodes
-# on this host, two fake GPUs each, no accounting database.
+# on this host, three fake GPUs each, no accounting database.
 #
 #   bash tests/slurm/cluster.sh up      # install (once), configure, start, wait until both nodes are idle
 #   bash tests/slurm/cluster.sh down    # stop what `up` started, remove the fake GPU device nodes
@@ -27,6 +27,7 @@ CONF=/etc/slurm/slurm.conf
 MARK="# written by rlpipe tests/slurm/cluster.sh"
 NODES=(rlnode1 rlnode2)
 PORTS=(17001 17002)
+GPUS_PER_NODE=3  # the smoke run may hold 4 (two 2-GPU jobs): SLURM has room for more (tests/slurm_harness.py)
 PACKAGES=(munge slurmctld slurmd slurm-client)
 
 refuse() { echo "tests/slurm/cluster.sh: $*" >&2; exit 2; }  # cannot run here: the tests skip (fail in CI)
@@ -92,19 +93,19 @@ KillWait=30
 OverTimeLimit=0
 InactiveLimit=0
 SlurmdTimeout=120
-NodeName=${NODES[0]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${PORTS[0]} CPUs=$cpus RealMemory=$mem Gres=gpu:2 State=UNKNOWN
-NodeName=${NODES[1]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${PORTS[1]} CPUs=$cpus RealMemory=$mem Gres=gpu:2 State=UNKNOWN
+NodeName=${NODES[0]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${PORTS[0]} CPUs=$cpus RealMemory=$mem Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
+NodeName=${NODES[1]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${PORTS[1]} CPUs=$cpus RealMemory=$mem Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
 PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP
 EOF
     cat >/etc/slurm/gres.conf <<EOF
 $MARK
-NodeName=${NODES[0]} Name=gpu File=/dev/nvidia[0-1]
-NodeName=${NODES[1]} Name=gpu File=/dev/nvidia[2-3]
+NodeName=${NODES[0]} Name=gpu File=/dev/nvidia[0-$((GPUS_PER_NODE - 1))]
+NodeName=${NODES[1]} Name=gpu File=/dev/nvidia[$GPUS_PER_NODE-$((2 * GPUS_PER_NODE - 1))]
 EOF
 }
 
 fake_gpus() {
-    for i in 0 1 2 3; do
+    for i in $(seq 0 $((2 * GPUS_PER_NODE - 1))); do
         [ -e "/dev/nvidia$i" ] && continue
         mknod "/dev/nvidia$i" c 195 "$i" && echo "/dev/nvidia$i" >>"$DIR/run/fake_devices"
     done
@@ -165,7 +166,7 @@ up() {
     fake_gpus
     start_daemons
     wait_idle
-    log "up in $((SECONDS - t0)) s: nodes ${NODES[*]} idle, gpu:2 each, partition debug, no accounting"
+    log "up in $((SECONDS - t0)) s: nodes ${NODES[*]} idle, gpu:$GPUS_PER_NODE each, partition debug, no accounting"
 }
 
 case "${1:-}" in

@@ -2,7 +2,7 @@
 (tests/conftest.py, ``smoke_run``) and the SLURM tests (tests/test_slurm.py,
 tests/test_slurm_multinode.py).
 
-The cluster is Debian's packages brought up by tests/slurm/cluster.sh: two nodes on this host, two fake
+The cluster is Debian's packages brought up by tests/slurm/cluster.sh: two nodes on this host, three fake
 GPUs each, no accounting database. The workflow goes through the shipped workflow/profiles/slurm
 exactly as docs/gpu-and-clusters.md#slurm shows (``command``).
 

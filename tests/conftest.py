@@ -804,7 +804,7 @@ def build_once(tmp_path_factory, name: str, build) -> Path:
 #: example's overlay (a user's track, examples/wordrev) and ``SMOKE_TRACKS``, which runs the built-in
 #: tracks and the example's side by side: the tests of the smoke run, of the example and of SLURM read
 #: one run. Where the test SLURM cluster is up (CI brings it up first) the run goes through it, every
-#: job an sbatch job with the GPUs it declares (``SLURM_GPUS``), as a cluster user runs it.
+#: job an sbatch job with the GPUs it declares (``SLURM_GPUS_FILE``: slurm_harness.GPUS), as a cluster user runs it.
 SMOKE_CONFIGS = ("config/config.yaml", "config/smoke.yaml", "examples/wordrev/config.yaml",
                  "config/smoke_tracks.yaml")
 SMOKE_TRACKS = {"workflow": {"tracks": ["keyword", "math", "wordrev"],

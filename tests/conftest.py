@@ -638,10 +638,12 @@ class DryRun:
     @staticmethod
     def jobs(output: str) -> list[dict]:
         """Planned jobs (``all`` excluded): rule, wildcards, resources, threads and input files of each,
-        and its shell command (with ``-p``; else ""); ``[]`` when nothing is to be done."""
+        and its shell command (with ``-p``; else ""); ``[]`` when nothing is to be done. A group's jobs
+        (the analysis group: workflow/rules/common.smk) are listed indented under "Group job ...", each
+        with its own shell command."""
         out = []
-        for block in re.split(r"\n(?=(?:localrule|rule) \w+:)", output):
-            m = re.match(r"(?:localrule|rule) (\w+):", block)
+        for block in re.split(r"\n(?=[ \t]*(?:localrule|rule) \w+:)", output):
+            m = re.match(r"[ \t]*(?:localrule|rule) (\w+):", block)
             if not m or m.group(1) == "all":
                 continue
             job = {"rule": m.group(1)}

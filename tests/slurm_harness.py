@@ -35,6 +35,9 @@ PROFILE = ROOT / "workflow" / "profiles" / "slurm"
 #: so a job is seen done 5, 20 or 45 s after the last check that saw one; 1 s gives 1, 12, 33: the smoke
 #: run's small jobs take 12-20 s under SLURM here, and the whole run took longer with 1 s)
 FAST = ["--slurm-init-seconds-before-status-checks", "5"]
+#: a test node's CPUs (cluster.sh declares this host's on each, `nproc`): the docs' `--cores N`, which caps
+#: a job's threads and the analysis group job (workflow/profiles/slurm) at one node
+NODE_CPUS = len(os.sched_getaffinity(0))
 #: fake GPUs per variant (train.device stays cpu): what a cluster user's overlay declares
 GPUS = {"workflow": {"gpus_per_colocated": 1, "gpus_per_disaggregated": 2}}
 #: the smoke run's --resources gpu: two 2-GPU jobs at once, fewer than the cluster's six fake GPUs
@@ -127,9 +130,11 @@ class Cluster:
 
 
 def command(workdir: Path, *targets: str, overlays=("config/smoke.yaml",), extra=()) -> list[str]:
-    """The docs' command: targets, the workflow profile, the overlays, plus what the test sets."""
+    """The docs' command: targets, the workflow profile, the nodes' CPUs, the overlays, plus what the test
+    sets."""
     return [sys.executable, "-m", "snakemake", *targets, "-s", str(ROOT / "Snakefile"), "--directory",
-            str(workdir), "--workflow-profile", str(PROFILE), *FAST, *extra, "--configfile", *overlays]
+            str(workdir), "--workflow-profile", str(PROFILE), "--cores", str(NODE_CPUS), *FAST, *extra,
+            "--configfile", *overlays]
 
 
 def start(workdir: Path, *targets: str, **kw) -> subprocess.Popen:

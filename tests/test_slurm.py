@@ -32,6 +32,7 @@ import yaml
 
 from rlpipe import slurm
 from slurm_harness import (
+    NODE_CPUS,
     SLURM_GPU_POOL,
     assert_none_outlives,
     end_everything_of,
@@ -90,7 +91,13 @@ def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(slurm_smoke)
     assert submitted == {j["JobId"] for j in jobs}, (sorted(submitted), sorted(by_label))
     assert {j["JobState"] for j in jobs} == {"COMPLETED"}, [(k, j["JobState"]) for k, j in by_label.items()]
     timing = json.loads((w / "results/run_timing.json").read_text())
-    assert sum(timing["rules"].values()) - timing["rules"].get("all", 0) == len(submitted), timing
+    # the analysis jobs (aggregations, figures, reports, the results page) went as ONE sbatch job, a group
+    # within one node's CPUs; every other job as its own
+    (group,) = [j for j in jobs if slurm.job_label(j) == "group analysis"]
+    assert int(group["NumCPUs"]) <= NODE_CPUS and group["JobState"] == "COMPLETED", group
+    analysis = sum(n for r, n in timing["rules"].items() if r.startswith(ANALYSIS_RULES))
+    assert analysis >= 20 and sum(timing["rules"].values()) - timing["rules"].get("all", 0) == (
+        len(submitted) - 1 + analysis), timing
     assert {"bench_scaling", "bench_weight_sync", "bench_sampler", "bench_update", "evaluate_model",
             "train_family_run", "report_family", "aggregate_metrics", "write_results_page"} <= set(timing["rules"])
     # SLURM's own record of the GPUs each job was given (sbatch --gpus) is what the job declares
@@ -105,6 +112,10 @@ def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(slurm_smoke)
     # the onsuccess hook ran under the cluster executor (it used to fail on workflow.cores); the training
     # jobs: keyword's three variants, math's one and the example track's three
     assert timing["cores"] is None and timing["rules"]["train_variant"] == 7, timing
+
+
+#: the rules of the analysis group (workflow/rules/common.smk, ANALYSIS_GROUP), by name prefix
+ANALYSIS_RULES = ("aggregate_", "plot_", "report_", "write_results_page")
 
 
 def words(label: str) -> str:

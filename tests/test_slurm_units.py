@@ -24,6 +24,9 @@ def test_scontrol_records_parse_with_spaces_in_paths():
     assert job["StdOut"] == "/w/a b/.snakemake/slurm_logs/rule_train_variant/_k2/42.log"
     assert job["TRES"].endswith("gres/gpu=2")
     assert slurm.job_label(job) == "train_variant k2"
+    group = {"Comment": "rule_analysis_aggregate_metrics_aggregate_track_plot_kl", "JobName": "x",
+             "StdOut": "/w/.snakemake/slurm_logs/group_analysis_aggregate_metrics_aggregate_track_.../7.log"}
+    assert slurm.job_label(group) == "group analysis"
 
 
 def test_a_killed_job_gets_one_line_with_its_log_and_the_resume_command():

@@ -63,12 +63,15 @@ def test_caps_reach_every_track_family_and_list_but_replace_none():
     w = cfg.workflow
     assert (w.toy_sort_seeds, w.bench_sizes_mb, w.scaling_sizes, w.scaling_batches) == ([9, 8], [0.5], [48], [])
     assert w.families == ["fam"] and cfg.families["fam"].replicates == 2
+    assert not w.bench_sampler_builds  # the sampler bench's compiled and AOT decoders: off
     assert cfg.math.eval_size == S.eval_size and cfg.pretrain.max_steps == S.pretrain_steps
     assert cfg.math.pretrain.max_steps == S.pretrain_steps
     fam = family_pipeline(cfg, "fam")
     assert {v: resolve_variant(fam, v).n_grpo_steps for v in fam.variants} == {"a": 4, "b": 4}
     off = parse_config({k: v for k, v in data.items() if k != "smoke"})
     assert off.workflow.toy_sort_seeds == [9, 8, 7] and off.families["fam"].replicates == 5
+    assert off.workflow.bench_sampler_builds
+    assert parse_config({**data, "smoke": {"enabled": True, "sampler_builds": True}}).workflow.bench_sampler_builds
     assert resolve_variant(family_pipeline(off, "fam"), "a").n_grpo_steps == 40
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -187,7 +188,11 @@ def jobs_here(workdir: str | Path, timeout: float = 10) -> list[dict] | None:
 
 def job_label(job: dict) -> str:
     """``train_variant onpolicy`` from the plugin's comment ``rule_<rule>_wildcards_<values joined by _>``
-    (an empty wildcard, the keyword track's ``tdir``, leaves a leading ``_``)."""
+    (an empty wildcard, the keyword track's ``tdir``, leaves a leading ``_``); ``group analysis`` for a
+    group job, whose log directory is ``slurm_logs/group_<group>_<its first rules>``."""
+    group = re.search(r"/slurm_logs/group_([^/_]+)", job.get("StdOut", ""))
+    if group:
+        return f"group {group.group(1)}"
     comment = job.get("Comment", "").strip().removeprefix("rule_")
     rule, _, values = comment.partition("_wildcards_")
     return " ".join(x for x in (rule, values.strip("_")) if x) or job.get("JobName", "?")

@@ -28,6 +28,10 @@ rule aggregate_metrics:
         reference=table_reference(CFG),  # the systems family's baseline too
         runs=lambda w, input: os.path.dirname(os.path.dirname(input.runs[0])),
         out=lambda w, output: os.path.dirname(output.table_html),
+    resources:
+        mem_mb=ANALYSIS_MEM_MB,
+    group:
+        ANALYSIS_GROUP
     log:
         "logs/aggregate_metrics/aggregate_metrics.log",
     shell:
@@ -58,6 +62,10 @@ rule write_results_page:
         ),
     params:
         results=lambda w, output: os.path.dirname(output.page),
+    resources:
+        mem_mb=ANALYSIS_MEM_MB,
+    group:
+        ANALYSIS_GROUP
     log:
         "logs/write_results_page/write_results_page.log",
     shell:

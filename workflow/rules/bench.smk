@@ -47,6 +47,7 @@ rule bench_sampler:
         batch=CFG.train.rollout_batch_size,
         new_tokens=CFG.train.sampling_max_tokens,
         device=bench_device(),
+        builds="" if CFG.workflow.bench_sampler_builds else " --no-compiled --no-aot",
     threads: CFG.workflow.threads_per_variant
     resources:
         gpu=bench_gpus(),
@@ -57,7 +58,7 @@ rule bench_sampler:
     shell:
         "python -m rlpipe.watch {log} bench_sampler -- "
         "rlpipe bench sampler --preset {params.preset} --batch {params.batch} --new-tokens {params.new_tokens} "
-        "--repeats {params.repeats} --device {params.device} --threads {threads} --out {output}"
+        "--repeats {params.repeats} --device {params.device} --threads {threads}{params.builds} --out {output}"
 
 
 # The learner's update phase (forward + backward + AdamW, and the KL monitor's forward) against a
@@ -142,6 +143,10 @@ rule report_scaling:
         ),
     params:
         out=lambda w, output: os.path.dirname(output.figure),
+    resources:
+        mem_mb=ANALYSIS_MEM_MB,
+    group:
+        ANALYSIS_GROUP
     log:
         "logs/report_scaling/report_scaling.log",
     shell:

@@ -214,6 +214,15 @@ def all_targets() -> list:
                                 scaling=scaling_on())
 
 
+# Under a cluster executor, the analysis jobs (the aggregations, every figure and report, the results
+# page: seconds of work each, after the last training run) go to the cluster as ONE job, a Snakemake
+# group. Apart, each paid a submission, two parses of this workflow (the job's and its job step's) and
+# a status poll. Snakemake sizes the group to run its jobs side by side, one CPU and ANALYSIS_MEM_MB
+# each; `--cores N` (a node's CPUs) caps it, and stacks the rest in series. A local run ignores groups.
+ANALYSIS_GROUP = "analysis"
+ANALYSIS_MEM_MB = 2000
+
+
 def results_page_inputs() -> list:
     return _targets.results_page_inputs(LAYOUT, FAMILIES, toy_sort=bool(TOY_SORT_SEEDS))
 

@@ -80,6 +80,10 @@ rule report_family:
         variants=lambda w: [v for v, _ in family_runs(w.family)],
         seeds=lambda w: [s for _, s in family_runs(w.family)],
         out=lambda w, output: os.path.dirname(output.numbers),
+    resources:
+        mem_mb=ANALYSIS_MEM_MB,
+    group:
+        ANALYSIS_GROUP
     log:
         "logs/report_family/{family}.log",
     shell:

@@ -22,6 +22,10 @@ for _kind, _fig in FIGURES.items():
         params:
             kind=_kind,
             summary=lambda w, input: os.path.dirname(input.summary[0]),
+        resources:
+            mem_mb=ANALYSIS_MEM_MB,
+        group:
+            ANALYSIS_GROUP
         log:
             f"logs/plot_{_kind}/plot_{_kind}.log",
         shell:

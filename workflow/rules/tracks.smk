@@ -193,6 +193,10 @@ rule report_track:
         runs=lambda w, input: [os.path.dirname(p) for p in input.runs],
         run_labels=lambda w: list(track_of(w).pipeline.variants),
         out=lambda w, output: os.path.dirname(output.numbers),
+    resources:
+        mem_mb=ANALYSIS_MEM_MB,
+    group:
+        ANALYSIS_GROUP
     log:
         "logs/report_track/{tdir}report_track.log",
     shell:
@@ -233,6 +237,10 @@ rule aggregate_track:
         reference=lambda w: table_reference(track_of(w).pipeline),
         runs=lambda w, input: os.path.dirname(os.path.dirname(input.info[0])),
         out=lambda w, output: os.path.dirname(output.table_html),
+    resources:
+        mem_mb=ANALYSIS_MEM_MB,
+    group:
+        ANALYSIS_GROUP
     log:
         "logs/aggregate_track/{tdir}aggregate_track.log",
     shell:
@@ -262,6 +270,10 @@ for _kind in TRACK_FIGURES:
         params:
             kind=_kind,
             summary=lambda w, input: os.path.dirname(input.summary[0]),
+        resources:
+            mem_mb=ANALYSIS_MEM_MB,
+        group:
+            ANALYSIS_GROUP
         log:
             f"logs/plot_track_{_kind}/{{tdir}}plot_track_{_kind}.log",
         shell:

@@ -80,7 +80,8 @@ IDENTITY_KEYS: tuple[str, ...] = (
     # workflow: which jobs exist and what the tests and benchmarks measure
     "workflow.tracks", "workflow.families", "workflow.toy_sort_seeds", "workflow.toy_sort_epochs",
     "workflow.gpus_per_colocated", "workflow.gpus_per_disaggregated", "workflow.run_tests", "workflow.test_args",
-    "workflow.bench_repeats", "workflow.bench_sizes_mb", "workflow.bench_scaling", "workflow.scaling_sizes",
+    "workflow.bench_repeats", "workflow.bench_sizes_mb", "workflow.bench_sampler_builds",
+    "workflow.bench_scaling", "workflow.scaling_sizes",
     "workflow.scaling_batches", "workflow.scaling_lengths", "workflow.scaling_steps",
     # the MATH track
     "math.dataset_dir", "math.base_model_dir", "math.arithmetic.num_train", "math.arithmetic.num_val",
@@ -90,7 +91,7 @@ IDENTITY_KEYS: tuple[str, ...] = (
     # the smoke switch's caps (they shrink what every track computes)
     "smoke.enabled", "smoke.grpo_steps", "smoke.prompts_per_step", "smoke.val_size", "smoke.eval_size",
     "smoke.pretrain_steps", "smoke.replicates", "smoke.toy_sort_seeds", "smoke.toy_sort_epochs", "smoke.bench_max_mb",
-    "smoke.scaling_sizes", "smoke.scaling_batches", "smoke.scaling_lengths",
+    "smoke.scaling_sizes", "smoke.scaling_batches", "smoke.scaling_lengths", "smoke.sampler_builds",
     # tables
     "variants",
     "tracks.*.description", "tracks.*.dataset_dir", "tracks.*.dataset_command", "tracks.*.base_model",

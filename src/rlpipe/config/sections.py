@@ -191,6 +191,9 @@ class WorkflowConfig(_Section):
     bench_sizes_mb: list[Annotated[float, Field(gt=0, le=4096)]] = Field(
         [1, 10, 100, 1000], min_length=1,
         description="Synthetic payload sweep of the weight-sync benchmark, in MB.")
+    bench_sampler_builds: bool = Field(
+        True, description="`rlpipe bench sampler` also times the torch.compile and AOTInductor decoders (each "
+        "built first: minutes of compiling on a CPU, cached for later runs); false: the eager and KV-cache ones.")
     bench_scaling: bool = Field(
         True, description="Run `rlpipe bench scaling` (real short runs over model size, batch and response "
         "length, scaling_steps GRPO steps per point) and put its curves in the report; keyword track only.")

@@ -17,7 +17,8 @@ are therefore caps that the loader applies to whatever the merged config holds, 
   ``warmup_steps``;
 - every track's ``eval_size``, every family's ``replicates``;
 - the built-in extras' lists, shortened but never replaced: the first ``toy_sort_seeds`` seeds, the
-  weight-sync bench's sizes up to ``bench_max_mb``, the first ``scaling_*`` points of each sweep.
+  weight-sync bench's sizes up to ``bench_max_mb``, the first ``scaling_*`` points of each sweep;
+- the sampler bench's compiled and AOT decoders (``workflow.bench_sampler_builds``), switched off.
 
 A value already below its cap is kept, so the caps only ever shrink. ``config/smoke.yaml`` switches
 it on (with the keyword track's own small model and data); ``overlay_list_replacements`` names each
@@ -52,6 +53,9 @@ class SmokeConfig(_Section):
     toy_sort_epochs: int = Field(5, ge=1, description="At most this many epochs per toy-sorting run.")
     bench_max_mb: float = Field(
         10, gt=0, description="Keep the weight-sync bench sizes up to this (the smallest is always kept).")
+    sampler_builds: bool = Field(
+        False, description="Keep workflow.bench_sampler_builds (the sampler bench's compiled and AOT decoders: "
+        "minutes of compiling on a CPU, which the tests cover apart).")
     scaling_sizes: int = Field(1, ge=0, description="Keep the first N of workflow.scaling_sizes.")
     scaling_batches: int = Field(0, ge=0, description="Keep the first N of workflow.scaling_batches.")
     scaling_lengths: int = Field(0, ge=0, description="Keep the first N of workflow.scaling_lengths.")
@@ -137,6 +141,7 @@ def shrink_pipeline(data: dict[str, Any], s: SmokeConfig) -> dict[str, Any]:
     w["toy_sort_seeds"] = w["toy_sort_seeds"][:s.toy_sort_seeds]
     w["toy_sort_epochs"] = min(w["toy_sort_epochs"] or s.toy_sort_epochs, s.toy_sort_epochs)
     w["bench_sizes_mb"] = [mb for mb in w["bench_sizes_mb"] if mb <= s.bench_max_mb] or [min(w["bench_sizes_mb"])]
+    w["bench_sampler_builds"] = w["bench_sampler_builds"] and s.sampler_builds
     for key in ("scaling_sizes", "scaling_batches", "scaling_lengths"):
         w[key] = w[key][:getattr(s, key)]
     return out

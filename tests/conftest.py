@@ -55,6 +55,7 @@ import yaml
 
 from rlpipe import contract
 from rlpipe.lm.sampler import SamplingParams, generate
+from user_env import activated_env
 
 MATH_FIXTURE = Path(__file__).parent / "data" / "math_fixture"
 ROOT = Path(__file__).resolve().parents[1]
@@ -830,7 +831,7 @@ class SmokeRun:
         """``snakemake ARGS --configfile CONFIGFILES`` (default: the run's) here, on this machine; a
         failure raises with every job log's tail. The venv's bin/ leads PATH, as for a user who
         activated it (the jobs' ``rlpipe``, ``python``)."""
-        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        env = activated_env()
         cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(self.workdir),
                *args, "--configfile", *(configfiles or self.configfiles)]
         if set(args) & set(DRY_RUN_FLAGS) and DryRuns.serves():  # no job runs: no PATH needed

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from rlpipe import slurm
+from user_env import activated_env
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
@@ -140,7 +141,7 @@ def command(workdir: Path, *targets: str, overlays=("config/smoke.yaml",), extra
 def start(workdir: Path, *targets: str, **kw) -> subprocess.Popen:
     """``command`` started in its own session, output to ``workdir/snakemake.out``; the venv's bin/ leads
     PATH, as for a user who activated it (the jobs' ``rlpipe``, ``python``: sbatch passes it on)."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = activated_env()
     with open(workdir / "snakemake.out", "w") as log:  # the child keeps its own descriptor
         return subprocess.Popen(command(workdir, *targets, **kw), cwd=workdir, stdout=log, env=env,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.trainer.stop import StopInterrupted, StopSignals
+from user_env import activated_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,7 +195,7 @@ def test_sigterm_to_snakemake_stops_the_training_job_and_snakemake(tmp_path, liv
     shutil.copytree(ROOT / "config", tmp_path / "config")
     (tmp_path / "config" / "long.yaml").write_text(  # the smoke caps' step limit raised: a long training job
         "smoke:\n  grpo_steps: 2000\ntrain:\n  n_grpo_steps: 2000\n  checkpoint_every: 2\n")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = activated_env()
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
            "--configfile", "config/smoke.yaml", "config/long.yaml", "--cores", "2",
            "results/runs/onpolicy/run_info.json"]

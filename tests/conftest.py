@@ -7,7 +7,9 @@
 - ``decode_cache``: the run's AOT decode-package directory, shared by the pytest-xdist workers (autouse:
   set before Ray starts).
 - ``shared_dir`` / ``build_once``: a directory every xdist worker of the run shares, and something built
-  into one once per run, whichever worker asks first (the others wait and reuse it).
+  into one once per run, whichever worker asks first (the others wait and reuse it); with
+  ``across_sessions``, once for the README command's two sessions (``SESSION_BUILDS``); the
+  ``built_once`` fixture hands ``build_once`` to a test module.
 - ``smoke_run``: the one smoke workflow run of the suite (``config/smoke.yaml`` with the built-in tracks
   and the worked example's track, its report), read by tests/test_workflow_smoke.py,
   tests/test_example_workflow.py and tests/test_slurm.py; through SLURM where its test cluster is up.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -46,6 +49,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -429,12 +434,13 @@ def no_ray(monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory):
     """(checkpoint, dataset dir) of a briefly trained micro TransformerLM, shared by trainer tests: built
-    once per run (``build_once``: files in both xdist workers read it; the same bits either way)."""
+    once per run (``build_once``: files in both xdist workers read it; the same bits either way) and
+    kept for the README command's second session (the learning tests on other kernels). Read only."""
     def build(d: Path) -> None:
         _make_base(d)
         _make_dataset(d / "data")
 
-    d = build_once(tmp_path_factory, "tiny_base", build)
+    d = build_once(tmp_path_factory, "tiny_base", build, across_sessions=())  # the learning pass reuses it
     return str(d / "base.pt"), str(d / "data")
 
 
@@ -676,7 +682,9 @@ def dry_run():
     return DryRun
 
 
-#: The dry-run server (``DryRuns``): it imports Snakemake and what the Snakefile imports once, then forks
+#: The dry-run server (``DryRuns``): it imports Snakemake and what the Snakefile imports once, and scans
+#: the imports of rlpipe's modules for the reports' code inputs once (rlpipe.workflow.code_inputs caches
+#: them; the source does not change during a run), then forks
 #: a child per request that runs Snakemake's command line (``snakemake.cli.main``) in the request's
 #: directory, with its stdout and stderr in files, and answers with its exit status. The fork keeps each
 #: run as separate as a process of its own (no state of one workflow reaches the next).
@@ -684,6 +692,9 @@ _DRY_RUN_SERVER = r"""
 import json, os, signal, sys, traceback
 import snakemake.cli
 import pandas, rlpipe.config, rlpipe.trainer.conditions, rlpipe.workflow.loading
+from rlpipe.cli import COMMANDS
+from rlpipe.workflow.code_inputs import code_inputs
+code_inputs(COMMANDS, *COMMANDS)  # the import scan of rlpipe's modules (cached) once, for every fork
 for line in sys.stdin:
     req = json.loads(line)
     pid = os.fork()
@@ -783,24 +794,69 @@ def shared_dir(tmp_path_factory, name: str) -> Path:
     return d
 
 
-def build_once(tmp_path_factory, name: str, build) -> Path:
+#: Where ``build_once(..., across_sessions=...)`` keeps what it built for the next pytest session: the
+#: README's test command runs two (the suite, then the learning tests on other CPU kernels), and both
+#: pretrain the same micro models. Keyed by everything a build reads (``_build_key``), so a change to
+#: any of it builds afresh; entries of another key are removed after ``STALE_BUILD_S``.
+SESSION_BUILDS = Path(os.environ.get("RLPIPE_TEST_BUILDS", Path(tempfile.gettempdir()) / f"rlpipe-test-builds-{os.getuid()}"))
+STALE_BUILD_S = 3600
+
+
+def _build_key(name: str, parts: tuple) -> str:
+    """A digest of what a build reads: rlpipe's source, this file (the builders), the test files, the
+    torch and Python versions and ``parts`` (a test's own settings, its learning seed)."""
+    h = hashlib.sha256(repr((name, parts, torch.__version__, sys.version)).encode())
+    for f in sorted([*(ROOT / "src" / "rlpipe").rglob("*.py"), *(ROOT / "tests").glob("*.py")]):
+        h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _session_build_dir(name: str, parts: tuple) -> Path:
+    """``SESSION_BUILDS/<name>-<key>``, created; other keys' entries of ``name`` older than
+    ``STALE_BUILD_S`` are removed (a fresh clone's CI builds once, then its second session reuses it)."""
+    key = _build_key(name, parts)
+    SESSION_BUILDS.mkdir(parents=True, exist_ok=True)
+    for old in SESSION_BUILDS.glob(f"{name}-*"):
+        if old.is_dir() and old.name != f"{name}-{key}" and time.time() - old.stat().st_mtime > STALE_BUILD_S:
+            shutil.rmtree(old, ignore_errors=True)
+    d = SESSION_BUILDS / f"{name}-{key}"
+    d.mkdir(exist_ok=True)
+    os.utime(d)  # in use: not stale
+    return d
+
+
+def build_once(tmp_path_factory, name: str, build, across_sessions: tuple | None = None) -> Path:
     """``shared_dir(name)`` after ``build(directory)`` ran in it once per run, in whichever worker asks
     first; the others wait on its lock and reuse what it wrote. A failed build is not retried by the
-    next asker (it would fail the same way, minutes later): it raises with the first one's error."""
-    d = shared_dir(tmp_path_factory, name)
+    next asker (it would fail the same way, minutes later): it raises with the first one's error.
+    With ``across_sessions`` (a tuple of the build's own settings), the directory is
+    ``_session_build_dir``: the next pytest session with the same code and settings reuses it too
+    (a failed build is retried there)."""
+    run = str(shared_dir(tmp_path_factory, ".").resolve())  # this run's directory: names a failure's run
+    d = shared_dir(tmp_path_factory, name) if across_sessions is None else _session_build_dir(name, across_sessions)
     done, failed = d / ".built", d / ".failed"
-    with open(d.parent / f"{name}.lock", "w") as lock:
+    with open(d.parent / f"{d.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if failed.exists():
-            raise RuntimeError(f"{name} failed to build in another worker of this run:\n{failed.read_text()}")
+            who, _, error = failed.read_text().partition("\n")
+            if who == run:
+                raise RuntimeError(f"{name} failed to build in another worker of this run:\n{error}")
+            shutil.rmtree(d)  # an earlier session's failed build: built afresh
+            d.mkdir()
         if not done.exists():
             try:
                 build(d)
             except BaseException as e:
-                failed.write_text(f"{type(e).__name__}: {e}"[-6000:])
+                failed.write_text(f"{run}\n" + f"{type(e).__name__}: {e}"[-6000:])
                 raise
             done.touch()
     return d
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory):
+    """``built_once(name, build, across_sessions=None)``: ``build_once`` for a test module's own builds."""
+    return lambda name, build, across_sessions=None: build_once(tmp_path_factory, name, build, across_sessions)
 
 
 #: The suite's one smoke workflow run: config/smoke.yaml over the default config with the worked

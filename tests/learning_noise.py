@@ -28,7 +28,10 @@ MIN_MARGIN = 3.0
 
 
 def run_once(seed: int, capability: str, log: Path, select: str | None) -> int:
-    env = dict(os.environ, RLPIPE_LEARNING_SEED=str(seed), RLPIPE_LEARNING_LOG=str(log))
+    # its own store of built models (conftest.SESSION_BUILDS): each run pretrains its bases on its own
+    # kernels, whose spread is part of the noise measured here (the README command shares one base)
+    builds = tempfile.mkdtemp(prefix=f"builds-{seed}-{capability}-", dir=log.parent)
+    env = dict(os.environ, RLPIPE_LEARNING_SEED=str(seed), RLPIPE_LEARNING_LOG=str(log), RLPIPE_TEST_BUILDS=builds)
     env.pop("ATEN_CPU_CAPABILITY", None)
     if capability != "native":
         env["ATEN_CPU_CAPABILITY"] = capability

@@ -2,7 +2,9 @@
 parameters of a freshly pretrained TransformerLM and raises its validation answer reward.
 
 What is tested. The whole math track on CPU, end to end: ``build_math_data`` -> ``train_bpe`` on the
-corpus -> ``pretrain`` of ``math_pipeline(cfg)`` -> ``rlpipe.trainer.run.run`` (colocated_sync,
+corpus -> ``pretrain`` of ``math_pipeline(cfg)`` (once for the README command's two sessions: the
+learning pass on the portable kernels starts from the base the first session pretrained on the native
+ones) -> ``rlpipe.trainer.run.run`` (colocated_sync,
 ``task: math``, r1_zero prompt and grader). The assertions: the base model is learnable (its step-0
 validation answer reward is strictly between 0 and 1, so GRPO groups have reward variance), the final
 validation answer reward exceeds the initial one by ``MIN_GAIN``, and the final checkpoint's
@@ -71,28 +73,32 @@ def _config(seed: int):
 
 
 @pytest.fixture(scope="module")
-def math_base(tmp_path_factory, learning_seed):
+def math_base(built_once, learning_seed):
     """(pipeline config path, base checkpoint, dataset dir): the arithmetic data, its BPE and a
-    briefly pretrained math base model."""
+    briefly pretrained math base model, built once for the README command's two sessions
+    (``build_once(across_sessions=...)``): the learning pass on other CPU kernels trains and evaluates
+    on them from the same base."""
+    tmp = built_once("math_base", lambda d: _build_math_base(d, learning_seed), across_sessions=(learning_seed,))
+    return tmp / "config.yaml", tmp / "base.pt", tmp / "data"
+
+
+def _build_math_base(tmp: Path, seed: int) -> None:
     from rlpipe.config import ArithmeticConfig, math_pipeline, to_dict
     from rlpipe.lm.documents import read_documents
     from rlpipe.lm.pretrain import pretrain
     from rlpipe.lm.tokenizer import train_bpe
     from rlpipe.tasks.math.arithmetic import build_math_data
 
-    tmp = tmp_path_factory.mktemp("math_learning")
     data = tmp / "data"
     build_math_data(ArithmeticConfig(**ARITHMETIC), data)
     train_bpe(read_documents(data / "corpus.txt"), 512, tmp / "tokenizer.json")
-    cfg = math_pipeline(_config(learning_seed))
+    cfg = math_pipeline(_config(seed))
     threads = torch.get_num_threads()
     try:
         pretrain(cfg, data / "corpus.txt", tmp / "tokenizer.json", tmp / "base.pt", progress=False)
     finally:
         torch.set_num_threads(threads)  # pretrain sets the process-wide thread count
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(to_dict(cfg)))
-    return path, tmp / "base.pt", data
+    (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
 
 
 def expected_val_accuracy(cfg_path: Path, checkpoint: Path, data: Path, tmp: Path) -> float:

@@ -92,12 +92,15 @@ def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(slurm_smoke)
     assert {j["JobState"] for j in jobs} == {"COMPLETED"}, [(k, j["JobState"]) for k, j in by_label.items()]
     timing = json.loads((w / "results/run_timing.json").read_text())
     # the analysis jobs (aggregations, figures, reports, the results page) went as ONE sbatch job, a group
-    # within one node's CPUs; every other job as its own
+    # within one node's CPUs; each track's preparation chain (data, tokenizer, base) as one job per track;
+    # every other job as its own
     (group,) = [j for j in jobs if slurm.job_label(j) == "group analysis"]
     assert int(group["NumCPUs"]) <= NODE_CPUS and group["JobState"] == "COMPLETED", group
-    analysis = sum(n for r, n in timing["rules"].items() if r.startswith(ANALYSIS_RULES))
-    assert analysis >= 20 and sum(timing["rules"].values()) - timing["rules"].get("all", 0) == (
-        len(submitted) - 1 + analysis), timing
+    prepare = [j for j in jobs if slurm.job_label(j) == "group prepare"]
+    assert len(prepare) == 3, sorted(by_label)  # the keyword, math and example tracks
+    grouped = {r: n for r, n in timing["rules"].items() if r.startswith(ANALYSIS_RULES + PREPARE_RULES)}
+    assert sum(grouped.values()) >= 20 + 9 and sum(timing["rules"].values()) - timing["rules"].get("all", 0) == (
+        len(submitted) - 1 - len(prepare) + sum(grouped.values())), timing
     assert {"bench_scaling", "bench_weight_sync", "bench_sampler", "bench_update", "evaluate_model",
             "train_family_run", "report_family", "aggregate_metrics", "write_results_page"} <= set(timing["rules"])
     # SLURM's own record of the GPUs each job was given (sbatch --gpus) is what the job declares
@@ -114,8 +117,11 @@ def test_smoke_workflow_runs_every_job_through_sbatch_with_its_gpus(slurm_smoke)
     assert timing["cores"] is None and timing["rules"]["train_variant"] == 7, timing
 
 
-#: the rules of the analysis group (workflow/rules/common.smk, ANALYSIS_GROUP), by name prefix
+#: the rules of the analysis and prepare groups (workflow/rules/common.smk, ANALYSIS_GROUP, PREPARE_GROUP),
+#: by name prefix
 ANALYSIS_RULES = ("aggregate_", "plot_", "report_", "write_results_page")
+PREPARE_RULES = ("build_corpus", "build_math_data", "build_track_data", "import_base", "train_tokenizer",
+                 "pretrain_base")
 
 
 def words(label: str) -> str:

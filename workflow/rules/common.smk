@@ -221,6 +221,14 @@ def all_targets() -> list:
 # each; `--cores N` (a node's CPUs) caps it, and stacks the rest in series. A local run ignores groups.
 ANALYSIS_GROUP = "analysis"
 ANALYSIS_MEM_MB = 2000
+# Likewise each track's preparation chain (its data -> tokenizer -> base model: seconds to minutes each,
+# one after the other) is one cluster job per track: a group whose connected pieces (the profile leaves
+# group-components at 1 for it) are the tracks' chains, so the tracks still prepare side by side. The
+# chain's hops then cost no submission, parse or poll; the zero-shot check and the runs, which need
+# the base, stay jobs of their own. Only where every pretraining runs on CPUs: a GPU pretraining goes
+# to the GPU partition and its data and tokenizer jobs to the CPU one (workflow.slurm_gpu_partition),
+# and one job would hold a GPU through the CPU steps.
+PREPARE_GROUP = None if any(pretrain_gpus(t) for t in TRACKS.values()) else "prepare"
 
 
 def results_page_inputs() -> list:

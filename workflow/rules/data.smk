@@ -14,6 +14,8 @@ rule build_corpus:
         res("data", "corpus.txt"),
     params:
         cfg=section_params("data"),
+    group:
+        PREPARE_GROUP
     log:
         "logs/build_corpus/build_corpus.log",
     shell:
@@ -34,6 +36,8 @@ if CFG.model.base_checkpoint is not None:
             res("base", "model.pt"),
         params:
             cfg=section_params("model", "tokenizer"),
+        group:
+            PREPARE_GROUP
         log:
             "logs/import_base/import_base.log",
         shell:
@@ -95,6 +99,8 @@ if MATH_TRACK in TRACKS and TRACKS[MATH_TRACK].dataset_dir is None:
         params:
             cfg=canonical(ident(CFG.math.arithmetic, "math.arithmetic")),
             out=lambda w, output: os.path.dirname(output.train),
+        group:
+            PREPARE_GROUP
         log:
             "logs/build_math_data/build_math_data.log",
         shell:

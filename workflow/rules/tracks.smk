@@ -23,6 +23,8 @@ rule build_track_data:
     params:
         command=lambda w, output: track_of(w).dataset_command.replace("{out}", f"{output[0]}.tmp"),
         tmp=lambda w, output: f"{output[0]}.tmp",
+    group:
+        PREPARE_GROUP
     log:
         "logs/build_track_data/{tdir}build_track_data.log",
     shell:
@@ -43,6 +45,8 @@ rule train_tokenizer:
         corpus=lambda w: track_corpus(track_of(w)),
     resources:
         config=track_config,
+    group:
+        PREPARE_GROUP
     log:
         "logs/train_tokenizer/{tdir}train_tokenizer.log",
     shell:
@@ -69,6 +73,8 @@ rule pretrain_base:
         gpu=lambda w: pretrain_gpus(track_of(w)),
         env=lambda w: env_prefix(pretrain_gpus(track_of(w))),
         config=track_config,
+    group:
+        PREPARE_GROUP
     log:
         "logs/pretrain_base/{tdir}pretrain_base.log",
     benchmark:

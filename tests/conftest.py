@@ -798,14 +798,18 @@ def shared_dir(tmp_path_factory, name: str) -> Path:
 #: README's test command runs two (the suite, then the learning tests on other CPU kernels), and both
 #: pretrain the same micro models. Keyed by everything a build reads (``_build_key``), so a change to
 #: any of it builds afresh; entries of another key are removed after ``STALE_BUILD_S``.
-SESSION_BUILDS = Path(os.environ.get("RLPIPE_TEST_BUILDS", Path(tempfile.gettempdir()) / f"rlpipe-test-builds-{os.getuid()}"))
+SESSION_BUILDS = Path(os.environ.get("RLPIPE_TEST_BUILDS",
+                                    Path(tempfile.gettempdir()) / f"rlpipe-test-builds-{os.getuid()}"))
 STALE_BUILD_S = 3600
 
 
 def _build_key(name: str, parts: tuple) -> str:
     """A digest of what a build reads: rlpipe's source, this file (the builders), the test files, the
-    torch and Python versions and ``parts`` (a test's own settings, its learning seed)."""
-    h = hashlib.sha256(repr((name, parts, torch.__version__, sys.version)).encode())
+    Python, torch and tokenizers versions and ``parts`` (a test's own settings, its learning seed). Not
+    the CPU kernels: the second session is the learning pass on other kernels, which shares the base."""
+    import tokenizers
+
+    h = hashlib.sha256(repr((name, parts, torch.__version__, tokenizers.__version__, sys.version)).encode())
     for f in sorted([*(ROOT / "src" / "rlpipe").rglob("*.py"), *(ROOT / "tests").glob("*.py")]):
         h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]

@@ -18,8 +18,8 @@ from rlpipe.lm.pretrain import (
     main,
     pretrain,
     sample_windows,
-    train_tokenizer_main,
 )
+from rlpipe.lm.tokenizer import train_tokenizer_main
 from rlpipe.tasks.keyword.corpus import build_corpus
 from rlpipe.tasks.keyword.eval import zero_shot_reward
 

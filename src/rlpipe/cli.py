@@ -13,7 +13,7 @@ from rlpipe.config import json_schema
 
 COMMANDS = {
     "build-corpus": ("rlpipe.tasks.keyword.corpus", "main"),
-    "train-tokenizer": ("rlpipe.lm.pretrain", "train_tokenizer_main"),
+    "train-tokenizer": ("rlpipe.lm.tokenizer", "train_tokenizer_main"),
     "pretrain": ("rlpipe.lm.pretrain", "main"),
     "import-base": ("rlpipe.lm.pretrain", "import_base_main"),
     "export-hf": ("rlpipe.lm.hf_export", "main"),

@@ -49,7 +49,7 @@ from rlpipe.lm.checkpoint import CheckpointError, check_state_dict, load_checkpo
 from rlpipe.lm.device import autocast, resolve_device
 from rlpipe.lm.documents import read_documents
 from rlpipe.lm.model import ModelConfig, TransformerLM
-from rlpipe.lm.tokenizer import load_tokenizer, train_bpe
+from rlpipe.lm.tokenizer import load_tokenizer
 
 # --------------------------------------------------------------------------- model config
 
@@ -298,22 +298,6 @@ def main(argv: list[str] | None = None) -> int:
     res = pretrain(cfg, args.corpus, args.tokenizer, args.out, progress=not args.no_progress)
     print(f"pretrain: {res.steps} steps, train_loss {res.train_loss:.3f}, val_loss {res.val_loss:.3f}, "
           f"{res.wall_time_s:.0f}s -> {args.out}")
-    return 0
-
-
-def train_tokenizer_main(argv: list[str] | None = None) -> int:
-    """``rlpipe train-tokenizer``: byte-level BPE of ``tokenizer.vocab_size`` on the corpus."""
-
-    ap = argparse.ArgumentParser(prog="rlpipe train-tokenizer", description=train_tokenizer_main.__doc__)
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--corpus", required=True)
-    ap.add_argument("--out", required=True, help="tokenizer.json to write")
-    args = ap.parse_args(argv)
-    cfg = load_config(args.config)
-    if not Path(args.corpus).is_file():
-        raise FileNotFoundError(f"--corpus: {args.corpus} not found (build it with `rlpipe build-corpus`)")
-    tok = train_bpe(read_documents(args.corpus), cfg.tokenizer.vocab_size, args.out)
-    print(f"train-tokenizer: vocab {tok.vocab_size} -> {args.out}")
     return 0
 
 

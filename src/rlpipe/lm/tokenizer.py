@@ -23,6 +23,7 @@ names another; ``pad_token_id`` is the tokenizer's pad token if it has one, else
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -30,7 +31,9 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from rlpipe.config import load_config
 from rlpipe.io import atomic_path
+from rlpipe.lm.documents import read_documents
 
 EOS_TOKEN = "<|endoftext|>"
 TIKTOKEN_PREFIX = "tiktoken:"
@@ -197,3 +200,19 @@ def _load_tiktoken(name: str) -> Tokenizer:
             "rlpipe never downloads: fill the cache offline (set TIKTOKEN_CACHE_DIR) or use a tokenizer.json"
         )
     return TiktokenTokenizer(tiktoken.get_encoding(name), spec=f"{TIKTOKEN_PREFIX}{name}")
+
+
+def train_tokenizer_main(argv: list[str] | None = None) -> int:
+    """``rlpipe train-tokenizer``: byte-level BPE of ``tokenizer.vocab_size`` on the corpus (here, not
+    beside the pretraining: this command needs no torch)."""
+    ap = argparse.ArgumentParser(prog="rlpipe train-tokenizer", description=train_tokenizer_main.__doc__)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--corpus", required=True)
+    ap.add_argument("--out", required=True, help="tokenizer.json to write")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    if not Path(args.corpus).is_file():
+        raise FileNotFoundError(f"--corpus: {args.corpus} not found (build it with `rlpipe build-corpus`)")
+    tok = train_bpe(read_documents(args.corpus), cfg.tokenizer.vocab_size, args.out)
+    print(f"train-tokenizer: vocab {tok.vocab_size} -> {args.out}")
+    return 0

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe.config import TrainConfig, to_dict
-from rlpipe.rl import scoring
 from rlpipe.tasks.base import DatasetError, Task
 from rlpipe.tasks.keyword.task import KeywordInclusionTask
 from rlpipe.tasks.math.task import MathTask
@@ -104,6 +103,8 @@ def _check_reward(task: Task, spec: str) -> None:
     examples = task.train_examples()[:CHECK_EXAMPLES]
     if not examples:
         raise TaskLoadError(f"train.task {spec!r}: the dataset has no training examples")
+    from rlpipe.rl import scoring  # here, not at the top: it imports torch, which the data commands never need
+
     name = getattr(task, "reward_ref", f"{type(task).__name__}.reward")
     for i, ex in enumerate(examples):
         if not isinstance(ex.prompt, str) or not ex.prompt:

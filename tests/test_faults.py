@@ -592,7 +592,7 @@ def test_the_learner_refuses_a_poisoned_checkpoint_on_restore_too(env, finished_
 
 
 def test_guarded_rewards_scores_failures_zero_and_counts_them(monkeypatch):
-    from rlpipe.rl import scoring
+    from rlpipe.rl import reward_guard
     from rlpipe.tasks.reward_dict import never_raise
 
     release = threading.Event()
@@ -613,7 +613,7 @@ def test_guarded_rewards_scores_failures_zero_and_counts_them(monkeypatch):
         return {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
 
     responses = ["ok", "raise", "hang", "ok", "nan", "swallowed", None]
-    scores, failures = scoring.guarded_rewards(reward, responses, ["gt"] * len(responses), timeout_s=2.0)
+    scores, failures = reward_guard.guarded_rewards(reward, responses, ["gt"] * len(responses), timeout_s=2.0)
     release.set()
     assert [s["reward"] for s in scores] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
     assert failures == 4  # raise, hang, nan, and the failure never_raise swallowed (and logged)
@@ -624,7 +624,7 @@ def test_a_hung_rewards_worker_never_scores_the_rest_twice():
     abandoned one, once released, stops instead of scoring them again."""
     import time
 
-    from rlpipe.rl import scoring
+    from rlpipe.rl import reward_guard
 
     release, calls = threading.Event(), []
 
@@ -635,7 +635,7 @@ def test_a_hung_rewards_worker_never_scores_the_rest_twice():
         return {"reward": 1.0}
 
     responses = ["a", "hang", "b", "c"]
-    scores, failures = scoring.guarded_rewards(reward, responses, ["gt"] * 4, timeout_s=2.0)
+    scores, failures = reward_guard.guarded_rewards(reward, responses, ["gt"] * 4, timeout_s=2.0)
     release.set()
     time.sleep(0.2)  # let the released worker run on, if it would
     assert [s["reward"] for s in scores] == [1.0, 0.0, 1.0, 1.0] and failures == 1
@@ -646,7 +646,7 @@ def test_a_hung_rewards_worker_never_scores_the_rest_twice():
 def test_reward_that_raises_or_hangs_on_one_sample_scores_zero_and_the_run_goes_on(
         env, ray_session, tmp_path, monkeypatch, caplog):
     """Disaggregated without a Scorer actor scores in the driver, i.e. in this process."""
-    from rlpipe.rl import scoring
+    from rlpipe.rl import reward_guard
     from rlpipe.tasks.keyword.task import KeywordInclusionTask
 
     real, calls, release = KeywordInclusionTask.reward, [], threading.Event()
@@ -662,7 +662,7 @@ def test_reward_that_raises_or_hangs_on_one_sample_scores_zero_and_the_run_goes_
     monkeypatch.setattr(KeywordInclusionTask, "reward", flaky)
     # far above one keyword reward (microseconds) even at load 4-5; the hung sample costs this once
     timeout = 3.0
-    monkeypatch.setattr(scoring, "REWARD_TIMEOUT_S", timeout)
+    monkeypatch.setattr(reward_guard, "REWARD_TIMEOUT_S", timeout)
     cfg = config(env, "reward", n_grpo_steps=3)
     try:
         train(env, cfg, "disagg", tmp_path / "run")
@@ -671,7 +671,7 @@ def test_reward_that_raises_or_hangs_on_one_sample_scores_zero_and_the_run_goes_
     m = pd.read_parquet(tmp_path / "run" / contract.METRICS_FILE)
     assert m["step"].tolist() == [0, 1, 2, 3]
     assert m["reward/errors"].tolist()[1:] == [1.0, 1.0, 0.0]
-    warned = [r.getMessage() for r in caplog.records if r.name == "rlpipe.rl.scoring"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "rlpipe.rl.reward_guard"]
     assert any("failed on sample 2 (scored 0): raised RuntimeError: reward bug" in w for w in warned), warned
     assert any(f"failed on sample 4 (scored 0): no result within {timeout:g}s" in w for w in warned), warned
 

@@ -119,9 +119,9 @@ def test_check_calls_the_reward_and_names_it_when_it_raises_or_returns_junk(text
 
 
 def test_check_names_a_reward_that_runs_past_its_time_limit(text_data, tmp_path, monkeypatch):
-    from rlpipe.rl import scoring
+    from rlpipe.rl import reward_guard
 
-    monkeypatch.setattr(scoring, "REWARD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(reward_guard, "REWARD_TIMEOUT_S", 0.5)
     ref = str(tmp_path / "rewards.py:hangs")
     msg = _error(_train(tmp_path, reward=ref), text_data)
     assert f"the reward {ref} gave no result within 0.5s (hung" in msg and "must return within 0.5s per sample" in msg

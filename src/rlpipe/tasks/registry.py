@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe.config import TrainConfig, to_dict
+from rlpipe.rl import reward_guard
 from rlpipe.tasks.base import DatasetError, Task
 from rlpipe.tasks.keyword.task import KeywordInclusionTask
 from rlpipe.tasks.math.task import MathTask
@@ -103,19 +104,17 @@ def _check_reward(task: Task, spec: str) -> None:
     examples = task.train_examples()[:CHECK_EXAMPLES]
     if not examples:
         raise TaskLoadError(f"train.task {spec!r}: the dataset has no training examples")
-    from rlpipe.rl import scoring  # here, not at the top: it imports torch, which the data commands never need
-
     name = getattr(task, "reward_ref", f"{type(task).__name__}.reward")
     for i, ex in enumerate(examples):
         if not isinstance(ex.prompt, str) or not ex.prompt:
             raise TaskLoadError(f"train.task {spec!r}: training example {i} has no prompt text: {ex.prompt!r}")
-        out, error = scoring.call_with_deadline(task.reward, (SAMPLE_RESPONSE, ex.ground_truth))
+        out, error = reward_guard.call_with_deadline(task.reward, (SAMPLE_RESPONSE, ex.ground_truth))
         where = (f"on training example {i} (response {SAMPLE_RESPONSE!r}, ground truth "
                  f"{str(ex.ground_truth)[:80]!r})")
         if error is not None:
             error = error if error.startswith("raised") else f"gave {error}"
             raise TaskLoadError(f"train.task {spec!r}: the reward {name} {error} {where}; a reward must return "
-                                f"within {scoring.REWARD_TIMEOUT_S:g}s per sample and not raise") from None
+                                f"within {reward_guard.REWARD_TIMEOUT_S:g}s per sample and not raise") from None
         try:
             ok = isinstance(out, dict) and math.isfinite(float(out["reward"]))
         except (KeyError, TypeError, ValueError):

@@ -27,7 +27,7 @@ Departures from the seed, and why:
   validation examples (``--n``) with ``math.eval_max_tokens`` or ``train.sampling_max_tokens``
   (``--max-tokens``): the CPU-sized models have short contexts and the GPU budget is fixed.
 - A grader that raises or hangs scores 0 and is counted in ``reward_errors``
-  (``rlpipe.rl.scoring.guarded_rewards``) instead of losing the whole generation.
+  (``rlpipe.rl.reward_guard.guarded_rewards``) instead of losing the whole generation.
 - A fixed seed (``--seed``, default ``train.val_seed``). The sampler seeds every row from (seed,
   prompt tokens), so responses do not depend on the chunk size or on what else is in the batch,
   and the same weights give the same responses on either backend (up to float rounding).
@@ -69,7 +69,7 @@ from rlpipe.contract import (
 from rlpipe.lm.device import autocast, resolve_device, setup_process
 from rlpipe.lm.policy import Policy, load_policy
 from rlpipe.lm.sampler import SamplingParams, generate
-from rlpipe.rl.scoring import guarded_rewards
+from rlpipe.rl.reward_guard import guarded_rewards
 from rlpipe.tasks import Example, Task, check_task, task_for
 from rlpipe.tasks.base import DatasetError
 from rlpipe.tasks.registry import TaskLoadError

@@ -41,7 +41,8 @@ from rlpipe.lm.device import autocast, resolve_device, setup_process
 from rlpipe.lm.policy import load_policy
 from rlpipe.lm.sampler import SamplingParams, generate
 from rlpipe.rl.records import RolloutBatch, VersionEvent
-from rlpipe.rl.scoring import guarded_rewards, reward_means
+from rlpipe.rl.reward_guard import guarded_rewards
+from rlpipe.rl.scoring import reward_means
 from rlpipe.tasks import Example
 from rlpipe.trainer.profiling import Profiler
 from rlpipe.trainer.weight_sync.payload import _load_into, flat_weights

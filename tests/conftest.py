@@ -823,6 +823,7 @@ def _session_build_dir(name: str, parts: tuple) -> Path:
     for old in SESSION_BUILDS.glob(f"{name}-*"):
         if old.is_dir() and old.name != f"{name}-{key}" and time.time() - old.stat().st_mtime > STALE_BUILD_S:
             shutil.rmtree(old, ignore_errors=True)
+            old.with_name(f"{old.name}.lock").unlink(missing_ok=True)  # its lock file (build_once) with it
     d = SESSION_BUILDS / f"{name}-{key}"
     d.mkdir(exist_ok=True)
     os.utime(d)  # in use: not stale

@@ -8,8 +8,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -118,11 +116,11 @@ def test_a_million_character_training_prompt_is_refused_without_a_tokenizer(tmp_
 
 # --------------------------------------------------------------------------- the workflow, before any job
 
-def _dry_run(workdir: Path, overlay: dict, env: dict | None = None):
+def _dry_run(run_snakemake, workdir: Path, overlay: dict, env: dict | None = None):
+    """``snakemake -n`` with the overlay (through the tests' dry-run server unless ``env`` changes what
+    Python imports: conftest's ``run_snakemake``)."""
     (workdir / "overlay.yaml").write_text(yaml.safe_dump(overlay))
-    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-n", "--cores", "1",
-                           "--configfile", "overlay.yaml"], cwd=workdir, capture_output=True, text=True, timeout=600,
-                          env=env)
+    return run_snakemake(workdir, "-n", "--cores", "1", "--configfile", "overlay.yaml", check=False, env=env)
 
 
 def _without(tmp_path: Path, module: str) -> dict:
@@ -143,7 +141,7 @@ def _without(tmp_path: Path, module: str) -> dict:
     ("tracker", "invalid rlpipe config: logging.trackers names 'mlflow' but the 'mlflow' package is not installed: "
                 "pip install -e '.[mlflow]'"),
 ])
-def test_the_workflow_refuses_before_any_job(tmp_path, case, message):
+def test_the_workflow_refuses_before_any_job(tmp_path, run_snakemake, case, message):
     """The issue's three cases and a tracker whose package is missing: each refused by `snakemake -n`,
     one line naming the key or file:line;
     the outputs already there are untouched (no job ran, no metadata was recorded)."""
@@ -156,7 +154,7 @@ def test_the_workflow_refuses_before_any_job(tmp_path, case, message):
                "overrides": {"model": {"overrides": {"num_layer": 2}}},
                "prompt": text_track(tmp_path / "track", train_prompt=LONG),
                "tracker": {"logging": {"trackers": ["mlflow"]}}}[case]
-    proc = _dry_run(workdir, overlay, _without(tmp_path, "mlflow") if case == "tracker" else None)
+    proc = _dry_run(run_snakemake, workdir, overlay, _without(tmp_path, "mlflow") if case == "tracker" else None)
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert message.format(data=tmp_path / "track" / "data") in text, text[-2000:]

@@ -138,13 +138,16 @@ from rlpipe.contract import (
 # The names the rule files call, from rlpipe.workflow (`layout` paths, `jobs` per-job functions).
 
 
-def code_inputs(*commands: str) -> list:
-    """A report's code as inputs of its rule (rlpipe.workflow.code_inputs)."""
-    return _code.code_inputs(COMMANDS, *commands)
+def code_inputs(*commands: str):
+    """A report's code as inputs of its rule (rlpipe.workflow.code_inputs), as an input function, read
+    when one of its jobs is planned and not at every parse (a job-level Snakemake of a training job, as
+    under SLURM, never scans rlpipe's imports)."""
+    return lambda wildcards: _code.code_inputs(COMMANDS, *commands)
 
 
 JOBS = _jobs.Jobs(LAYOUT, RUNS, run_tests=RUN_TESTS, dag_settings=lambda: workflow.dag_settings,
-                  code_inputs=code_inputs, track_configs=TRACK_CONFIG_FILES,
+                  code_inputs=lambda *commands: _code.code_inputs(COMMANDS, *commands),
+                  track_configs=TRACK_CONFIG_FILES,
                   family_configs=FAMILY_CONFIG_FILES)
 res, track_res, tdir_res, family_res = LAYOUT.res, LAYOUT.track_res, LAYOUT.tdir_res, LAYOUT.family_res
 track_of, tdirs, figure_path = LAYOUT.track_of, LAYOUT.tdirs, LAYOUT.figure_path

@@ -25,6 +25,7 @@
 # - The unit-test gate is still an ancient() input of training: rerunning the tests (their params or
 #   junit.xml changed) does not retrain. The masking above applies to that one case only.
 
+import functools
 import importlib.util  # bench.smk: whether TRL is installed
 import os
 import sys
@@ -138,16 +139,18 @@ from rlpipe.contract import (
 # The names the rule files call, from rlpipe.workflow (`layout` paths, `jobs` per-job functions).
 
 
+report_code = functools.partial(_code.code_inputs, COMMANDS)  # command names -> the files (a list)
+
+
 def code_inputs(*commands: str):
-    """A report's code as inputs of its rule (rlpipe.workflow.code_inputs), as an input function, read
-    when one of its jobs is planned and not at every parse (a job-level Snakemake of a training job, as
-    under SLURM, never scans rlpipe's imports)."""
-    return lambda wildcards: _code.code_inputs(COMMANDS, *commands)
+    """A report's code as inputs of its rule (report_code), as an input function, read when one of its
+    jobs is planned and not at every parse (a job-level Snakemake of a training job, as under SLURM,
+    never scans rlpipe's imports)."""
+    return lambda wildcards: report_code(*commands)
 
 
 JOBS = _jobs.Jobs(LAYOUT, RUNS, run_tests=RUN_TESTS, dag_settings=lambda: workflow.dag_settings,
-                  code_inputs=lambda *commands: _code.code_inputs(COMMANDS, *commands),
-                  track_configs=TRACK_CONFIG_FILES,
+                  code_inputs=report_code, track_configs=TRACK_CONFIG_FILES,
                   family_configs=FAMILY_CONFIG_FILES)
 res, track_res, tdir_res, family_res = LAYOUT.res, LAYOUT.track_res, LAYOUT.tdir_res, LAYOUT.family_res
 track_of, tdirs, figure_path = LAYOUT.track_of, LAYOUT.tdirs, LAYOUT.figure_path

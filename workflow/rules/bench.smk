@@ -20,6 +20,7 @@ rule bench_weight_sync:
         repeats=CFG.workflow.bench_repeats,
         sizes=",".join(f"{mb:g}" for mb in CFG.workflow.bench_sizes_mb),
         placements=weight_sync_placements(),  # those its GPUs allow: cpu; one shared GPU; two GPUs
+    priority: 10  # long, and needing only the base: first, so a cluster runs it beside the runs, not after
     threads: CFG.workflow.threads_per_variant
     resources:
         gpu=CFG.workflow.gpus_per_disaggregated,
@@ -108,6 +109,7 @@ rule bench_scaling:
     params:
         settings=lambda w: scaling_settings(),  # a function: a {field} in train.text.template is no wildcard
         dataset=lambda w, input: os.path.dirname(input.dataset),
+    priority: 10  # long, and needing only the base: first, so a cluster runs it beside the runs, not after
     threads: CFG.workflow.threads_per_variant
     resources:
         gpu=scaling_gpus(),  # its points are training runs: what the pipeline's runs take (none: the CPU)

@@ -67,6 +67,33 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["cat", "dog", "apple", "tree", "ball", "house", "moon", "fish", "bird", "cake", "boat", "hat"]
 
 
+def worker_threads(workers: int) -> int:
+    """Torch intra-op threads for each of ``workers`` pytest-xdist workers: its share of the CPUs, at
+    least one."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def share_the_cores() -> None:
+    """Under pytest-xdist (the README's ``-n 2``), a worker takes its share of the CPUs for torch's
+    intra-op threads (``worker_threads``), and its children wait passively (``OMP_WAIT_POLICY``).
+
+    Torch's default is one thread per core in every process. Two workers, each with a Snakemake run,
+    ``rlpipe train`` subprocesses or Ray actors beside it, then ask for several times the cores there
+    are, and OpenMP threads that spin at each barrier while the thread they wait for is descheduled
+    make a tiny model's loop several times slower than one thread would be (``tiny_base``'s weights
+    come out the same bits with one thread or two). A child sets its
+    own thread count (``train.threads``, a rule's threads); ``OMP_WAIT_POLICY=PASSIVE`` makes its
+    waiting threads sleep instead of spinning on a core another process needs. Neither where the user
+    set ``OMP_NUM_THREADS``, nor without xdist, where nothing of the suite runs beside a test."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(worker_threads(workers))
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+share_the_cores()
+
+
 def pytest_report_header(config) -> str:
     """Where the suite ran: the CPU kernels torch uses here (``ATEN_CPU_CAPABILITY`` can lower the
     level, never raise it), so a result names the numerics it was measured with."""
@@ -75,10 +102,13 @@ def pytest_report_header(config) -> str:
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                    cpu)
     forced = os.environ.get("ATEN_CPU_CAPABILITY")
+    workers = config.getoption("numprocesses", None) or 0
+    threads = (f"; torch threads per xdist worker: {worker_threads(workers)} (share_the_cores)"
+               if isinstance(workers, int) and workers > 1 and "OMP_NUM_THREADS" not in os.environ else "")
     from rlpipe.lm.attention import describe
 
     return (f"torch {torch.__version__} CPU kernels: {torch.backends.cpu.get_cpu_capability()}"
-            f" (ATEN_CPU_CAPABILITY={forced or 'unset'}) on {cpu}\n{describe()}")
+            f" (ATEN_CPU_CAPABILITY={forced or 'unset'}) on {cpu}{threads}\n{describe()}")
 
 
 #: Test files that form one pytest-xdist work unit together (else each file is its own unit): the smoke,

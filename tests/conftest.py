@@ -67,9 +67,12 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["cat", "dog", "apple", "tree", "ball", "house", "moon", "fish", "bird", "cake", "boat", "hat"]
 
 
-def worker_threads(workers: int) -> int:
+def worker_threads(workers: int) -> int | None:
     """Torch intra-op threads for each of ``workers`` pytest-xdist workers: its share of the CPUs, at
-    least one."""
+    least one; None where ``share_the_cores`` leaves torch as it is (no xdist, or ``OMP_NUM_THREADS``
+    set by the user)."""
+    if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
     return max(1, (os.cpu_count() or 1) // workers)
 
 
@@ -81,13 +84,13 @@ def share_the_cores() -> None:
     ``rlpipe train`` subprocesses or Ray actors beside it, then ask for several times the cores there
     are, and OpenMP threads that spin at each barrier while the thread they wait for is descheduled
     make a tiny model's loop several times slower than one thread would be (``tiny_base``'s weights
-    come out the same bits with one thread or two). A child sets its
-    own thread count (``train.threads``, a rule's threads); ``OMP_WAIT_POLICY=PASSIVE`` makes its
-    waiting threads sleep instead of spinning on a core another process needs. Neither where the user
-    set ``OMP_NUM_THREADS``, nor without xdist, where nothing of the suite runs beside a test."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(worker_threads(workers))
+    come out the same bits with one thread or two). A child sets its own thread count
+    (``train.threads``, a rule's threads); ``OMP_WAIT_POLICY=PASSIVE`` makes its waiting threads sleep
+    instead of spinning on a core another process needs. Neither where the user set
+    ``OMP_NUM_THREADS``, nor without xdist, where nothing of the suite runs beside a test."""
+    threads = worker_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    if threads is not None:
+        torch.set_num_threads(threads)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
@@ -102,9 +105,9 @@ def pytest_report_header(config) -> str:
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                    cpu)
     forced = os.environ.get("ATEN_CPU_CAPABILITY")
-    workers = config.getoption("numprocesses", None) or 0
-    threads = (f"; torch threads per xdist worker: {worker_threads(workers)} (share_the_cores)"
-               if isinstance(workers, int) and workers > 1 and "OMP_NUM_THREADS" not in os.environ else "")
+    workers = config.getoption("numprocesses", None)
+    share = worker_threads(workers) if isinstance(workers, int) else None
+    threads = f"; torch threads per xdist worker: {share} (share_the_cores)" if share is not None else ""
     from rlpipe.lm.attention import describe
 
     return (f"torch {torch.__version__} CPU kernels: {torch.backends.cpu.get_cpu_capability()}"

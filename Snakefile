@@ -22,7 +22,7 @@ include: "workflow/rules/common.smk"  # parses config with rlpipe.config: errors
 
 # The generated JSON schema (same pydantic models) for Snakemake's own tooling; parse_config above has
 # already rejected anything it would, with friendlier messages ("did you mean ...?").
-validate(config, "workflow/schemas/config.schema.yaml")
+validate(config, "workflow/schemas/config.schema.json")
 
 
 include: "workflow/rules/setup.smk"

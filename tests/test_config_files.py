@@ -4,6 +4,7 @@ ask for, and a bad config fails with the offending key's name (rlpipe.config and
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import jsonschema
@@ -28,10 +29,10 @@ def overlay(*names: str) -> dict:
 
 
 def test_checked_in_schema_is_generated():
-    on_disk = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    on_disk = json.loads((ROOT / "workflow/schemas/config.schema.json").read_text())
     assert on_disk == json_schema(), (
-        "workflow/schemas/config.schema.yaml is stale; regenerate it with\n"
-        "rlpipe schema > workflow/schemas/config.schema.yaml")
+        "workflow/schemas/config.schema.json is stale; regenerate it with\n"
+        "rlpipe schema > workflow/schemas/config.schema.json")
 
 
 def test_default_config_is_the_scaled_down_cpu_run():

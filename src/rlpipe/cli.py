@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import sys
-
-import yaml
 
 from rlpipe.config import json_schema
 
@@ -44,7 +43,9 @@ BENCHES = {"sampler": "rlpipe.bench.sampler", "update": "rlpipe.bench.update", "
 
 
 def schema_main(argv: list[str]) -> int:
-    print(yaml.safe_dump(json_schema(), sort_keys=False), end="")
+    """The config's JSON schema, as JSON: Snakemake reads a JSON file with the json module before it
+    tries YAML, in every process that parses the workflow (each cluster job twice)."""
+    print(json.dumps(json_schema(), indent=2))
     return 0
 
 

@@ -1,6 +1,7 @@
 """The sampler driving a HuggingFace CausalLM (the Qwen 2.5 Math path), on a tiny randomly
 initialised Qwen2 built here (no download) and a tokenizer trained here."""
 
+import os
 import warnings
 from types import SimpleNamespace
 
@@ -105,9 +106,11 @@ def test_hf_stop_string_and_eos_bookkeeping(qwen, tok, decode_check):
     assert "stop" in g.finish_reason
 
 
-def test_bench_sampler_smoke(tmp_path, capsys, monkeypatch):
+def test_bench_sampler_smoke(tmp_path, capsys, monkeypatch, tiny_base):
     """``rlpipe bench sampler`` runs end to end and writes the JSON line it prints (no timing is
-    asserted). It lives here because it imports transformers, which this file needs anyway."""
+    asserted). It lives here because it imports transformers, which this file needs anyway. It benches
+    the trainer tests' base (``--checkpoint``), whose AOT decode package the suite builds once
+    (``decode_cache``) for tests/test_decode_package.py and the trainer's AOT runs too."""
     import json
 
     from rlpipe.bench import sampler as bench_sampler
@@ -117,7 +120,9 @@ def test_bench_sampler_smoke(tmp_path, capsys, monkeypatch):
         kw.get("device")) or real_peak(*a, **kw))
     out = tmp_path / "bench.json"
     result = bench_sampler.main(["--batch", "2", "--new-tokens", "3", "--repeats", "1", "--no-compiled", "--device",
-                                 "cpu", "--out", str(out)])
+                                 "cpu", "--checkpoint", tiny_base[0], "--out", str(out)])
+    assert result["checkpoint"] == os.path.abspath(tiny_base[0]) and result["preset"] is None
+    assert result["aot_tokens_per_s"] > 0  # the AOT decode's row, on the checkpoint's model
     # the shape peak is measured on the bench's --device (with --device cuda, not on the host's CPU)
     assert shape_peak_devices and all(d == torch.device("cpu") for d in shape_peak_devices), shape_peak_devices
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -137,3 +142,16 @@ def test_bench_sampler_smoke(tmp_path, capsys, monkeypatch):
     assert result["fraction_of_shape_peak"] / result["fraction_of_device_peak"] == pytest.approx(
         result["device_peak"]["flops_per_s"] / (result["shape_peak_gflops"] * 1e9), rel=2e-3)
     assert "fraction_of_device_peak" in result["peak_note"] and "fraction_of_shape_peak" in result["peak_note"]
+
+
+@pytest.mark.parametrize("what", ["missing", "not a checkpoint"])
+def test_bench_sampler_refuses_a_bad_checkpoint_naming_the_flag(tmp_path, capsys, what):
+    from rlpipe.bench import sampler as bench_sampler
+
+    path = tmp_path / "model.pt"
+    if what != "missing":
+        path.write_text("not a checkpoint")
+    with pytest.raises(SystemExit) as e:
+        bench_sampler.main(["--checkpoint", str(path), "--no-compiled", "--no-aot"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--checkpoint" in err and str(path) in err, err

@@ -22,16 +22,18 @@ import statistics
 import tempfile
 import time
 import warnings
+from typing import NamedTuple
 
 import torch
 
 from rlpipe.bench import emit
 from rlpipe.bench.flops import decode_flops, device_peak, fraction, gflops, matmul_peak, peak_fields
 from rlpipe.lm import decode_package
+from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint
 from rlpipe.lm.device import autocast
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
-from rlpipe.lm.tokenizer import Tokenizer, train_bpe
+from rlpipe.lm.tokenizer import Tokenizer, load_tokenizer, train_bpe
 
 TEMPERATURE = 0.8  # seed 000 §3.1.2 sampling_temperature
 GOAL_FRACTION_OF_PEAK = 0.25  # of the same-run matmul peak, at batch 32 on the default model
@@ -98,14 +100,42 @@ def _hf_generate_fn(model, prompts, new_tokens: int, pad_id: int, device):
     return run
 
 
+class CheckpointModel(NamedTuple):
+    """``--checkpoint``'s TransformerLM, the tokenizer it names, and the file's absolute path."""
+    model: TransformerLM
+    tokenizer: Tokenizer
+    path: str
+
+
+def open_checkpoint(path: str) -> CheckpointModel:
+    """``--checkpoint``: an rlpipe ``TransformerLM`` checkpoint and the tokenizer it names, checked
+    before any work (every error names the flag and the file)."""
+    ckpt, tok_ref = open_base_checkpoint(path, "--checkpoint")
+    if not isinstance(ckpt.model, TransformerLM):
+        raise CheckpointError(f"--checkpoint: {path} holds a {type(ckpt.model).__name__}; the sampler bench "
+                              "drives rlpipe's TransformerLM (its decodes and FLOP counts)")
+    return CheckpointModel(ckpt.model, load_tokenizer(tok_ref), os.path.abspath(path))
+
+
+def _model_and_tokenizer(preset: str, checkpoint: CheckpointModel | None) -> tuple[TransformerLM, Tokenizer]:
+    """The benched model and its tokenizer: ``checkpoint``'s, else a randomly initialised ``preset``
+    with a BPE trained here (its vocabulary at most 2048)."""
+    if checkpoint is not None:
+        return checkpoint.model, checkpoint.tokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = bench_tokenizer(min(ModelConfig.from_preset(preset).vocab_size, 2048), tmp)
+    return TransformerLM(ModelConfig.from_preset(preset, vocab_size=tok.vocab_size)), tok
+
+
 def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: str, compiled: bool = True,
-              aot: bool = True) -> dict:
+              aot: bool = True, checkpoint: CheckpointModel | None = None) -> dict:
     """The bench's JSON record:
 
     - ``kv_tokens_per_s`` / ``naive_tokens_per_s`` / ``kv_over_naive``: ``rlpipe.lm.sampler.generate`` on a
       randomly initialised ``TransformerLM`` (``--preset``, vocabulary from a BPE trained here on
-      synthetic text), with its KV cache and with ``use_kv_cache=False`` (the same sampling loop
-      re-running the whole sequence every step). Goal: ratio >= 5 for cpu-tiny on CPU.
+      synthetic text; or ``--checkpoint``'s model and tokenizer, ``checkpoint``), with its KV cache
+      and with ``use_kv_cache=False`` (the same sampling loop re-running the whole sequence every
+      step). Goal: ratio >= 5 for cpu-tiny on CPU.
     - ``hf_ours_tokens_per_s`` / ``hf_generate_tokens_per_s`` / ``ours_over_hf_generate``: our sampler
       driving a randomly initialised HF ``Qwen2ForCausalLM`` of the same width/depth vs HF's own
       ``generate`` on the same model and batch (sampling, top_k disabled). Goal: ratio >= 1.
@@ -146,10 +176,8 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
     """
     dev = torch.device(device)
     torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        tok = bench_tokenizer(min(ModelConfig.from_preset(preset).vocab_size, 2048), tmp)
-    cfg = ModelConfig.from_preset(preset, vocab_size=tok.vocab_size)
-    model = TransformerLM(cfg).to(dev)
+    model, tok = _model_and_tokenizer(preset, checkpoint)
+    model, cfg = model.to(dev), model.config
     prompts, small = _prompts(batch, cfg.vocab_size), _prompts(min(batch, 8), cfg.vocab_size, seed=1)
     params = SamplingParams(temperature=TEMPERATURE, max_tokens=new_tokens, min_tokens=new_tokens, seed=0)
 
@@ -169,7 +197,9 @@ def run_bench(preset: str, batch: int, new_tokens: int, repeats: int, device: st
     hf_ours_s, hf_gen_s = _paired_median_seconds(ours(hf), hf_gen, repeats)
     n_tok = batch * new_tokens
     out = {
-        "bench": "sampler", "preset": preset, "device": str(dev), "batch": batch, "new_tokens": new_tokens,
+        "bench": "sampler", "preset": None if checkpoint else preset,
+        "checkpoint": checkpoint.path if checkpoint else None, "device": str(dev), "batch": batch,
+        "new_tokens": new_tokens,
         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "repeats": repeats,
         "num_parameters": model.num_parameters(), "vocab_size": cfg.vocab_size,
         "torch_threads": torch.get_num_threads(), "load_avg_1m": round(os.getloadavg()[0], 2),
@@ -298,7 +328,9 @@ def _aot_rows(out: dict, model, eager, aot, flops: float, peak: float, repeats: 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="rlpipe bench sampler", description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="cpu-tiny")
+    ap.add_argument("--preset", default="cpu-tiny", help="a randomly initialised TransformerLM of this preset")
+    ap.add_argument("--checkpoint", default=None,
+                    help="bench this rlpipe checkpoint's TransformerLM and its tokenizer instead of --preset")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)
@@ -318,9 +350,14 @@ def main(argv=None) -> dict:
         if args.threads < 1:
             ap.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
+    try:
+        checkpoint = open_checkpoint(args.checkpoint) if args.checkpoint else None
+    except (FileNotFoundError, CheckpointError) as e:
+        ap.error(str(e))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # HF generation-config chatter
-        result = run_bench(args.preset, args.batch, args.new_tokens, args.repeats, args.device, args.compiled, args.aot)
+        result = run_bench(args.preset, args.batch, args.new_tokens, args.repeats, args.device, args.compiled, args.aot,
+                           checkpoint=checkpoint)
     emit(result, args.out)
     return result
 

@@ -155,3 +155,17 @@ def test_bench_sampler_refuses_a_bad_checkpoint_naming_the_flag(tmp_path, capsys
         bench_sampler.main(["--checkpoint", str(path), "--no-compiled", "--no-aot"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--checkpoint" in err and str(path) in err, err
+
+
+def test_bench_sampler_refuses_an_hf_policy_checkpoint_naming_the_flag(tiny_qwen, tmp_path, capsys):
+    """An rlpipe checkpoint of an HF policy opens (its tokenizer too) but is no TransformerLM: refused
+    before any work, naming the flag, the file and what it holds."""
+    from rlpipe.bench import sampler as bench_sampler
+    from rlpipe.lm.policy import load_policy
+
+    path = tmp_path / "hf.pt"
+    load_policy(tiny_qwen).save(path)
+    with pytest.raises(SystemExit) as e:
+        bench_sampler.main(["--checkpoint", str(path), "--no-compiled", "--no-aot"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--checkpoint" in err and str(path) in err and "Qwen2ForCausalLM" in err, err

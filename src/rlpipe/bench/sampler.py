@@ -33,7 +33,7 @@ from rlpipe.lm.checkpoint import CheckpointError, open_base_checkpoint
 from rlpipe.lm.device import autocast
 from rlpipe.lm.model import ModelConfig, TransformerLM
 from rlpipe.lm.sampler import SamplingParams, _left_pad, generate
-from rlpipe.lm.tokenizer import Tokenizer, load_tokenizer, train_bpe
+from rlpipe.lm.tokenizer import Tokenizer, train_bpe
 
 TEMPERATURE = 0.8  # seed 000 §3.1.2 sampling_temperature
 GOAL_FRACTION_OF_PEAK = 0.25  # of the same-run matmul peak, at batch 32 on the default model
@@ -110,11 +110,12 @@ class CheckpointModel(NamedTuple):
 def open_checkpoint(path: str) -> CheckpointModel:
     """``--checkpoint``: an rlpipe ``TransformerLM`` checkpoint and the tokenizer it names, checked
     before any work (every error names the flag and the file)."""
-    ckpt, tok_ref = open_base_checkpoint(path, "--checkpoint")
-    if not isinstance(ckpt.model, TransformerLM):
-        raise CheckpointError(f"--checkpoint: {path} holds a {type(ckpt.model).__name__}; the sampler bench "
+    opened = open_base_checkpoint(path, "--checkpoint")
+    model = opened.checkpoint.model
+    if not isinstance(model, TransformerLM):
+        raise CheckpointError(f"--checkpoint: {path} holds a {type(model).__name__}; the sampler bench "
                               "drives rlpipe's TransformerLM (its decodes and FLOP counts)")
-    return CheckpointModel(ckpt.model, load_tokenizer(tok_ref), os.path.abspath(path))
+    return CheckpointModel(model, opened.tokenizer, os.path.abspath(path))
 
 
 def _model_and_tokenizer(preset: str, checkpoint: CheckpointModel | None) -> tuple[TransformerLM, Tokenizer]:

@@ -75,8 +75,8 @@ def preset_checkpoint(checkpoint: str, preset: str, out: Path, seed: int = 0) ->
 
     if preset not in PRESETS:
         raise BenchInputError(f"--preset: unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
-    ckpt, tok_ref = open_base_checkpoint(checkpoint, "--checkpoint")
-    base = ckpt.model_config
+    opened = open_base_checkpoint(checkpoint, "--checkpoint")
+    base, tok_ref = opened.checkpoint.model_config, opened.tokenizer_ref
     cfg = ModelConfig.from_preset(preset, vocab_size=base.vocab_size,
                                   context_length=max(base.context_length, PRESETS[preset].context_length))
     torch.manual_seed(seed)

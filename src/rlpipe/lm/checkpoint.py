@@ -49,7 +49,7 @@ import pickle
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -57,7 +57,7 @@ from torch import nn
 from rlpipe.io import torch_save
 from rlpipe.lm.attention import route_hf_attention
 from rlpipe.lm.model import ModelConfig, TransformerLM
-from rlpipe.lm.tokenizer import load_tokenizer
+from rlpipe.lm.tokenizer import Tokenizer, load_tokenizer
 
 FORMAT = "rlpipe.lm.checkpoint"
 VERSION = 1
@@ -78,6 +78,15 @@ class LoadedCheckpoint:
     optimizer_state: dict | None = None
     extra: dict = field(default_factory=dict)
     hf_pretrained: str | None = None  # the HF model directory the architecture comes from
+
+
+class OpenedBase(NamedTuple):
+    """``open_base_checkpoint``'s answer: the checkpoint, the tokenizer reference its actors load
+    (absolute when it is a path) and the tokenizer, loaded once to check it."""
+
+    checkpoint: LoadedCheckpoint
+    tokenizer_ref: str
+    tokenizer: Tokenizer
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -402,11 +411,11 @@ def load_training_state(model: nn.Module, path) -> tuple[dict | None, dict]:
     return payload.get("optimizer"), payload.get("extra") or {}
 
 
-def open_base_checkpoint(path: str | os.PathLike, flag: str = "--base") -> tuple[LoadedCheckpoint, str]:
+def open_base_checkpoint(path: str | os.PathLike, flag: str = "--base") -> OpenedBase:
     """Open an rlpipe checkpoint and the tokenizer it references, so that a bad one fails before any
-    work; every error names ``flag`` and the file. Returns the checkpoint and the tokenizer reference
-    (absolute when it is a path: actors on a cluster do not share the caller's working directory;
-    a spec such as ``tiktoken:gpt2`` unchanged)."""
+    work; every error names ``flag`` and the file. The tokenizer reference is absolute when it is a
+    path (actors on a cluster do not share the caller's working directory); a spec such as
+    ``tiktoken:gpt2`` stays unchanged."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"{flag}: checkpoint {path} not found (run `rlpipe pretrain` first)")
     try:
@@ -425,4 +434,4 @@ def open_base_checkpoint(path: str | os.PathLike, flag: str = "--base") -> tuple
         raise CheckpointError(f"{flag}: the tokenizer {ckpt.tokenizer} has {tok.vocab_size} tokens but the model in "
                               f"{path} only {vocab} (vocab_size)")
     ref = os.path.abspath(ckpt.tokenizer) if os.path.exists(ckpt.tokenizer) else ckpt.tokenizer
-    return ckpt, ref
+    return OpenedBase(ckpt, ref, tok)

@@ -127,7 +127,7 @@ def _check_base(base: str) -> str:
     share the driver's working directory), or the spec unchanged when it is no path (``tiktoken:gpt2``)."""
     if Path(base).is_dir():
         return _check_hf_base(base)
-    return open_base_checkpoint(base, "--base")[1]
+    return open_base_checkpoint(base, "--base").tokenizer_ref
 
 
 def _check_inputs(train_cfg, base: str, dataset: str | None) -> str:

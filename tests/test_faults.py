@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import os
 import shutil
@@ -674,36 +673,6 @@ def test_reward_that_raises_or_hangs_on_one_sample_scores_zero_and_the_run_goes_
     warned = [r.getMessage() for r in caplog.records if r.name == "rlpipe.rl.reward_guard"]
     assert any("failed on sample 2 (scored 0): raised RuntimeError: reward bug" in w for w in warned), warned
     assert any(f"failed on sample 4 (scored 0): no result within {timeout:g}s" in w for w in warned), warned
-
-
-# --------------------------------------------------------------------------- determinism
-
-
-TIMING = ("time/", "perf/", "wall_time", "sync/seconds", "sync/gbps")
-
-
-@pytest.mark.ray
-def test_same_seed_same_metrics_colocated_and_disaggregated(env, ray_session, tmp_path):
-    """Every non-timing metric, the rollouts and the final weights are identical across two runs of
-    the same seed, for a colocated and a disaggregated variant (the driver's docstring lists what
-    may differ elsewhere: timing, the interleaving of the two actors' events, GPU kernels)."""
-    cfg = config(env, "determinism", n_grpo_steps=2)
-    cols = [c for c in contract.METRIC_COLUMNS if not c.startswith(TIMING)]
-    for variant in ("onpolicy", "disagg"):
-        a, b = tmp_path / variant / "a", tmp_path / variant / "b"
-        train(env, cfg, variant, a)
-        train(env, cfg, variant, b)
-        ma, mb = pd.read_parquet(a / contract.METRICS_FILE), pd.read_parquet(b / contract.METRICS_FILE)
-        assert ma["reward/train_mean"].notna().sum() == 2
-        pd.testing.assert_frame_equal(ma[cols], mb[cols], check_exact=True)
-        ra = [json.loads(x) for x in (a / contract.ROLLOUTS_FILE).read_text().splitlines()]
-        assert ra == [json.loads(x) for x in (b / contract.ROLLOUTS_FILE).read_text().splitlines()]
-        va, vb = (pd.read_parquet(d / contract.VERSIONS_FILE) for d in (a, b))
-        key = ["who", "version", "event"]
-        assert sorted(map(tuple, va[key].values.tolist())) == sorted(map(tuple, vb[key].values.tolist()))
-        wa = load_checkpoint(a / contract.CHECKPOINT_FILE).model.state_dict()
-        wb = load_checkpoint(b / contract.CHECKPOINT_FILE).model.state_dict()
-        assert all(torch.equal(wa[k], wb[k]) for k in wa), variant
 
 
 def test_resume_advice_reads_a_checkpoint_the_driver_has_not_recorded_yet(env, tmp_path):

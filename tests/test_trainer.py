@@ -38,8 +38,16 @@ def metrics(out: Path) -> pd.DataFrame:
     return pd.read_parquet(out / "metrics.parquet")
 
 
-def test_two_step_run_writes_every_output(env):
-    out, info = train(env, "onpolicy")
+@pytest.fixture(scope="module")
+def onpolicy_run(env) -> tuple[Path, dict]:
+    """The module config's ``onpolicy`` run, trained once: every test that reads it reads the same run
+    (a rerun of it is identical, bit for bit: test_same_seed_machine_and_lock_reruns_bit_for_bit).
+    Tests read it and never change it."""
+    return train(env, "onpolicy")
+
+
+def test_two_step_run_writes_every_output(onpolicy_run):
+    out, info = onpolicy_run
     m = metrics(out)
     assert list(m.columns) == list(contract.METRIC_COLUMNS)
     assert m["step"].tolist() == [0, 1, 2]
@@ -104,8 +112,8 @@ def test_aot_decode_samples_the_learners_distribution(env, write_config, variant
     assert gap.notna().all()
 
 
-def test_k1_equals_variant_a_bit_for_bit(env):
-    a, _ = train(env, "onpolicy", out=env["tmp"] / "eq" / "a")
+def test_k1_equals_variant_a_bit_for_bit(env, onpolicy_run):
+    a, _ = onpolicy_run
     b, _ = train(env, "k1", out=env["tmp"] / "eq" / "b")
     ma, mb = metrics(a), metrics(b)
     timing = ("time/", "perf/", "sync/seconds", "sync/gbps", "wall")
@@ -119,15 +127,16 @@ def test_k1_equals_variant_a_bit_for_bit(env):
 
 
 @pytest.mark.parametrize("variant", ["onpolicy", "disagg"])
-def test_same_seed_machine_and_lock_reruns_bit_for_bit(env, variant):
+def test_same_seed_machine_and_lock_reruns_bit_for_bit(env, variant, request):
     """The reproducibility guarantee: the same variant and seed, rerun on the same machine with the same
     installed versions, gives the same metrics, rollouts, weight-version events and final weights, bit
     for bit (colocated and disaggregated; only the timing columns and the interleaving of the actors'
     events differ: the driver's docstring lists what may differ elsewhere)."""
     from rlpipe.lm.checkpoint import load_checkpoint
 
-    a, info_a = train(env, variant, out=env["tmp"] / "rerun" / variant / "a")
-    b, info_b = train(env, variant, out=env["tmp"] / "rerun" / variant / "b")
+    first = request.getfixturevalue("onpolicy_run") if variant == "onpolicy" else None  # trained once already
+    a, _ = first or train(env, variant, out=env["tmp"] / "rerun" / variant / "a")
+    b, _ = train(env, variant, out=env["tmp"] / "rerun" / variant / "b")
     timing = ("time/", "perf/", "sync/seconds", "sync/gbps", "wall")
     cols = [c for c in contract.METRIC_COLUMNS if not c.startswith(timing)]
     trained = metrics(a)[lambda d: d.step > 0]
@@ -155,8 +164,8 @@ def test_staleness_accounting_k_steps(env, variant, k):
     assert synced == [s for s in m.step if s % k == 0]
 
 
-def test_kl_to_reference_zero_at_step0_positive_later(env):
-    out, _ = train(env, "onpolicy", out=env["tmp"] / "kl")
+def test_kl_to_reference_zero_at_step0_positive_later(onpolicy_run):
+    out, _ = onpolicy_run
     m = metrics(out)
     assert m.loc[m.step == 0, "kl/ref_k3"].item() == pytest.approx(0.0, abs=1e-7)
     assert m.loc[m.step == 0, "kl/ref_log_ratio"].item() == pytest.approx(0.0, abs=1e-7)
@@ -164,8 +173,8 @@ def test_kl_to_reference_zero_at_step0_positive_later(env):
     assert (m.loc[m.step > 0, "kl/prev_k3"] > 0).all()
 
 
-def test_kl_penalty_changes_the_update(env):
-    a = metrics(train(env, "onpolicy", out=env["tmp"] / "klp" / "a")[0])
+def test_kl_penalty_changes_the_update(env, onpolicy_run):
+    a = metrics(onpolicy_run[0])
     b = metrics(train(env, "kl_penalty", out=env["tmp"] / "klp" / "b")[0])
     # step 1: pi == pi_ref so the k3 penalty and its gradient are 0; afterwards updates differ
     assert a.loc[a.step == 1, "loss/policy"].item() == pytest.approx(b.loc[b.step == 1, "loss/policy"].item())

@@ -67,19 +67,17 @@ def missing_code(jobs: list[dict]) -> dict[str, list[str]]:
     return out
 
 
-def plan(tmp_path: Path, dry_run, *args: str) -> list[dict]:
+def plan(tmp_path: Path, run_snakemake, dry_run, *args: str) -> list[dict]:
+    """The jobs ``snakemake -n -p`` plans in a copy of the project's configs (through the tests' dry-run
+    server, ``run_snakemake``)."""
     for d in ("config", "examples"):
         shutil.copytree(ROOT / d, tmp_path / d)
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
-           "-n", "-p", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return dry_run.jobs(proc.stdout)
+    return dry_run.jobs(run_snakemake(tmp_path, "-n", "-p", *args).stdout)
 
 
-def test_every_report_job_lists_the_code_its_command_loads(tmp_path, dry_run):
-    jobs = plan(tmp_path / "default", dry_run) + plan(tmp_path / "user", dry_run, "--configfile",
-                                                       "examples/wordrev/config.yaml")
+def test_every_report_job_lists_the_code_its_command_loads(tmp_path, run_snakemake, dry_run):
+    jobs = plan(tmp_path / "default", run_snakemake, dry_run) + plan(
+        tmp_path / "user", run_snakemake, dry_run, "--configfile", "examples/wordrev/config.yaml")
     missing = missing_code(jobs)
     assert REPORT_RULES <= set(missing), sorted(set(missing))
     assert not any(missing.values()), {r: m for r, m in missing.items() if m}

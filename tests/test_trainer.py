@@ -38,6 +38,11 @@ def metrics(out: Path) -> pd.DataFrame:
     return pd.read_parquet(out / "metrics.parquet")
 
 
+#: the metric columns two runs of one code path must agree on: all but the timings
+UNTIMED = [c for c in contract.METRIC_COLUMNS if not c.startswith(("time/", "perf/", "sync/seconds", "sync/gbps",
+                                                                  "wall"))]
+
+
 @pytest.fixture(scope="module")
 def onpolicy_run(env) -> tuple[Path, dict]:
     """The module config's ``onpolicy`` run, trained once: every test that reads it reads the same run
@@ -115,10 +120,7 @@ def test_aot_decode_samples_the_learners_distribution(env, write_config, variant
 def test_k1_equals_variant_a_bit_for_bit(env, onpolicy_run):
     a, _ = onpolicy_run
     b, _ = train(env, "k1", out=env["tmp"] / "eq" / "b")
-    ma, mb = metrics(a), metrics(b)
-    timing = ("time/", "perf/", "sync/seconds", "sync/gbps", "wall")
-    cols = [c for c in contract.METRIC_COLUMNS if not c.startswith(timing)]
-    pd.testing.assert_frame_equal(ma[cols], mb[cols])
+    pd.testing.assert_frame_equal(metrics(a)[UNTIMED], metrics(b)[UNTIMED])
     from rlpipe.lm.checkpoint import load_checkpoint
 
     wa = load_checkpoint(a / "checkpoints" / "last.pt").model.state_dict()
@@ -137,11 +139,10 @@ def test_same_seed_machine_and_lock_reruns_bit_for_bit(env, variant, request):
     first = request.getfixturevalue("onpolicy_run") if variant == "onpolicy" else None  # trained once already
     a, _ = first or train(env, variant, out=env["tmp"] / "rerun" / variant / "a")
     b, _ = train(env, variant, out=env["tmp"] / "rerun" / variant / "b")
-    timing = ("time/", "perf/", "sync/seconds", "sync/gbps", "wall")
-    cols = [c for c in contract.METRIC_COLUMNS if not c.startswith(timing)]
-    trained = metrics(a)[lambda d: d.step > 0]
+    ma = metrics(a)
+    trained = ma[ma.step > 0]
     assert len(trained) >= 2 and trained["reward/train_mean"].notna().all()
-    pd.testing.assert_frame_equal(metrics(a)[cols], metrics(b)[cols], check_exact=True)
+    pd.testing.assert_frame_equal(ma[UNTIMED], metrics(b)[UNTIMED], check_exact=True)
     assert (a / contract.ROLLOUTS_FILE).read_text() == (b / contract.ROLLOUTS_FILE).read_text()
     key = ["who", "version", "event"]
     events = [sorted(map(tuple, pd.read_parquet(d / contract.VERSIONS_FILE)[key].values.tolist())) for d in (a, b)]

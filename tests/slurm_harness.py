@@ -158,7 +158,8 @@ def finish_recording_jobs(proc: subprocess.Popen, workdir: Path, timeout: float)
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         seen.update({j["JobId"]: j for j in slurm.jobs_here(workdir) or []})
-        time.sleep(5)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # every 5 s, and at once when it exits
+            proc.wait(timeout=5)
     rc, out = finish(proc, workdir, max(1.0, deadline - time.monotonic()))
     seen.update({j["JobId"]: j for j in job_records(workdir)})
     return rc, out, list(seen.values())

@@ -11,7 +11,8 @@ from rlpipe.config.identity import IDENTITY_KEYS, OPERATIONAL_KEYS, canonical_ke
 
 #: The operational side, written out: changing one of these reruns nothing and resumes a run.
 OPERATIONAL = {
-    "train.ray_timeout_s", "train.weight_sync.timeout_s", "train.threads", "train.checkpoint_every",
+    "train.ray_timeout_s", "train.actor_start_timeout_s", "train.weight_sync.timeout_s", "train.threads",
+    "train.checkpoint_every",
     "train.log_rollouts_every", "pretrain.threads", "logging.trackers", "logging.tensorboard", "logging.flush_every_s",
     "ray.address",
     "ray.include_dashboard", "ray.num_cpus", "workflow.results_dir", "workflow.family_threads",

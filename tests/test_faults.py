@@ -7,7 +7,8 @@ step, file), and what is left on disk is never mistaken for valid later.
 - two ``rlpipe train`` on one run directory;
 - a damaged checkpoint or snapshot on ``--resume``;
 - a reward function that raises or hangs on one sample;
-- a generation that hangs (its process frozen with SIGSTOP): a timeout naming the actor and step.
+- a generation that hangs (its process frozen with SIGSTOP): a timeout naming the actor and step;
+- an actor that does not start in time: the start timeout, naming the actor.
 Tests that start Ray carry ``ray``; the others run without it. The measured times to fail are
 printed (``-s`` shows them) and bounded well below ``train.ray_timeout_s``.
 """
@@ -219,10 +220,11 @@ def _actor_pids(title: str) -> set[int]:
 
 # Waits derive from the configured timeout, never from how fast an idle machine runs: the timeout sits
 # far above one step of the tiny model on 2 cores at load 4-5 (about a second; the test must not time
-# out on a healthy call), and the failure may come up to one more timeout later (the driver can be
+# out on a healthy call; the actors' start, seconds more on a loaded machine, is bounded apart by
+# train.actor_start_timeout_s), and the failure may come up to one more timeout later (the driver can be
 # inside the weight-sync wait, bounded by weight_sync.timeout_s, when the frozen actor stops answering)
 # plus a fixed allowance for Ray's own clean-up on a loaded machine.
-HANG_TIMEOUT_S = 30.0
+HANG_TIMEOUT_S = 10.0
 HANG_MARGIN_S = HANG_TIMEOUT_S + 30.0
 ACTOR_START_WAIT_S = 300.0  # a bound for a failing test only: actors start in seconds
 
@@ -257,7 +259,7 @@ def test_hung_generation_is_a_timeout_naming_the_actor_and_step(env, ray_session
     # enough steps that the freezer meets a rollout on a loaded machine, where a rollout is milliseconds
     # of a step and the 40-step run once ended unfrozen; no checkpoint before the end
     cfg = config(env, f"hang_{variant}", n_grpo_steps=400, checkpoint_every=1000, ray_timeout_s=timeout,
-                 weight_sync={"timeout_s": timeout})
+                 actor_start_timeout_s=ACTOR_START_WAIT_S, weight_sync={"timeout_s": timeout})
     out, record = tmp_path / "run", {}
     freezer = _freeze_when_running(title, _actor_pids(title), record)
     try:
@@ -279,6 +281,38 @@ def test_hung_generation_is_a_timeout_naming_the_actor_and_step(env, ray_session
     assert "after optimizer step" in msg  # the step
     assert failed_after < timeout + HANG_MARGIN_S  # a timeout, not a silent stall
     assert "No checkpoint was written yet" in msg and not (out / contract.CHECKPOINT_FILE).exists()
+
+
+@pytest.mark.ray
+def test_an_actor_that_does_not_start_in_time_fails_naming_it_and_the_start_timeout(env, ray_session, tmp_path):
+    """``train.actor_start_timeout_s`` bounds the actors' start; after it, ``train.ray_timeout_s`` bounds
+    each call (a hung step fails in that time however slowly the actors started)."""
+    import ray
+
+    from rlpipe.config import load_config, resolve_variant
+    from rlpipe.trainer.drivers.common import RunContext
+
+    class SlowToStart:  # defined here, so that Ray ships it by value (the actor cannot import a test module)
+        """An actor whose start (its ``__init__``) takes longer than the run allows."""
+
+        def __init__(self):
+            time.sleep(120)
+
+    cfg = load_config(config(env, "slow_start", actor_start_timeout_s=2.0, ray_timeout_s=600.0))
+    ctx = RunContext(cfg, resolve_variant(cfg, "onpolicy"), "onpolicy", env["base"], env["data"], tmp_path, 1, False)
+    handle = ctx.ray.actor(SlowToStart, gpus=0, cpus=0.5)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ActorFailure) as err:
+            ctx.ray.started()
+    finally:
+        ray.kill(handle)
+    took = time.monotonic() - t0
+    msg = str(err.value)
+    assert msg.startswith("actor start-up: no answer from the SlowToStart actor (onpolicy/SlowToStart) within "
+                          "train.actor_start_timeout_s=2.0s (stuck or overloaded) after optimizer step 0 of 2."), msg
+    assert "No checkpoint was written yet" in msg
+    assert 2.0 <= took < 2.0 + HANG_MARGIN_S, took  # the start timeout, not ray_timeout_s
 
 
 def test_weight_sync_failure_names_the_dead_actor_behind_it(env, tmp_path):

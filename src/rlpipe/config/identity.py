@@ -30,6 +30,7 @@ from typing import Any
 #: Keys that change nothing computed, each with what it changes instead.
 OPERATIONAL_KEYS: dict[str, str] = {
     "train.ray_timeout_s": "how long the driver waits on an actor call before failing",
+    "train.actor_start_timeout_s": "how long the driver waits for its actors to start",
     "train.weight_sync.timeout_s": "how long a weight sync may take before failing",
     "train.threads": "torch threads per actor (speed)",
     "train.checkpoint_every": "how often a resumable checkpoint is written",

@@ -195,7 +195,12 @@ class TrainConfig(_Section):
         "seed 001 Problem 14's policy-lag sweep). The generator keeps the last L versions; validation uses "
         "the newest.")
     ray_timeout_s: float = Field(
-        600.0, gt=0, description="Max seconds the driver waits on any actor call before failing.")
+        600.0, gt=0, description="Max seconds the driver waits on any actor call before failing, once its "
+        "actors have started (train.actor_start_timeout_s bounds their start).")
+    actor_start_timeout_s: float | None = Field(
+        None, gt=0, description="Max seconds the driver waits for its actors to start (placed, imports, model "
+        "and data loaded) before failing; null: train.ray_timeout_s. A start can be slow on a loaded machine or "
+        "a busy cluster where a hung step should fail sooner (train.ray_timeout_s).")
     recompute_old_log_probs: bool | None = Field(
         None, description="Recompute old log-probs with the learner's policy under inference_mode after each "
         "rollout (seed 001 Problem 13) instead of using the sampler's. null: on whenever the sampler's numerics "

@@ -66,6 +66,7 @@ def run_colocated(ctx: RunContext, gpus: int) -> dict:
     worker = ctx.ray.actor(ColocatedWorker, gpus=share["colocated"], cpus=ctx.threads,
                        checkpoint=ctx.base_checkpoint, train_cfg=t, dataset_dir=ctx.dataset_dir,
                        threads=ctx.threads, tokenizer=ctx.tokenizer)
+    ctx.ray.started()
     next_batch, step = ctx.restore(worker)
     if step == 0:
         ctx.begin(worker)

@@ -91,13 +91,14 @@ def run_disaggregated(ctx: RunContext, gpus: int) -> dict:
     generator = ctx.ray.actor(GeneratorWorker, gpus=share["generator"], cpus=ctx.threads, transport=ts,
                           strategy=spots[1], checkpoint=ctx.base_checkpoint, train_cfg=t, dataset_dir=ctx.dataset_dir,
                           threads=ctx.threads, tokenizer=ctx.tokenizer)
+    scorer = (ctx.ray.actor(Scorer, gpus=0, cpus=0.5, train_cfg=t, dataset_dir=ctx.dataset_dir)
+              if t.scorer_actor else None)
+    ctx.ray.started()
     if spots[0] is not None:  # across nodes: say where each landed
         where = ctx.ray.actor_nodes()
         print(f"rlpipe train {ctx.variant}: " + ", ".join(
             f"{role} on {n['node_name']} (Ray node {n['node_id'][:8]}, {n['address']})" for role, n in where.items()),
             flush=True)
-    scorer = (ctx.ray.actor(Scorer, gpus=0, cpus=0.5, train_cfg=t, dataset_dir=ctx.dataset_dir)
-              if t.scorer_actor else None)
     transport.setup(learner, [generator])
     next_batch, step = ctx.restore(learner)
     if step > 0:  # the generator restarts from the restored learner weights
@@ -122,7 +123,7 @@ def _spots(ctx: RunContext, asks: list[dict[str, float]]) -> list:
     if nodes < 2 or not ctx.cfg.ray.address:
         return [None] * len(asks)
     placement.wait_for_nodes(nodes)
-    group = placement.spread_group(asks, timeout_s=ctx.train.ray_timeout_s)
+    group = placement.spread_group(asks, timeout_s=ctx.train.actor_start_timeout_s or ctx.train.ray_timeout_s)
     return [placement.bundle_strategy(group, i) for i in range(len(asks))]
 
 

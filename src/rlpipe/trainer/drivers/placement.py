@@ -6,7 +6,7 @@ come, and the driver's first ``ray.get`` waits with it. A run on a local instanc
 instance has (what it was started with), so each actor's request is checked against the total
 before it is made, and a shortfall fails the run at once, naming each actor's ask. An attached
 cluster (``ray.address``) may grow, so it is not checked here: a request it never places ends at
-``train.ray_timeout_s`` like any other unanswered call.
+``train.actor_start_timeout_s`` like any actor that does not start.
 
 A run across nodes (``workflow.nodes_per_disaggregated``, attached to the allocation's cluster that
 ``rlpipe.ray_slurm`` started) first waits until that many nodes have joined (``wait_for_nodes``: a

@@ -1,14 +1,16 @@
 """The driver's calls to its actors, and their failures in words.
 
 ``RayCalls`` starts the run's actors (named ``<variant>/<class>``, placed, remembered by role) and
-makes every blocking call to them: ``get`` (``ray.get`` bounded by ``train.ray_timeout_s``) and
+makes every blocking call to them: ``started`` (every actor started, bounded by
+``train.actor_start_timeout_s``), ``get`` (``ray.get`` bounded by ``train.ray_timeout_s``) and
 ``sync`` (a weight sync). Every message names the step; the resume advice comes from the run's
 ``Checkpoints`` and is given only when a checkpoint exists:
 - an actor that fails (``ActorFailure``) names its role (generator, learner, scorer, colocated
   worker), the call, the last completed optimizer step and the cause (``actor_errors``): the
   exception it raised at start-up or mid-run with the last frames of its traceback, or that its
   process was killed (and its log's last lines, when it printed any); an actor that does not
-  answer within ``train.ray_timeout_s`` likewise, without a cause (it is still running);
+  start within ``train.actor_start_timeout_s``, or answer a call within ``train.ray_timeout_s``,
+  likewise, without a cause (it is still running);
 - divergence in the learner (``TrainingDiverged``) names the step; nothing is checkpointed after it;
 - an actor's failing checkpoint write or read (``OutputWriteError``, ``CheckpointError``) is
   re-raised in the driver as that type, naming the file, without the remote traceback.
@@ -16,6 +18,7 @@ makes every blocking call to them: ``get`` (``ray.get`` bounded by ``train.ray_t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import ray
@@ -61,14 +64,16 @@ class RayCalls:
         self._asks: dict[str, dict[str, float]] = {}  # role -> the Ray resources its actor asked for
         self._nodes: dict[str, tuple[str, object]] = {}  # actor id (hex) -> (run_info key, ref to its node)
 
-    def get(self, ref, what: str):
-        """``ray.get`` with the configured timeout; a dead or stuck actor, a diverged learner and a
-        failed checkpoint write become clear errors (see the module docstring)."""
+    def get(self, ref, what: str, limit: tuple[str, float, float] | None = None):
+        """``ray.get`` bounded by ``limit`` (the config key, its value, the seconds left of it; default
+        ``train.ray_timeout_s``, all of it); a dead or stuck actor, a diverged learner and a failed
+        checkpoint write become clear errors (see the module docstring)."""
+        key, seconds, left = limit or ("train.ray_timeout_s", self.train.ray_timeout_s, self.train.ray_timeout_s)
         try:
-            return ray.get(ref, timeout=self.train.ray_timeout_s)
+            return ray.get(ref, timeout=left)
         except ray.exceptions.GetTimeoutError as e:
-            raise ActorFailure(f"{what}: no answer from the {self._callee(ref)} within train.ray_timeout_s="
-                               f"{self.train.ray_timeout_s}s (stuck or overloaded){self.where()}. "
+            raise ActorFailure(f"{what}: no answer from the {self._callee(ref)} within {key}="
+                               f"{seconds}s (stuck or overloaded){self.where()}. "
                                f"{self.checkpoints.advice()}") from e
         except ray.exceptions.RayActorError as e:
             dead = self._dead_actor(e) or e
@@ -112,6 +117,17 @@ class RayCalls:
         self._procs[handle._actor_id.hex()] = actor_exit.where_ref(handle)
         self._nodes[handle._actor_id.hex()] = (NODE_KEYS.get(cls.__name__, cls.__name__), placement.node_ref(handle))
         return handle
+
+    def started(self) -> None:
+        """Wait until every actor of the run has started (placed, its ``__init__`` done), at most
+        ``train.actor_start_timeout_s`` in all (unset: ``train.ray_timeout_s``): from here on
+        ``train.ray_timeout_s`` bounds each call, so a hung step fails in that time however slowly
+        the actors started."""
+        limit = self.train.actor_start_timeout_s or self.train.ray_timeout_s
+        key = "train.actor_start_timeout_s" if self.train.actor_start_timeout_s else "train.ray_timeout_s"
+        deadline = time.monotonic() + limit
+        for ref in list(self._procs.values()):
+            self.get(ref, "actor start-up", (key, limit, max(0.0, deadline - time.monotonic())))
 
     def actor_nodes(self) -> dict[str, dict[str, str]]:
         """Where each actor runs, by run_info key (``learner``, ``generator``, ...): its node record."""

@@ -312,7 +312,7 @@ def test_an_actor_that_does_not_start_in_time_fails_naming_it_and_the_start_time
     assert msg.startswith("actor start-up: no answer from the SlowToStart actor (onpolicy/SlowToStart) within "
                           "train.actor_start_timeout_s=2.0s (stuck or overloaded) after optimizer step 0 of 2."), msg
     assert "No checkpoint was written yet" in msg
-    assert 2.0 <= took < 2.0 + HANG_MARGIN_S, took  # the start timeout, not ray_timeout_s
+    assert 1.5 < took < 2.0 + HANG_MARGIN_S, took  # the start timeout (Ray may return a hair early), not ray_timeout_s
 
 
 def test_weight_sync_failure_names_the_dead_actor_behind_it(env, tmp_path):

@@ -190,6 +190,11 @@ LONG = {"smoke": {"grpo_steps": 4000}, "train": {"n_grpo_steps": 4000, "checkpoi
 #: it, and tests/test_slurm_units.py holds the timed-out line).
 KILLS = [pytest.param("k2", "scancel", "was cancelled", id="cancelled"),
          pytest.param("onpolicy", "time limit", "ran past its time limit", id="timed-out", marks=pytest.mark.slow)]
+#: After a job fails, Snakemake's exit waits out the plugin's current pause between status checks, which
+#: grows by 10 s after each check that finds no job completed (docs/troubleshooting.md): from a 1 s start
+#: the checks fall at 1, 12, 33, 64 s instead of 5, 20, 45, 80 s, so the ended job is seen and the pause
+#: waited out sooner. One job is checked, so the checks cost nothing.
+QUICK_CHECKS = ("--slurm-init-seconds-before-status-checks", "1")
 
 
 @pytest.mark.parametrize("variant,how,why", KILLS)
@@ -199,7 +204,8 @@ def test_a_cancelled_or_timed_out_training_names_its_log_and_resumes(slurm_smoke
     w = trained_workdir(slurm_smoke, tmp_path, LONG, "killed")
     target = f"results/runs/{variant}/metrics.parquet"
     limit = ("--set-resources", "train_variant:runtime=1") if how == "time limit" else ()
-    proc = start(w, target, overlays=("config/smoke.yaml", "config/test.yaml"), extra=("--keep-going", *limit))
+    proc = start(w, target, overlays=("config/smoke.yaml", "config/test.yaml"),
+                 extra=("--keep-going", *limit, *QUICK_CHECKS))
     try:
         job = wait_for(lambda: running_training(w, {variant}), 400, "a checkpointed training job")[variant]
     except AssertionError:

@@ -111,14 +111,24 @@ def assert_none_outlives(root: Path) -> None:
         print(f"ended what the test left in {root}: {ended}")
 
 
+def controller_running() -> bool:
+    """The test cluster's slurmctld is alive (its pid file, tests/slurm/cluster.sh): the cluster is someone's
+    (CI's .ci/run, an earlier test module), even while its nodes are busy ending a test's jobs."""
+    pid_file = Path(os.environ.get("RLPIPE_SLURM_DIR", "/var/lib/rlpipe-slurm"), "run", "slurmctld.pid")
+    with contextlib.suppress(OSError, ValueError):
+        return psutil.pid_exists(int(pid_file.read_text()))
+    return False
+
+
 class Cluster:
     """The test cluster, brought up (or found up) once per pytest process: ``available`` (or
     ``reason``, the script's one line, where it cannot be: not root, no apt-get), and whether this
-    process started it (then ``down`` stops it)."""
+    process started it (then ``down`` stops it). A cluster that was running stays up for whoever
+    started it: the rest of the suite's Snakemake commands ask it (docs/troubleshooting.md, SLURM)."""
 
     def __init__(self) -> None:
-        self.was_up = shutil.which("sinfo") is not None and subprocess.run(
-            ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0
+        self.was_up = shutil.which("sinfo") is not None and (controller_running() or subprocess.run(
+            ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0)
         proc = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True, timeout=600)
         self.available = proc.returncode == 0
         self.reason = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"

@@ -134,7 +134,8 @@ wait_idle() {
     fail "the nodes are not idle after ${RLPIPE_SLURM_WAIT_S:-90} s: $(tr '\n' ' ' <<<"$states")(logs: $DIR/log)"
 }
 
-status() { [ "$(sinfo -h -N -o '%N %t' 2>/dev/null | grep -cE ' (idle|mix|alloc)$')" -ge ${#NODES[@]} ]; }
+# up: every node answers and takes jobs (comp: still ending a job it ran, as after a test's scancel)
+status() { [ "$(sinfo -h -N -o '%N %t' 2>/dev/null | grep -cE ' (idle|mix|alloc|comp)$')" -ge ${#NODES[@]} ]; }
 
 stop_pid() {  # a daemon we started, by the pid in its pid file; SIGKILL after 10 s
     local f=$1 pid

@@ -123,7 +123,7 @@ def _spots(ctx: RunContext, asks: list[dict[str, float]]) -> list:
     if nodes < 2 or not ctx.cfg.ray.address:
         return [None] * len(asks)
     placement.wait_for_nodes(nodes)
-    group = placement.spread_group(asks, timeout_s=ctx.train.actor_start_timeout_s or ctx.train.ray_timeout_s)
+    group = placement.spread_group(asks, timeout_s=ctx.ray.start_limit()[1])
     return [placement.bundle_strategy(group, i) for i in range(len(asks))]
 
 

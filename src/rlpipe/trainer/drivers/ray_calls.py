@@ -123,11 +123,17 @@ class RayCalls:
         ``train.actor_start_timeout_s`` in all (unset: ``train.ray_timeout_s``): from here on
         ``train.ray_timeout_s`` bounds each call, so a hung step fails in that time however slowly
         the actors started."""
-        limit = self.train.actor_start_timeout_s or self.train.ray_timeout_s
-        key = "train.actor_start_timeout_s" if self.train.actor_start_timeout_s else "train.ray_timeout_s"
+        key, limit = self.start_limit()
         deadline = time.monotonic() + limit
-        for ref in list(self._procs.values()):
+        for ref in self._procs.values():
             self.get(ref, "actor start-up", (key, limit, max(0.0, deadline - time.monotonic())))
+
+    def start_limit(self) -> tuple[str, float]:
+        """What bounds the actors' start: ``train.actor_start_timeout_s``, unset ``train.ray_timeout_s``
+        (the key to name in a message, its seconds)."""
+        if self.train.actor_start_timeout_s is not None:
+            return "train.actor_start_timeout_s", self.train.actor_start_timeout_s
+        return "train.ray_timeout_s", self.train.ray_timeout_s
 
     def actor_nodes(self) -> dict[str, dict[str, str]]:
         """Where each actor runs, by run_info key (``learner``, ``generator``, ...): its node record."""

@@ -111,12 +111,16 @@ def assert_none_outlives(root: Path) -> None:
         print(f"ended what the test left in {root}: {ended}")
 
 
+def slurmctld_pid() -> int:
+    """The test cluster's slurmctld, from the pid file tests/slurm/cluster.sh keeps."""
+    return int(Path(os.environ.get("RLPIPE_SLURM_DIR", "/var/lib/rlpipe-slurm"), "run", "slurmctld.pid").read_text())
+
+
 def controller_running() -> bool:
-    """The test cluster's slurmctld is alive (its pid file, tests/slurm/cluster.sh): the cluster is someone's
-    (CI's .ci/run, an earlier test module), even while its nodes are busy ending a test's jobs."""
-    pid_file = Path(os.environ.get("RLPIPE_SLURM_DIR", "/var/lib/rlpipe-slurm"), "run", "slurmctld.pid")
+    """The test cluster's slurmctld is alive: the cluster is someone's (CI's .ci/run, an earlier test
+    module), even while its nodes are busy ending a test's jobs."""
     with contextlib.suppress(OSError, ValueError):
-        return psutil.pid_exists(int(pid_file.read_text()))
+        return psutil.pid_exists(slurmctld_pid())
     return False
 
 

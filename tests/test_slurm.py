@@ -40,6 +40,7 @@ from slurm_harness import (
     job_records,
     processes_of,
     read,
+    slurmctld_pid,
     start,
 )
 
@@ -226,10 +227,6 @@ def test_a_cancelled_or_timed_out_training_names_its_log_and_resumes(slurm_smoke
     wait_for(lambda: log.exists() and "resuming from" in log.read_text(), 300, "the resumed run")
     os.killpg(rerun.pid, signal.SIGTERM)
     finish(rerun, w, timeout=60)
-
-
-def slurmctld_pid() -> int:
-    return int(Path(os.environ.get("RLPIPE_SLURM_DIR", "/var/lib/rlpipe-slurm"), "run", "slurmctld.pid").read_text())
 
 
 @pytest.mark.parametrize("sig,status_fails", [(signal.SIGTERM, False), (signal.SIGINT, True)],

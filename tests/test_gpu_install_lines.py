@@ -155,10 +155,13 @@ def _stock(python: Path, env: dict[str, str], root: Path) -> Path:
 
 
 def _tree(*paths: Path) -> list[tuple[str, int, int]]:
-    """Every entry under ``paths`` (links not followed) with its size and mtime: a write shows."""
+    """Every entry under ``paths`` (links not followed) with its size and mtime: a write shows. Not the
+    bytecode caches (``__pycache__``) that the image's Python writes for what it imports, as any Python
+    does where PYTHONDONTWRITEBYTECODE is unset: they are no install's."""
     out = []
     for path in paths:
         for dirpath, dirnames, filenames in os.walk(path):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
             for name in dirnames + filenames:
                 st = os.lstat(os.path.join(dirpath, name))
                 out.append((os.path.join(dirpath, name), st.st_size, st.st_mtime_ns))

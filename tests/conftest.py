@@ -900,7 +900,7 @@ def built_once(tmp_path_factory):
 #: The suite's one smoke workflow run: config/smoke.yaml over the default config with the worked
 #: example's overlay (a user's track, examples/wordrev) and ``SMOKE_TRACKS``, which runs the built-in
 #: tracks and the example's side by side: the tests of the smoke run, of the example and of SLURM read
-#: one run. Where the test SLURM cluster is up (CI brings it up first) the run goes through it, every
+#: one run. Where the test SLURM cluster is up (CI brings it up before the tests start) the run goes through it, every
 #: job an sbatch job with the GPUs it declares (``SLURM_GPUS_FILE``: slurm_harness.GPUS), as a cluster user runs it.
 SMOKE_CONFIGS = ("config/config.yaml", "config/smoke.yaml", "examples/wordrev/config.yaml",
                  "config/smoke_tracks.yaml")
@@ -941,9 +941,11 @@ class SmokeRun:
 
 
 def slurm_up() -> bool:
-    """The test SLURM cluster answers (tests/slurm/cluster.sh status): CI brings it up before pytest."""
-    from slurm_harness import CLUSTER
+    """The test SLURM cluster answers (tests/slurm/cluster.sh status): CI brings it up while pip installs
+    (``wait_for_bringup``)."""
+    from slurm_harness import CLUSTER, wait_for_bringup
 
+    wait_for_bringup()
     return shutil.which("sinfo") is not None and subprocess.run(
         ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0
 

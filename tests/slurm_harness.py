@@ -124,6 +124,23 @@ def controller_running() -> bool:
     return False
 
 
+#: CI brings the cluster up in the background while pip installs (.ci/run): the file it names gets the
+#: bring-up's exit status and the second it ended, written at once (a rename) when ``cluster.sh up`` ends
+BRINGUP_ENV = "RLPIPE_SLURM_BRINGUP"
+
+
+def wait_for_bringup(timeout: float = 900) -> None:
+    """Wait for a bring-up that ``BRINGUP_ENV`` names, if any, to end (its status: ``Cluster``, ``status``)."""
+    status = os.environ.get(BRINGUP_ENV)
+    if not status:
+        return
+    deadline = time.monotonic() + timeout
+    while not Path(status).exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the test cluster's bring-up ({BRINGUP_ENV}={status}) did not end in {timeout:.0f} s")
+        time.sleep(1)
+
+
 class Cluster:
     """The test cluster, brought up (or found up) once per pytest process: ``available`` (or
     ``reason``, the script's one line, where it cannot be: not root, no apt-get), and whether this
@@ -131,6 +148,7 @@ class Cluster:
     started it: the rest of the suite's Snakemake commands ask it (docs/troubleshooting.md, SLURM)."""
 
     def __init__(self) -> None:
+        wait_for_bringup()
         self.was_up = shutil.which("sinfo") is not None and (controller_running() or subprocess.run(
             ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0)
         proc = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True, timeout=600)

@@ -941,13 +941,10 @@ class SmokeRun:
 
 
 def slurm_up() -> bool:
-    """The test SLURM cluster answers (tests/slurm/cluster.sh status): CI brings it up while pip installs
-    (``wait_for_bringup``)."""
-    from slurm_harness import CLUSTER, wait_for_bringup
+    """The test SLURM cluster answers (``slurm_harness.answers``): CI brings it up while pip installs."""
+    from slurm_harness import answers
 
-    wait_for_bringup()
-    return shutil.which("sinfo") is not None and subprocess.run(
-        ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0
+    return answers()
 
 
 def build_smoke(workdir: Path, through_slurm: bool) -> None:

@@ -141,6 +141,13 @@ def wait_for_bringup(timeout: float = 900) -> None:
         time.sleep(1)
 
 
+def answers() -> bool:
+    """The test cluster answers (``cluster.sh status``: both nodes), once a bring-up in progress ended."""
+    wait_for_bringup()
+    return shutil.which("sinfo") is not None and subprocess.run(
+        ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0
+
+
 class Cluster:
     """The test cluster, brought up (or found up) once per pytest process: ``available`` (or
     ``reason``, the script's one line, where it cannot be: not root, no apt-get), and whether this
@@ -148,9 +155,7 @@ class Cluster:
     started it: the rest of the suite's Snakemake commands ask it (docs/troubleshooting.md, SLURM)."""
 
     def __init__(self) -> None:
-        wait_for_bringup()
-        self.was_up = shutil.which("sinfo") is not None and (controller_running() or subprocess.run(
-            ["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0)
+        self.was_up = answers() or (shutil.which("sinfo") is not None and controller_running())
         proc = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True, timeout=600)
         self.available = proc.returncode == 0
         self.reason = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"

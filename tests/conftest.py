@@ -940,13 +940,6 @@ class SmokeRun:
         return "\n".join(f"== {p}\n{p.read_text()[-1500:]}" for p in sorted((self.workdir / "logs").rglob("*.log")))
 
 
-def slurm_up() -> bool:
-    """The test SLURM cluster answers (``slurm_harness.answers``): CI brings it up while pip installs."""
-    from slurm_harness import answers
-
-    return answers()
-
-
 def build_smoke(workdir: Path, through_slurm: bool) -> None:
     """The smoke workflow run (its default target) and its report in ``workdir``: on this machine, or
     through SLURM's workflow profile with GPUs declared (every job's SLURM record kept in
@@ -976,9 +969,11 @@ def build_smoke(workdir: Path, through_slurm: bool) -> None:
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory) -> SmokeRun:
     """The smoke workflow run (``SMOKE_CONFIGS``) and its report, made once per run (``build_once``),
-    through SLURM where its test cluster is up; tests read it and may dry-run against it, never change
-    its results."""
-    return SmokeRun(build_once(tmp_path_factory, "smoke_run", lambda d: build_smoke(d, slurm_up())))
+    through SLURM where its test cluster answers (CI brings it up while pip installs); tests read it and
+    may dry-run against it, never change its results."""
+    from slurm_harness import answers
+
+    return SmokeRun(build_once(tmp_path_factory, "smoke_run", lambda d: build_smoke(d, answers())))
 
 
 @pytest.fixture(scope="module")
